@@ -1,0 +1,119 @@
+"""Regenerate the pinned engines' flag sets and metric names in infra/render/pinned/.
+
+Why: every engine flag pdstack renders is checked against the exact argparse parser of
+the engine version we pin. The parser is only buildable where the engine imports (it
+needs torch and friends), so this script is run by hand in a scratch virtualenv that has
+the pinned wheels installed with --no-deps, and its JSON output is committed:
+
+    pip download --no-deps sglang==0.5.23 vllm==0.33.0 sglang-router==0.3.2
+    pip install --no-deps <the three wheels> torch msgspec ...   # whatever the imports ask for
+    VLLM_TARGET_DEVICE=cpu python scripts/extract_engine_flags.py infra/render/pinned
+
+It records, for each option string, whether it takes a value and its choices; and every
+Prometheus metric name the package's source (or, for the Rust router, its binary) declares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def describe(parser: argparse.ArgumentParser) -> dict[str, dict]:
+    flags: dict[str, dict] = {}
+    for option, action in sorted(parser._option_string_actions.items()):
+        if not option.startswith("--"):
+            continue
+        takes_value = action.nargs != 0
+        choices = sorted(str(c) for c in action.choices) if action.choices else None
+        flags[option] = {"takes_value": takes_value, "choices": choices}
+    return flags
+
+
+def metric_names(dist: str, prefix: str) -> list[str]:
+    """Every quoted metric name with this prefix in the installed package's files."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec(dist).origin).parent
+    pattern = re.compile(rb"(?<![a-z_])" + re.escape(prefix.encode()) + rb"[a-z0-9_]+")
+    names: set[str] = set()
+    for path in root.rglob("*"):
+        if path.suffix in (".py", ".so") and path.is_file():
+            names.update(m.decode() for m in pattern.findall(path.read_bytes()))
+    return sorted(names)
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def sglang_router_parser() -> argparse.ArgumentParser:
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    return parser
+
+
+SOURCES = {
+    "sglang": (
+        "sglang",
+        sglang_parser,
+        "sglang wheel from PyPI, sglang/srt/server_args.py ServerArgs.add_cli_args "
+        "(fields in sglang/srt/arg_groups/fields/)",
+        "python3 -m sglang.launch_server",
+        "sglang:",
+    ),
+    "vllm": (
+        "vllm",
+        vllm_parser,
+        "vllm wheel from PyPI, vllm/entrypoints/common/cli_args.py make_arg_parser "
+        "(engine flags from vllm/engine/arg_utils.py EngineArgs.add_cli_args)",
+        "vllm serve",
+        "vllm:",
+    ),
+    "sglang-router": (
+        "sglang_router",
+        sglang_router_parser,
+        "sglang-router wheel from PyPI, sglang_router/router_args.py RouterArgs.add_cli_args",
+        "python3 -m sglang_router.launch_router",
+        "smg_",
+    ),
+}
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "infra/render/pinned")
+    from importlib.metadata import version
+
+    for name, (dist, build, source, entrypoint, metric_prefix) in SOURCES.items():
+        pinned = version(dist.replace("_", "-"))
+        table = {
+            "engine": name,
+            "version": pinned,
+            "source": source,
+            "entrypoint": entrypoint,
+            "flags": describe(build()),
+            "metrics": metric_names(dist, metric_prefix),
+        }
+        path = out / f"{name}-{pinned}.json"
+        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print(f"{path}: {len(table['flags'])} flags, {len(table['metrics'])} metrics")
+
+
+if __name__ == "__main__":
+    main()
