@@ -1,0 +1,1 @@
+"""pdstack: Pulumi toolkit for prefill/decode-disaggregated LLM inference on Kubernetes."""

@@ -1,0 +1,148 @@
+"""`pdctl`: the operator's command line. Each subcommand is a thin shell over `infra`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from infra.spec import SpecError, StackSpec, load_spec, stack_spec_path
+
+console = Console()
+err_console = Console(stderr=True)
+
+# Top of the system first, as the design lists the layers.
+LAYER_ORDER = [
+    "access",
+    "balancers",
+    "engines",
+    "autoscaling",
+    "kvcache",
+    "nodepools",
+    "storage",
+    "monitoring",
+    "foundation",
+    "stack",
+]
+
+
+def _spec_from_args(args: argparse.Namespace) -> StackSpec:
+    path = Path(args.spec) if args.spec else stack_spec_path(args.stack)
+    spec = load_spec(path)
+    if getattr(args, "engine", None) and args.engine != spec.engine.kind:
+        from infra.spec import PINNED_ENGINE_VERSIONS, parse_spec
+
+        data = spec.model_dump(mode="json")
+        data["engine"]["kind"] = args.engine
+        data["engine"]["version"] = PINNED_ENGINE_VERSIONS[args.engine]
+        spec = parse_spec(data)
+    return spec
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    pools = ", ".join(
+        f"{role} {p.instances}x{p.gpus_per_instance()} GPUs" for role, p in spec.deployment.pools().items()
+    )
+    console.print(f"[green]ok[/green] {spec.environment.name}: {spec.deployment.mode}, {pools}")
+    return 0
+
+
+def _render_run(spec: StackSpec):
+    from infra.offline import run_spec
+    from infra.render.manifests import manifests, validate_manifests
+
+    run = run_spec(spec)
+    items = manifests(run)
+    return run, items, validate_manifests(items, spec.environment.kubernetes_version)
+
+
+def _print_validation(report) -> None:
+    console.print(f"schema-checked {report.checked} manifests against the Kubernetes schemas")
+    if report.unchecked_kinds:
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(report.unchecked_kinds.items()))
+        console.print(f"[yellow]not schema-checked (custom resources, no schema shipped):[/yellow] {kinds}")
+    for line in report.errors:
+        err_console.print(f"[red]schema error[/red] {line}")
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    if not args.offline:
+        err_console.print("preview without --offline is `pulumi preview`; this tool runs only --offline")
+        return 2
+    spec = _spec_from_args(args)
+    run, items, report = _render_run(spec)
+    resources = run.custom()
+    by_layer: dict[str, list] = {}
+    for r in resources:
+        by_layer.setdefault(r.layer, []).append(r)
+    tree = Tree(f"[bold]pdstack-{spec.environment.name}[/bold] ({len(resources)} resources, offline preview under Pulumi mocks)")
+    for layer in sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else 99):
+        group = by_layer[layer]
+        branch = tree.add(f"[cyan]{layer}[/cyan] ({len(group)})")
+        for r in group:
+            branch.add(f"+ {r.type}  {r.name}")
+    console.print(tree)
+    table = Table(title="plan by layer")
+    table.add_column("layer")
+    table.add_column("create", justify="right")
+    table.add_column("kinds")
+    for layer in sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else 99):
+        kinds = Counter(r.type.split(":")[-1] for r in by_layer[layer])
+        table.add_row(layer, str(len(by_layer[layer])), ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+    table.add_row("[bold]total[/bold]", f"[bold]{len(resources)}[/bold]", "")
+    console.print(table)
+    _print_validation(report)
+    return 0 if report.ok else 1
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from infra.render.manifests import write_manifests
+
+    spec = _spec_from_args(args)
+    _, items, report = _render_run(spec)
+    _print_validation(report)
+    if not report.ok:
+        return 1
+    out = Path(args.out)
+    written = write_manifests(items, out)
+    console.print(f"wrote {len(written)} manifests to {out}/")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_spec(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--stack", default="dev", help="stack name: reads stacks/<stack>.yaml (default dev)")
+        p.add_argument("--spec", help="path of a spec file (overrides --stack)")
+        return p
+
+    with_spec(sub.add_parser("validate", help="check a spec; writes nothing")).set_defaults(func=cmd_validate)
+    p = with_spec(sub.add_parser("preview", help="list every resource the program would create"))
+    p.add_argument("--offline", action="store_true", help="run the program under Pulumi's mocks")
+    p.set_defaults(func=cmd_preview)
+    p = with_spec(sub.add_parser("render", help="write every Kubernetes manifest to a folder"))
+    p.add_argument("--out", default="out/manifests", help="folder to write (default out/manifests)")
+    p.add_argument("--engine", choices=["sglang", "vllm"], help="render for this engine instead of the spec's")
+    p.set_defaults(func=cmd_render)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        err_console.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pure planning algorithms: expert placement (EPLB) and the prefill/decode ratio."""

@@ -1,0 +1,463 @@
+"""The typed deployment spec: one per environment, the single source of truth.
+
+Everything pdstack creates or renders is derived from a `StackSpec`. Parsing is strict:
+unknown keys are errors (a typo must not be silently ignored), and cross-field rules are
+checked once, here, with messages that name the field and say how to fix it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STACKS_DIR = REPO_ROOT / "stacks"
+
+# The engine versions pdstack renders for. Their flag sets live in infra/render/pinned/.
+PINNED_ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
+
+_DIGEST_IMAGE = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class SpecError(ValueError):
+    """A spec that cannot be deployed. `problems` holds one line per field: path, what, fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid spec:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- model and weights -------------------------------------------------------------------
+
+
+class WeightsSpec(Strict):
+    endpoint_url: str = Field(description="S3-compatible endpoint (cloud, Ceph RGW, MinIO).")
+    region: str = "us-east-1"
+    bucket: str
+    prefix: str = Field(description="Key prefix under which the weight files live.")
+    checksum_manifest: str = Field(
+        "SHA256SUMS.json", description="Key, relative to prefix, of the sha256 manifest."
+    )
+    node_cache_path: str = "/mnt/weights"
+    credentials_secret: str = Field(
+        "weights-s3-credentials",
+        description="Name of an existing Kubernetes Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.",
+    )
+
+
+class ModelSpec(Strict):
+    name: str = Field(description="Served model name, e.g. deepseek-ai/DeepSeek-V3.")
+    num_layers: PositiveInt
+    num_moe_layers: PositiveInt
+    num_routed_experts: PositiveInt
+    num_expert_groups: PositiveInt = 1
+    multimodal: bool = False
+    context_length: PositiveInt = 32768
+    weights: WeightsSpec
+
+
+# --- engine and hardware ------------------------------------------------------------------
+
+
+class EngineSpec(Strict):
+    kind: Literal["sglang", "vllm"]
+    version: str
+    image: str = Field(description="Container image pinned by digest (name@sha256:...).")
+    kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
+    rdma_devices: list[str] = Field(default_factory=list)
+    moe_a2a_backend: Literal["deepep", "none"] = "deepep"
+    mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
+    trust_remote_code: bool = True
+
+    @field_validator("image")
+    @classmethod
+    def _image_by_digest(cls, v: str) -> str:
+        if not _DIGEST_IMAGE.match(v):
+            raise ValueError(
+                f"image {v!r} is not pinned by digest. Fix: use name@sha256:<64 hex digits>"
+            )
+        return v
+
+
+class SupernodeSpec(Strict):
+    gpus: PositiveInt = Field(description="GPUs in one NVLink domain, e.g. 72 for GB200 NVL72.")
+    topology_label: str = "nvidia.com/gpu.clique"
+
+
+class HardwareSpec(Strict):
+    gpu_type: str
+    gpus_per_node: PositiveInt
+    gpu_memory_gib: PositiveInt
+    instance_types: list[str] = Field(min_length=1)
+    supernode: SupernodeSpec | None = None
+    driver_version: str = Field(description="NVIDIA driver version the preflight expects.")
+    cuda_version: str
+
+
+# --- deployment (the seed's sketch) -------------------------------------------------------
+
+
+class ScalingSpec(Strict):
+    min_instances: Annotated[int, Field(ge=0)] = 1
+    max_instances: PositiveInt = 1
+
+
+class PhaseSpec(Strict):
+    """One pool of identical engine instances. An instance spans expert_parallel GPUs."""
+
+    instances: PositiveInt
+    expert_parallel: PositiveInt
+    dp_attention: bool = True
+    redundant_experts: Annotated[int, Field(ge=0)] = 0
+    enable_eplb: bool = True
+    max_running_requests: PositiveInt | None = None
+    chunked_prefill_size: PositiveInt | None = None
+    scaling: ScalingSpec | None = None
+
+    def gpus_per_instance(self) -> int:
+        return self.expert_parallel
+
+    def nodes_per_instance(self, gpus_per_node: int) -> int:
+        return max(1, self.expert_parallel // gpus_per_node)
+
+    def total_gpus(self) -> int:
+        return self.instances * self.gpus_per_instance()
+
+
+class CacheSpec(Strict):
+    prefix_cache: bool = True
+    transfer_bandwidth_limit: str = Field(
+        "80%", description="Share of the NIC bandwidth KV transfer may use."
+    )
+    store: Literal["mooncake", "lmcache"] = "mooncake"
+    eviction_policy: Literal["lru", "lfu", "fifo"] = "lru"
+    capacity_gib: PositiveInt = 512
+    retention_hours: PositiveInt = 24
+
+    @field_validator("transfer_bandwidth_limit")
+    @classmethod
+    def _percentage(cls, v: str) -> str:
+        m = re.fullmatch(r"(\d{1,3})%", v.strip())
+        if not m or not 0 < int(m.group(1)) <= 100:
+            raise ValueError(f"{v!r} is not a percentage. Fix: write it as '80%' (1% to 100%)")
+        return v
+
+    def bandwidth_fraction(self) -> float:
+        return int(self.transfer_bandwidth_limit.rstrip("%")) / 100
+
+
+class RouterWeights(Strict):
+    """Endpoint-picker scorer weights (gateway_epp) or cache-aware thresholds (sglang_router)."""
+
+    prefix_cache: Annotated[float, Field(ge=0)] = 3.0
+    queue_depth: Annotated[float, Field(ge=0)] = 2.0
+    kv_cache_utilization: Annotated[float, Field(ge=0)] = 1.0
+    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
+    balance_abs_threshold: Annotated[int, Field(ge=0)] = 32
+    balance_rel_threshold: Annotated[float, Field(ge=1)] = 1.1
+
+
+class EncoderSpec(Strict):
+    mode: Literal["engine", "dedicated"] = "engine"
+    workers: Annotated[int, Field(ge=0)] = 0
+
+
+class LoadBalancerSpec(Strict):
+    strategy: Literal["least_load", "cache_aware", "power_of_two", "round_robin"] = "cache_aware"
+    implementation: Literal["sglang_router", "gateway_epp"] = "sglang_router"
+    replicas: PositiveInt = 2
+    weights: RouterWeights = RouterWeights()
+    encoder: EncoderSpec = EncoderSpec()
+
+
+class DeploymentSpec(Strict):
+    mode: Literal["disaggregated", "colocated"] = "disaggregated"
+    pd_ratio: str = Field("1:1", description="Card ratio prefill:decode, a starting point.")
+    prefill: PhaseSpec | None = None
+    decode: PhaseSpec | None = None
+    colocated: PhaseSpec | None = None
+    cache: CacheSpec = CacheSpec()
+    load_balancer: LoadBalancerSpec = LoadBalancerSpec()
+
+    @field_validator("pd_ratio")
+    @classmethod
+    def _ratio_form(cls, v: str) -> str:
+        if not re.fullmatch(r"\s*\d+\s*:\s*\d+\s*", v) or "0" in [p.strip() for p in v.split(":")]:
+            raise ValueError(f"{v!r} is not a ratio. Fix: write it as 'P:D', e.g. '1:1' or '2:1'")
+        return v
+
+    def ratio(self) -> Fraction:
+        p, d = (int(x) for x in self.pd_ratio.split(":"))
+        return Fraction(p, d)
+
+    def pools(self) -> dict[str, PhaseSpec]:
+        """The engine pools this mode runs, by role name (the node pool label too)."""
+        if self.mode == "colocated":
+            return {"colocated": self.colocated} if self.colocated else {}
+        return {k: v for k, v in (("prefill", self.prefill), ("decode", self.decode)) if v}
+
+
+# --- hops, SLOs, access, environment ------------------------------------------------------
+
+
+class HopSpec(Strict):
+    timeout_seconds: Seconds
+    retries: Annotated[int, Field(ge=0, le=5)] = 1
+
+
+class TimeoutsSpec(Strict):
+    gateway_to_router: HopSpec = HopSpec(timeout_seconds=900, retries=0)
+    router_to_prefill: HopSpec = HopSpec(timeout_seconds=280, retries=2)
+    prefill_to_decode_kv: HopSpec = HopSpec(timeout_seconds=30, retries=1)
+
+
+class SLOSpec(Strict):
+    ttft_p99_ms: Annotated[float, Field(gt=0)]
+    tpot_p99_ms: Annotated[float, Field(gt=0)]
+    tokens_per_second_per_user: Annotated[float, Field(gt=0)]
+    max_error_rate: Annotated[float, Field(ge=0, lt=1)] = 0.01
+
+
+class ApiKeySpec(Strict):
+    name: str
+    requests_per_minute: PositiveInt
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _DNS_LABEL.match(v):
+            raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
+        return v
+
+
+class AccessSpec(Strict):
+    domains: list[str] = Field(min_length=1)
+    tls_secret_name: str = Field(description="Existing Secret with the certificate (cert-manager).")
+    gateway_class: str = "istio"
+    allowlist_cidrs: list[str] = Field(min_length=1)
+    api_keys: list[ApiKeySpec] = Field(min_length=1)
+
+    @field_validator("allowlist_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not a CIDR ({exc}). Fix: e.g. '10.0.0.0/8'") from None
+            if ipaddress.ip_network(cidr).prefixlen == 0:
+                raise ValueError(f"{cidr!r} allows the whole internet. Fix: name the client ranges")
+        return v
+
+
+class EnvironmentSpec(Strict):
+    name: str
+    namespace: str
+    kubernetes_version: str = "1.33"
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _DNS_LABEL.match(v):
+            raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
+        return v
+
+
+class StackSpec(Strict):
+    environment: EnvironmentSpec
+    model: ModelSpec
+    engine: EngineSpec
+    hardware: HardwareSpec
+    deployment: DeploymentSpec
+    timeouts: TimeoutsSpec = TimeoutsSpec()
+    slo: SLOSpec
+    access: AccessSpec
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> StackSpec:
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/part-of": "pdstack",
+            "app.kubernetes.io/managed-by": "pulumi",
+            "pdstack.io/environment": self.environment.name,
+        }
+
+
+# --- cross-field rules --------------------------------------------------------------------
+
+
+def _ep_fits_nodes(path: str, ep: int, gpus_per_node: int) -> list[str]:
+    if ep >= gpus_per_node and ep % gpus_per_node:
+        return [
+            f"{path}: {ep} does not divide across nodes of {gpus_per_node} GPUs. "
+            f"Fix: use a multiple of {gpus_per_node} (e.g. {ep - ep % gpus_per_node or gpus_per_node})"
+        ]
+    if ep < gpus_per_node and gpus_per_node % ep:
+        return [
+            f"{path}: {ep} GPUs do not pack onto nodes of {gpus_per_node} GPUs. "
+            f"Fix: use a divisor of {gpus_per_node}"
+        ]
+    return []
+
+
+def cross_field_problems(spec: StackSpec) -> list[str]:
+    """Every rule that spans fields. Each line: `field.path: what is wrong. Fix: how.`"""
+    problems: list[str] = []
+    dep, hw = spec.deployment, spec.hardware
+
+    pinned = PINNED_ENGINE_VERSIONS[spec.engine.kind]
+    if spec.engine.version != pinned:
+        problems.append(
+            f"engine.version: {spec.engine.version} is not the pinned {spec.engine.kind} version. "
+            f"Fix: use {pinned} (flag sets are checked against it)"
+        )
+
+    if dep.mode == "colocated":
+        if dep.colocated is None:
+            problems.append("deployment.colocated: missing. Fix: describe the one pool colocated mode runs")
+        for extra in ("prefill", "decode"):
+            if getattr(dep, extra) is not None:
+                problems.append(
+                    f"deployment.{extra}: set in colocated mode. Fix: remove it, or set mode: disaggregated"
+                )
+    else:
+        for needed in ("prefill", "decode"):
+            if getattr(dep, needed) is None:
+                problems.append(f"deployment.{needed}: missing. Fix: describe the {needed} pool")
+        if dep.colocated is not None:
+            problems.append("deployment.colocated: set in disaggregated mode. Fix: remove it")
+
+    for role, phase in dep.pools().items():
+        path = f"deployment.{role}"
+        problems += _ep_fits_nodes(f"{path}.expert_parallel", phase.expert_parallel, hw.gpus_per_node)
+        slots = spec.model.num_routed_experts + phase.redundant_experts
+        if slots % phase.expert_parallel:
+            problems.append(
+                f"{path}.redundant_experts: {spec.model.num_routed_experts} experts + {phase.redundant_experts} "
+                f"redundant = {slots} slots do not split evenly over EP {phase.expert_parallel}. "
+                f"Fix: make experts + redundant a multiple of {phase.expert_parallel}"
+            )
+        if phase.scaling and not (
+            phase.scaling.min_instances <= phase.instances <= phase.scaling.max_instances
+        ):
+            problems.append(
+                f"{path}.instances: {phase.instances} is outside scaling bounds "
+                f"[{phase.scaling.min_instances}, {phase.scaling.max_instances}]. Fix: move one of them"
+            )
+
+    wide = {r: p for r, p in dep.pools().items() if p.nodes_per_instance(hw.gpus_per_node) > 1}
+    if dep.mode == "disaggregated" and dep.decode and "decode" in wide:
+        if hw.supernode is None:
+            problems.append(
+                f"deployment.decode.expert_parallel: wide EP ({dep.decode.expert_parallel} GPUs over "
+                f"{dep.decode.nodes_per_instance(hw.gpus_per_node)} nodes) needs a supernode and "
+                "hardware.supernode is not set. Fix: set hardware.supernode, or use mode: colocated"
+            )
+        elif dep.decode.expert_parallel > hw.supernode.gpus:
+            problems.append(
+                f"deployment.decode.expert_parallel: {dep.decode.expert_parallel} is larger than the "
+                f"supernode's {hw.supernode.gpus} GPUs. Fix: at most {hw.supernode.gpus}, or a bigger supernode"
+            )
+    if dep.mode == "colocated" and dep.colocated and "colocated" in wide and hw.supernode is None:
+        problems.append(
+            "deployment.colocated.expert_parallel: spans nodes but hardware.supernode is not set. "
+            f"Fix: at most {hw.gpus_per_node} (one node) without a supernode"
+        )
+
+    if dep.mode == "disaggregated" and dep.prefill and dep.decode:
+        actual = Fraction(dep.prefill.total_gpus(), dep.decode.total_gpus())
+        if actual != dep.ratio():
+            problems.append(
+                f"deployment.pd_ratio: '{dep.pd_ratio}' disagrees with the pools: prefill "
+                f"{dep.prefill.instances}x{dep.prefill.gpus_per_instance()} GPUs, decode "
+                f"{dep.decode.instances}x{dep.decode.gpus_per_instance()} GPUs is "
+                f"{actual.numerator}:{actual.denominator}. Fix: set pd_ratio to "
+                f"'{actual.numerator}:{actual.denominator}' or change the instance counts"
+            )
+
+    t = spec.timeouts
+    order = [
+        ("gateway_to_router", t.gateway_to_router),
+        ("router_to_prefill", t.router_to_prefill),
+        ("prefill_to_decode_kv", t.prefill_to_decode_kv),
+    ]
+    for (outer_name, outer), (inner_name, inner) in zip(order, order[1:]):
+        # An inner hop, retried, must finish before the outer hop gives up, or the outer
+        # side times out while the inner one is still working.
+        inner_budget = inner.timeout_seconds * (inner.retries + 1)
+        if inner_budget >= outer.timeout_seconds:
+            problems.append(
+                f"timeouts.{inner_name}.timeout_seconds: {inner.timeout_seconds}s x {inner.retries + 1} "
+                f"attempts is not below timeouts.{outer_name}.timeout_seconds ({outer.timeout_seconds}s). "
+                f"Fix: lower it, or its retries, below {outer.timeout_seconds / (inner.retries + 1):g}s"
+            )
+
+    if spec.slo.tokens_per_second_per_user > 1000 / spec.slo.tpot_p99_ms:
+        problems.append(
+            f"slo.tokens_per_second_per_user: {spec.slo.tokens_per_second_per_user} cannot be met with "
+            f"tpot_p99_ms {spec.slo.tpot_p99_ms} (at most {1000 / spec.slo.tpot_p99_ms:g}). "
+            "Fix: lower it or tighten tpot_p99_ms"
+        )
+    return problems
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key. Fix: remove it or correct its spelling (see infra/spec.py)"
+        elif err["type"] == "missing":
+            msg = "required field is missing. Fix: add it"
+        if path:
+            lines.append(f"{path}: {msg}")
+        else:
+            lines.extend(msg.splitlines())  # cross-field rules carry their own paths
+    return lines
+
+
+def parse_spec(data: object) -> StackSpec:
+    """Validate a spec mapping, raising SpecError with one line per problem."""
+    try:
+        return StackSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_validation_error(exc)) from None
+
+
+def load_spec(path: str | Path) -> StackSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([f"{path}: no such file. Fix: pass a spec from stacks/"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"{path}: not valid YAML ({exc}). Fix: correct the syntax"]) from None
+    return parse_spec(data)
+
+
+def stack_spec_path(stack: str) -> Path:
+    """The spec file of a named stack (Pulumi.<stack>.yaml selects the same name)."""
+    return STACKS_DIR / f"{stack}.yaml"

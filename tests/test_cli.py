@@ -1,0 +1,53 @@
+"""pdctl as an operator runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import stack_data
+
+
+def pdctl(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_validate_bad_file_exits_nonzero_names_field_and_writes_nothing(tmp_path):
+    data = stack_data("prod")
+    data["deployment"]["decode"]["expert_parallel"] = 128
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = pdctl("validate", "--spec", str(bad), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "deployment.decode.expert_parallel: 128 is larger than the supernode's 72 GPUs" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_render_bad_spec_writes_nothing(tmp_path):
+    data = stack_data("dev")
+    data["deployment"]["pd_ratio"] = "3:1"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    result = pdctl("render", "--spec", str(bad), "--out", str(out))
+    assert result.returncode == 2 and "deployment.pd_ratio" in result.stderr
+    assert not out.exists()
+
+
+def test_preview_offline_prints_layers_with_counts():
+    result = pdctl("preview", "--offline", "--stack", "dev")
+    assert result.returncode == 0, result.stderr
+    assert "offline preview under Pulumi mocks" in result.stdout
+    assert "foundation (" in result.stdout
+    assert "total" in result.stdout
+
+
+def test_render_writes_one_file_per_manifest(tmp_path):
+    result = pdctl("render", "--stack", "dev", "--out", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    files = list((tmp_path / "m").rglob("*.yaml"))
+    assert len(files) >= 2
+    assert all(yaml.safe_load(f.read_text())["kind"] for f in files)

@@ -1,0 +1,128 @@
+"""Each validation rule gets a bad spec and the clear error that names the field and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.spec import SpecError, parse_spec
+from tests.conftest import stack_data
+
+
+def problems_of(data) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    return caught.value.problems
+
+
+def test_shipped_stacks_parse(spec):
+    assert spec.deployment.pools()
+    assert spec.engine.version == "0.5.23"
+
+
+def test_unknown_key_is_an_error_naming_the_path():
+    data = stack_data("prod")
+    data["deployment"]["decode"]["expert_paralel"] = 64
+    problems = problems_of(data)
+    assert problems == [
+        "deployment.decode.expert_paralel: unknown key. Fix: remove it or correct its spelling (see infra/spec.py)"
+    ]
+
+
+def test_decode_ep_larger_than_supernode():
+    data = stack_data("prod")
+    data["deployment"]["decode"].update(expert_parallel=128, redundant_experts=0)
+    data["deployment"]["pd_ratio"] = "1:2"
+    problems = problems_of(data)
+    assert any(
+        p.startswith("deployment.decode.expert_parallel: 128 is larger than the supernode's 72 GPUs")
+        and "Fix:" in p
+        for p in problems
+    ), problems
+
+
+def test_ep_that_does_not_divide_across_nodes():
+    data = stack_data("prod")
+    data["deployment"]["prefill"]["expert_parallel"] = 6
+    problems = problems_of(data)
+    assert any(p.startswith("deployment.prefill.expert_parallel: 6 does not divide across nodes of 4 GPUs") for p in problems), problems
+
+
+def test_ep_smaller_than_a_node_must_pack():
+    data = stack_data("dev")
+    data["deployment"]["prefill"]["expert_parallel"] = 3
+    problems = problems_of(data)
+    assert any(p.startswith("deployment.prefill.expert_parallel: 3 GPUs do not pack onto nodes of 8 GPUs") for p in problems)
+
+
+def test_pd_ratio_disagreeing_with_instances():
+    data = stack_data("prod")
+    data["deployment"]["prefill"]["instances"] = 4
+    problems = problems_of(data)
+    assert problems == [
+        "deployment.pd_ratio: '1:1' disagrees with the pools: prefill 4x8 GPUs, decode 1x64 GPUs is 1:2. "
+        "Fix: set pd_ratio to '1:2' or change the instance counts"
+    ]
+
+
+def test_wide_ep_without_supernode_suggests_colocated():
+    data = stack_data("prod")
+    del data["hardware"]["supernode"]
+    problems = problems_of(data)
+    assert len(problems) == 1
+    assert problems[0].startswith("deployment.decode.expert_parallel: wide EP (64 GPUs over 16 nodes) needs a supernode")
+    assert "mode: colocated" in problems[0]
+
+
+def test_timeouts_must_shrink_inwards():
+    data = stack_data("dev")
+    data["timeouts"]["prefill_to_decode_kv"] = {"timeout_seconds": 200, "retries": 1}
+    problems = problems_of(data)
+    assert problems == [
+        "timeouts.prefill_to_decode_kv.timeout_seconds: 200.0s x 2 attempts is not below "
+        "timeouts.router_to_prefill.timeout_seconds (280.0s). Fix: lower it, or its retries, below 140s"
+    ]
+
+
+def test_image_must_be_pinned_by_digest():
+    data = stack_data("dev")
+    data["engine"]["image"] = "lmsysorg/sglang:latest"
+    (problem,) = problems_of(data)
+    assert problem.startswith("engine.image: image 'lmsysorg/sglang:latest' is not pinned by digest")
+
+
+def test_engine_version_must_be_the_pinned_one():
+    data = stack_data("dev")
+    data["engine"]["version"] = "0.4.0"
+    (problem,) = problems_of(data)
+    assert problem == "engine.version: 0.4.0 is not the pinned sglang version. Fix: use 0.5.23 (flag sets are checked against it)"
+
+
+def test_open_allowlist_is_refused():
+    data = stack_data("dev")
+    data["access"]["allowlist_cidrs"] = ["0.0.0.0/0"]
+    (problem,) = problems_of(data)
+    assert problem.startswith("access.allowlist_cidrs: Value error") or problem.startswith("access.allowlist_cidrs:")
+    assert "whole internet" in problem
+
+
+def test_bandwidth_limit_is_a_percentage():
+    data = stack_data("dev")
+    data["deployment"]["cache"]["transfer_bandwidth_limit"] = "fast"
+    (problem,) = problems_of(data)
+    assert problem.startswith("deployment.cache.transfer_bandwidth_limit: 'fast' is not a percentage")
+
+
+def test_expert_slots_must_split_over_ep():
+    data = stack_data("prod")
+    data["deployment"]["decode"]["redundant_experts"] = 32
+    problems = problems_of(data)
+    assert any(p.startswith("deployment.decode.redundant_experts: 256 experts + 32 redundant = 288 slots") for p in problems)
+
+
+def test_colocated_mode_needs_one_pool(colocated_spec):
+    assert list(colocated_spec.deployment.pools()) == ["colocated"]
+    data = stack_data("dev")
+    data["deployment"]["mode"] = "colocated"
+    problems = problems_of(data)
+    assert "deployment.colocated: missing. Fix: describe the one pool colocated mode runs" in problems
+    assert any(p.startswith("deployment.prefill: set in colocated mode") for p in problems)
