@@ -8,18 +8,37 @@ from __future__ import annotations
 
 import pulumi
 
+from infra.components.access import Access
+from infra.components.balancers import Balancers
+from infra.components.engines import Engines
 from infra.components.foundation import Foundation
 from infra.components.k8s import Layer, LayerContext
+from infra.components.kvcache import KVCache
+from infra.components.monitoring import Monitoring
+from infra.components.nodepools import NodePools
+from infra.components.storage import Storage
 from infra.spec import StackSpec, load_spec, stack_spec_path
 
 
 def build_stack(spec: StackSpec) -> dict[str, Layer]:
     ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels())
     env = spec.environment.name
+    after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
     foundation = Foundation(f"{env}-foundation", ctx)
-    layers: dict[str, Layer] = {"foundation": foundation}
+    nodepools = NodePools(f"{env}-nodepools", ctx, after(foundation))
+    storage = Storage(f"{env}-storage", ctx, after(foundation))
+    kvcache = KVCache(f"{env}-kvcache", ctx, after(foundation))
+    engines = Engines(f"{env}-engines", ctx, kvcache.plan, after(nodepools, storage, kvcache))
+    balancers = Balancers(f"{env}-balancers", ctx, after(engines))
+    access = Access(f"{env}-access", ctx, balancers.router, after(balancers))
+    monitoring = Monitoring(f"{env}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
     pulumi.export("namespace", ctx.namespace)
-    return layers
+    pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
+    pulumi.export("api_keys", pulumi.Output.secret(access.api_keys))
+    return {
+        "foundation": foundation, "nodepools": nodepools, "storage": storage, "kvcache": kvcache,
+        "engines": engines, "balancers": balancers, "access": access, "monitoring": monitoring,
+    }
 
 
 def spec_for_current_stack() -> StackSpec:

@@ -93,6 +93,27 @@ class EngineSpec(Strict):
         return v
 
 
+class ImagesSpec(Strict):
+    """Every image besides the engine's, each pinned by digest."""
+
+    router: str
+    mooncake_master: str
+    lmcache_server: str
+    weights_fetcher: str = Field(description="Any image with python3 and boto3, for the weights init step.")
+    otel_collector: str
+
+    @field_validator("*")
+    @classmethod
+    def _by_digest(cls, v: str) -> str:
+        return EngineSpec._image_by_digest(v)
+
+
+class NodeClassRef(Strict):
+    group: str = "karpenter.k8s.aws"
+    kind: str = "EC2NodeClass"
+    name: str = "gpu"
+
+
 class SupernodeSpec(Strict):
     gpus: PositiveInt = Field(description="GPUs in one NVLink domain, e.g. 72 for GB200 NVL72.")
     topology_label: str = "nvidia.com/gpu.clique"
@@ -106,6 +127,9 @@ class HardwareSpec(Strict):
     supernode: SupernodeSpec | None = None
     driver_version: str = Field(description="NVIDIA driver version the preflight expects.")
     cuda_version: str
+    nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
+    node_class: NodeClassRef = NodeClassRef()
+    disruption_budget: str = Field("10%", description="Karpenter: nodes that may be disrupted at once.")
 
 
 # --- deployment (the seed's sketch) -------------------------------------------------------
@@ -127,6 +151,9 @@ class PhaseSpec(Strict):
     max_running_requests: PositiveInt | None = None
     chunked_prefill_size: PositiveInt | None = None
     scaling: ScalingSpec | None = None
+    expert_placement: str | None = Field(
+        None, description="Placement JSON written by `pdctl eplb`, relative to the project root."
+    )
 
     def gpus_per_instance(self) -> int:
         return self.expert_parallel
@@ -247,7 +274,8 @@ class ApiKeySpec(Strict):
 class AccessSpec(Strict):
     domains: list[str] = Field(min_length=1)
     tls_secret_name: str = Field(description="Existing Secret with the certificate (cert-manager).")
-    gateway_class: str = "istio"
+    gateway_class: str = Field("envoy-gateway", description="A GatewayClass of Envoy Gateway (its policies carry auth and rate limits).")
+    gateway_namespace: str = Field("envoy-gateway-system", description="Where the gateway's proxy pods run.")
     allowlist_cidrs: list[str] = Field(min_length=1)
     api_keys: list[ApiKeySpec] = Field(min_length=1)
 
@@ -277,15 +305,22 @@ class EnvironmentSpec(Strict):
         return v
 
 
+class ObservabilitySpec(Strict):
+    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC traces endpoint, e.g. http://otel-collector:4317")
+    scrape_interval_seconds: PositiveInt = 15
+
+
 class StackSpec(Strict):
     environment: EnvironmentSpec
     model: ModelSpec
     engine: EngineSpec
+    images: ImagesSpec
     hardware: HardwareSpec
     deployment: DeploymentSpec
     timeouts: TimeoutsSpec = TimeoutsSpec()
     slo: SLOSpec
     access: AccessSpec
+    observability: ObservabilitySpec = ObservabilitySpec()
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> StackSpec:
@@ -317,6 +352,35 @@ def _ep_fits_nodes(path: str, ep: int, gpus_per_node: int) -> list[str]:
             f"Fix: use a divisor of {gpus_per_node}"
         ]
     return []
+
+
+def engine_capability_problems(spec: StackSpec) -> list[str]:
+    """What the chosen engine's pinned version cannot do (see infra/render/pinned/)."""
+    eng, dep = spec.engine, spec.deployment
+    problems = []
+    if eng.kind == "sglang" and dep.cache.store == "lmcache":
+        problems.append(
+            f"deployment.cache.store: sglang {eng.version} has no LMCache backend (its "
+            "--hicache-storage-backend has mooncake, nixl, file, ... but not lmcache). "
+            "Fix: store: mooncake, or engine.kind: vllm"
+        )
+    if eng.kind != "sglang" and dep.load_balancer.implementation == "sglang_router":
+        problems.append(
+            "deployment.load_balancer.implementation: sglang_router speaks SGLang's PD bootstrap "
+            f"protocol, not {eng.kind}'s. Fix: gateway_epp"
+        )
+    for role, phase in dep.pools().items():
+        if eng.kind == "vllm" and phase.expert_placement:
+            problems.append(
+                f"deployment.{role}.expert_placement: vllm {eng.version} has no flag to load a static "
+                "expert placement (its EPLB rebalances at runtime). Fix: remove it, or engine.kind: sglang"
+            )
+    if dep.load_balancer.encoder.mode == "dedicated" and (eng.kind != "sglang" or not spec.model.multimodal):
+        problems.append(
+            "deployment.load_balancer.encoder.mode: dedicated encoders need a multimodal model on "
+            "sglang (--encoder-only). Fix: mode: engine"
+        )
+    return problems
 
 
 def cross_field_problems(spec: StackSpec) -> list[str]:
@@ -393,6 +457,14 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
                 f"{actual.numerator}:{actual.denominator}. Fix: set pd_ratio to "
                 f"'{actual.numerator}:{actual.denominator}' or change the instance counts"
             )
+
+    problems += engine_capability_problems(spec)
+
+    if dep.cache.store == "mooncake" and dep.cache.eviction_policy != "lru":
+        problems.append(
+            f"deployment.cache.eviction_policy: the Mooncake store evicts least-recently-used objects only, "
+            f"not {dep.cache.eviction_policy}. Fix: lru, or store: lmcache"
+        )
 
     t = spec.timeouts
     order = [

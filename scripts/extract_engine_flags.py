@@ -29,7 +29,8 @@ def describe(parser: argparse.ArgumentParser) -> dict[str, dict]:
             continue
         takes_value = action.nargs != 0
         choices = sorted(str(c) for c in action.choices) if action.choices else None
-        flags[option] = {"takes_value": takes_value, "choices": choices}
+        many = action.nargs in ("+", "*") or (isinstance(action.nargs, int) and action.nargs > 1)
+        flags[option] = {"takes_value": takes_value, "many_values": many, "choices": choices}
     return flags
 
 

@@ -78,6 +78,11 @@ def valid_specs(draw):
     dep["cache"]["prefix_cache"] = draw(st.booleans())
     data["engine"]["kind"] = draw(st.sampled_from(["sglang", "vllm"]))
     data["engine"]["version"] = {"sglang": "0.5.23", "vllm": "0.33.0"}[data["engine"]["kind"]]
+    if data["engine"]["kind"] == "vllm":
+        dep["load_balancer"]["implementation"] = "gateway_epp"
+    else:
+        dep["load_balancer"]["implementation"] = draw(st.sampled_from(["sglang_router", "gateway_epp"]))
+    dep["cache"]["store"] = "lmcache" if data["engine"]["kind"] == "vllm" and draw(st.booleans()) else "mooncake"
     try:
         return parse_spec(data)
     except SpecError:

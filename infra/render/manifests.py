@@ -83,10 +83,24 @@ def _validator(kind: str, api_version: str, k8s_version: str) -> jsonschema.Vali
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
+def embedded_pod_templates(manifest: dict) -> list[dict]:
+    """Pod templates inside custom resources, as v1 PodTemplates the schemas can check."""
+    if manifest["kind"] != "LeaderWorkerSet":
+        return []
+    group = manifest["spec"]["leaderWorkerTemplate"]
+    return [
+        {"apiVersion": "v1", "kind": "PodTemplate",
+         "metadata": {"name": f"{manifest['metadata']['name']}-{key}", "namespace": manifest["metadata"].get("namespace")},
+         "template": group[key]}
+        for key in ("leaderTemplate", "workerTemplate") if key in group
+    ]
+
+
 def validate_manifests(items: list[dict], kubernetes_version: str) -> ValidationReport:
-    """Check every built-in kind against the schemas of that Kubernetes release."""
+    """Check every built-in kind (and pod templates inside CRDs) against that release's schemas."""
     report = ValidationReport()
     assert kubernetes_validate  # the schemas ship with this package
+    items = [*items, *(t for m in items for t in embedded_pod_templates(unwrap(m)))]
     for manifest in items:
         plain = unwrap(manifest)
         validator = _validator(plain["kind"], plain["apiVersion"], kubernetes_version)

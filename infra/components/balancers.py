@@ -1,0 +1,136 @@
+"""Load balancing layer: the encoder, prefill/decode router, and expert balancers.
+
+- Encoder: input pre-processing, inside the engines or a dedicated encoder pool.
+- Prefill and Decode: one router (sglang-router in PD mode, or the inference extension's
+  endpoint picker behind an InferencePool) that picks by live load and prefix affinity.
+- Expert: the redundant-expert placement files the engines load at start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+
+from infra import naming
+from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP
+from infra.components.k8s import Layer, LayerContext
+from infra.render.engine_args import ENGINE_PORT, command_lines, encoder_args
+from infra.render.router_config import RouterLaunch, router_launch
+from infra.render.templating import render_template
+from infra.spec import REPO_ROOT
+
+ROUTER_LABELS = {"app.kubernetes.io/name": naming.ROUTER}
+
+
+def router_rbac(ctx: LayerContext) -> list[dict]:
+    """The router discovers engine pods: it may read pods and endpoints in its namespace, nothing else."""
+    meta = ctx.metadata(naming.ROUTER, "router")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [
+             {"apiGroups": [""], "resources": ["pods", "endpoints"], "verbs": ["get", "list", "watch"]},
+             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+             {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": naming.ROUTER},
+         "subjects": [{"kind": "ServiceAccount", "name": naming.ROUTER, "namespace": ctx.namespace}]},
+    ]
+
+
+def router_deployment(ctx: LayerContext, launch: RouterLaunch) -> dict:
+    spec = ctx.spec
+    mounts = [{"name": "launch", "mountPath": "/etc/pdstack/launch", "readOnly": True}]
+    if launch.files:
+        mounts.append({"name": "epp-config", "mountPath": "/etc/epp", "readOnly": True})
+    container = {
+        "name": naming.ROUTER,
+        "image": spec.images.router,
+        "ports": [{"name": "http", "containerPort": launch.port}, {"name": "metrics", "containerPort": launch.metrics_port}],
+        "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "8", "memory": "16Gi"}},
+        "volumeMounts": mounts,
+        "readinessProbe": {"tcpSocket": {"port": launch.port}, "periodSeconds": 5},
+    }
+    if launch.implementation == "sglang_router":
+        container["command"] = ["/bin/sh", "/etc/pdstack/launch/launch.sh"]
+    else:
+        container["command"] = launch.entrypoint
+        container["args"] = launch.args
+    volumes = [{"name": "launch", "configMap": {"name": f"{naming.ROUTER}-launch", "defaultMode": 0o555}}]
+    if launch.files:
+        volumes.append({"name": "epp-config", "configMap": {"name": f"{naming.ROUTER}-launch", "items": [{"key": "config.yaml", "path": "config.yaml"}]}})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": ctx.metadata(naming.ROUTER, "router", **ROUTER_LABELS),
+        "spec": {
+            "replicas": spec.deployment.load_balancer.replicas,
+            "selector": {"matchLabels": ROUTER_LABELS},
+            "template": {
+                "metadata": {"labels": {**ctx.labels, **ROUTER_LABELS}},
+                "spec": {"serviceAccountName": naming.ROUTER, "containers": [container], "volumes": volumes},
+            },
+        },
+    }
+
+
+def inference_pool(ctx: LayerContext, launch: RouterLaunch) -> dict:
+    port = ENGINE_PORT[ctx.spec.engine.kind]
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": ctx.metadata(naming.INFERENCE_POOL, "router"),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/part-of": "pdstack", naming.LWS_WORKER_INDEX_LABEL: "0"}},
+            "targetPorts": [{"number": port}],
+            "endpointPickerRef": {"name": naming.ROUTER, "port": {"number": launch.port}},
+        },
+    }
+
+
+def placement_files(ctx: LayerContext) -> dict[str, str]:
+    files = {}
+    for role, phase in ctx.spec.deployment.pools().items():
+        if phase.expert_placement:
+            files[f"{role}.json"] = (REPO_ROOT / phase.expert_placement).read_text()
+    return files
+
+
+class Balancers(Layer):
+    layer = "balancers"
+
+    def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(name, ctx, opts)
+        launch = self.router = router_launch(ctx.spec)
+        _, encoder_summary = encoder_args(ctx.spec)
+        for manifest in router_rbac(ctx):
+            self.add(manifest)
+        script = render_template(
+            "launch.sh.j2", title=f"{launch.implementation} router", notes=launch.notes, prelude=[],
+            lines=command_lines([*launch.entrypoint, *launch.args]),
+        )
+        self.add({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": ctx.metadata(f"{naming.ROUTER}-launch", "router"),
+            "data": {"launch.sh": script, **launch.files,
+                     "balancers.txt": f"encoder: {encoder_summary}\nrouter: {launch.implementation}, "
+                                      f"strategy {ctx.spec.deployment.load_balancer.strategy}\n"},
+        })
+        self.deployment = self.add(router_deployment(ctx, launch))
+        self.service = self.add({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": ctx.metadata(naming.ROUTER, "router", **ROUTER_LABELS),
+            "spec": {"selector": ROUTER_LABELS, "ports": [
+                {"name": "http", "port": launch.port, "targetPort": launch.port},
+                {"name": "metrics", "port": launch.metrics_port, "targetPort": launch.metrics_port},
+            ]},
+        })
+        if launch.implementation == "gateway_epp":
+            self.add(inference_pool(ctx, launch))
+        placements = placement_files(ctx)
+        if placements:
+            self.add({"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": ctx.metadata(EXPERT_PLACEMENT_CONFIGMAP, "expert-balancer"), "data": placements})
+        self.register_outputs({"router": naming.service_dns(naming.ROUTER, ctx.namespace)})

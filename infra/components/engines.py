@@ -1,0 +1,150 @@
+"""Execution layer: the engine pools. Each instance is one LeaderWorkerSet group.
+
+A pool (prefill, decode, or the one colocated pool) is a LeaderWorkerSet whose replicas
+are instances and whose group size is the nodes one instance spans. The group leader
+serves HTTP; a headless Service over the leaders is what routers discover.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from infra import naming
+from infra.components.k8s import Layer, LayerContext
+from infra.components.placement import group_annotations, gpu_scheduling
+from infra.components.storage import weights_init_container, weights_volumes
+from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
+from infra.render.kvcache_config import KVCachePlan
+from infra.spec import StackSpec
+
+ENGINE_SERVICE_ACCOUNT = "engine"
+EXPERT_PLACEMENT_CONFIGMAP = "expert-placement"
+LAUNCH_MOUNT = "/etc/pdstack/launch"
+
+
+def pod_labels(spec: StackSpec, role: str, base: dict[str, str]) -> dict[str, str]:
+    labels = {**base, naming.ROLE_LABEL: role, "app.kubernetes.io/name": naming.engine(role)}
+    if spec.deployment.load_balancer.implementation == "gateway_epp" and role != "colocated":
+        labels["llm-d.ai/role"] = role  # what the endpoint picker's prefill/decode filters read
+    return labels
+
+
+def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, leader: bool) -> dict:
+    role = launch.role
+    phase = spec.deployment.pools()[role]
+    mounts = [
+        {"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True},
+        {"name": "launch", "mountPath": LAUNCH_MOUNT, "readOnly": True},
+        {"name": "kvcache-config", "mountPath": "/etc/lmcache", "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    volumes = [
+        *weights_volumes(spec),
+        {"name": "launch", "configMap": {"name": f"{naming.engine(role)}-launch", "defaultMode": 0o555}},
+        {"name": "kvcache-config", "configMap": {"name": "kvcache-config"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+    ]
+    if phase.expert_placement:
+        mounts.append({"name": "expert-placement", "mountPath": PLACEMENT_MOUNT, "readOnly": True})
+        volumes.append({"name": "expert-placement", "configMap": {"name": EXPERT_PLACEMENT_CONFIGMAP}})
+    container = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
+        "env": [{"name": k, "value": v} for k, v in sorted(kv.engine_env.items())],
+        "ports": [{"name": "http", "containerPort": launch.port}],
+        "resources": {
+            "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(launch.gpus_per_pod)},
+            "limits": {"memory": "512Gi", "nvidia.com/gpu": str(launch.gpus_per_pod)},
+        },
+        "volumeMounts": mounts,
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},  # RDMA memory registration
+    }
+    if leader:
+        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10}
+        container["startupProbe"] = {
+            "httpGet": {"path": "/health", "port": launch.port},
+            "periodSeconds": 10,
+            "failureThreshold": 180,  # large MoE models take up to 30 minutes to load
+        }
+    return {
+        "serviceAccountName": ENGINE_SERVICE_ACCOUNT,
+        **gpu_scheduling(role),
+        "initContainers": [weights_init_container(spec)],
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 300,  # let in-flight requests drain
+    }
+
+
+def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan) -> dict:
+    spec, role = ctx.spec, launch.role
+    phase = spec.deployment.pools()[role]
+    pod_annotations = dict(kv.pod_annotations)
+    if spec.engine.kind == "sglang" and role == "prefill":
+        pod_annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
+    labels = pod_labels(spec, role, ctx.labels)
+
+    def template(leader: bool) -> dict:
+        return {"metadata": {"labels": labels, "annotations": pod_annotations},
+                "spec": engine_pod_spec(spec, launch, kv, leader)}
+
+    meta = ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role})
+    meta["annotations"] = group_annotations(spec, role)
+    group = {"size": launch.nodes, "workerTemplate": template(leader=launch.nodes == 1)}
+    if launch.nodes > 1:
+        group = {"size": launch.nodes, "restartPolicy": "RecreateGroupOnPodRestart",
+                 "leaderTemplate": template(leader=True), "workerTemplate": template(leader=False)}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": phase.instances,
+            "startupPolicy": "LeaderCreated",
+            # Replace one whole group at a time and never drop below the serving count.
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}},
+            "leaderWorkerTemplate": group,
+        },
+    }
+
+
+class Engines(Layer):
+    layer = "engines"
+
+    def __init__(self, name: str, ctx: LayerContext, kv: KVCachePlan, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(name, ctx, opts)
+        self.launches = all_launches(ctx.spec)
+        self.service_account = self.add({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": ctx.metadata(ENGINE_SERVICE_ACCOUNT, "engine"),
+            "automountServiceAccountToken": False,  # engines never call the API server
+        })
+        self.groups, self.services = {}, {}
+        for role, launch in self.launches.items():
+            script = self.add({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": ctx.metadata(f"{naming.engine(role)}-launch", "engine", **{naming.ROLE_LABEL: role}),
+                "data": {"launch.sh": launch.script()},
+            })
+            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=[script])
+            self.services[role] = self.add({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"},
+                    "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}],
+                },
+            })
+            self.add({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),
+                "spec": {
+                    # A multi-node group dies with any of its pods: allow no voluntary
+                    # eviction, so a drain must replace whole groups through a rollout.
+                    "maxUnavailable": 0 if launch.multi_node else 1,
+                    "selector": {"matchLabels": {naming.ROLE_LABEL: role}},
+                },
+            })
+        self.register_outputs({})

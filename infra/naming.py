@@ -1,0 +1,24 @@
+"""Names and labels shared by the layers, so that a selector and its target cannot drift."""
+
+from __future__ import annotations
+
+ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode | colocated
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader
+ROLE_TAINT_EFFECT = "NoSchedule"
+
+ROUTER = "router"
+ENCODER = "encoder"
+GATEWAY = "gateway"
+INFERENCE_POOL = "pdstack-pool"
+MOONCAKE_MASTER = "mooncake-master"
+LMCACHE_SERVER = "lmcache-server"
+OTEL_COLLECTOR = "otel-collector"
+
+
+def engine(role: str) -> str:
+    """Name of a pool's LeaderWorkerSet, and of the headless Service over its leaders."""
+    return f"engine-{role}"
+
+
+def service_dns(service: str, namespace: str) -> str:
+    return f"{service}.{namespace}.svc.cluster.local"

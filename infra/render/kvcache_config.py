@@ -1,0 +1,107 @@
+"""Spec to the KV cache layer: the distributed store, what engines need to reach it, and
+the KV transfer bandwidth quota. Pure.
+
+- `mooncake`: a Mooncake master (object metadata, eviction, and the HTTP metadata server
+  the transfer engine uses to find peers). SGLang's HiCache and vLLM's
+  MooncakeStoreConnector read the MOONCAKE_* variables.
+- `lmcache`: an LMCache server as the shared tier, with an LMCache config file for vLLM.
+  SGLang 0.5.23 has no LMCache backend; the spec check says so.
+
+Bandwidth quota: RDMA traffic bypasses the CNI's traffic shaper, so the quota is applied
+twice: as the `kubernetes.io/egress-bandwidth` annotation (TCP fallback paths) and as a
+limit the monitoring layer alerts on. Neither engine has a flag that caps RDMA rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from infra import naming
+from infra.spec import StackSpec
+
+MOONCAKE_RPC_PORT = 50051
+MOONCAKE_METADATA_PORT = 8080
+MOONCAKE_METRICS_PORT = 9003
+LMCACHE_PORT = 65432
+LMCACHE_CONFIG_PATH = "/etc/lmcache/lmcache.yaml"
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    store: str
+    server_name: str
+    image: str
+    command: list[str]
+    ports: dict[str, int]
+    engine_env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    quota_gbps: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def engine_nodes(spec: StackSpec) -> int:
+    gpn = spec.hardware.gpus_per_node
+    return sum(p.instances * p.nodes_per_instance(gpn) for p in spec.deployment.pools().values())
+
+
+def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
+    cache, ns = spec.deployment.cache, spec.environment.namespace
+    quota_gbps = spec.hardware.nic_gbps * cache.bandwidth_fraction()
+    annotations = {"kubernetes.io/egress-bandwidth": f"{int(quota_gbps * 1000)}M"}
+    policy = f"eviction {cache.eviction_policy}, capacity {cache.capacity_gib} GiB, prefix cache {'on' if cache.prefix_cache else 'off'}"
+    if cache.store == "mooncake":
+        host = naming.service_dns(naming.MOONCAKE_MASTER, ns)
+        # Each engine node lends an equal share of the store's capacity from host memory.
+        segment_gib = max(1, cache.capacity_gib // max(1, engine_nodes(spec)))
+        return KVCachePlan(
+            store="mooncake",
+            server_name=naming.MOONCAKE_MASTER,
+            image=spec.images.mooncake_master,
+            command=[
+                "mooncake_master",
+                f"--port={MOONCAKE_RPC_PORT}",
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=0.0.0.0",
+                f"--http_metadata_server_port={MOONCAKE_METADATA_PORT}",
+                f"--metrics_port={MOONCAKE_METRICS_PORT}",
+                # LRU eviction starts at 95% full and frees 5% at a time.
+                "--eviction_high_watermark_ratio=0.95",
+                "--eviction_ratio=0.05",
+            ],
+            ports={"rpc": MOONCAKE_RPC_PORT, "metadata": MOONCAKE_METADATA_PORT, "metrics": MOONCAKE_METRICS_PORT},
+            engine_env={
+                "MOONCAKE_MASTER": f"{host}:{MOONCAKE_RPC_PORT}",
+                "MOONCAKE_TE_META_DATA_SERVER": f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata",
+                "MOONCAKE_PROTOCOL": "rdma" if spec.engine.rdma_devices else "tcp",
+                "MOONCAKE_DEVICE": ",".join(spec.engine.rdma_devices),
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE": f"{segment_gib}gb",
+            },
+            pod_annotations=annotations,
+            quota_gbps=quota_gbps,
+            notes=[policy, f"{segment_gib} GiB of host memory per engine node lent to the store"],
+        )
+    host = naming.service_dns(naming.LMCACHE_SERVER, ns)
+    config = {
+        "chunk_size": 256,
+        "local_cpu": True,
+        "max_local_cpu_size": max(1, cache.capacity_gib // max(1, engine_nodes(spec))),
+        "remote_url": f"lm://{host}:{LMCACHE_PORT}",
+        "remote_serde": "naive",
+        "cache_policy": cache.eviction_policy.upper(),
+        "save_unfull_chunk": False,
+    }
+    return KVCachePlan(
+        store="lmcache",
+        server_name=naming.LMCACHE_SERVER,
+        image=spec.images.lmcache_server,
+        command=["lmcache_server", "0.0.0.0", str(LMCACHE_PORT)],
+        ports={"rpc": LMCACHE_PORT},
+        engine_env={"LMCACHE_CONFIG_FILE": LMCACHE_CONFIG_PATH},
+        files={"lmcache.yaml": yaml.safe_dump(config, sort_keys=True)},
+        pod_annotations=annotations,
+        quota_gbps=quota_gbps,
+        notes=[policy],
+    )

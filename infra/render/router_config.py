@@ -1,0 +1,177 @@
+"""Spec to the balancers' configs: encoder, prefill/decode router, expert placement. Pure.
+
+Prefill and decode instances are picked by live load with prefix-cache affinity:
+- `sglang_router`: the SGLang model gateway in PD mode. Prefill uses `cache_aware`
+  (radix-tree affinity, falling back to the least-loaded worker when the load spread
+  passes the balance thresholds); decode uses `power_of_two` (two random workers, the
+  less loaded wins), both on live load. Workers are found by Kubernetes service discovery
+  on the pool labels, so scaling needs no router restart.
+- `gateway_epp`: the Gateway API Inference Extension's endpoint picker (llm-d scheduler)
+  with prefix-cache, queue and KV-cache-utilisation scorers and a PD profile handler.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import yaml
+
+from infra import naming
+from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT
+from infra.render.flagsets import flagset
+from infra.spec import StackSpec
+
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+
+# Spec strategy -> sglang-router policy for the prefill side and the decode side.
+SGLANG_POLICIES = {
+    "cache_aware": ("cache_aware", "power_of_two"),
+    "least_load": ("cache_aware", "power_of_two"),
+    "power_of_two": ("power_of_two", "power_of_two"),
+    "round_robin": ("round_robin", "round_robin"),
+}
+
+
+class RoundRobinWarning(UserWarning):
+    """Static round robin ignores live load and prefix-cache affinity."""
+
+
+@dataclass(frozen=True)
+class RouterLaunch:
+    implementation: str
+    entrypoint: list[str]
+    args: list[str]
+    port: int
+    metrics_port: int
+    files: dict[str, str] = field(default_factory=dict)  # ConfigMap data
+    notes: list[str] = field(default_factory=list)
+
+
+def pool_selector(role: str) -> dict[str, str]:
+    """Labels that pick the serving pod (the group leader) of every instance of a pool."""
+    return {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"}
+
+
+def _selector_args(selector: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in selector.items()]
+
+
+def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
+    lb, t = spec.deployment.load_balancer, spec.timeouts
+    prefill_policy, decode_policy = SGLANG_POLICIES[lb.strategy]
+    w = lb.weights
+    args = [
+        "--host", "0.0.0.0",
+        "--port", str(ROUTER_PORT),
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(ROUTER_METRICS_PORT),
+        "--service-discovery",
+        "--service-discovery-namespace", spec.environment.namespace,
+        "--service-discovery-port", str(ENGINE_PORT["sglang"]),
+        "--cache-threshold", str(w.cache_threshold),
+        "--balance-abs-threshold", str(w.balance_abs_threshold),
+        "--balance-rel-threshold", str(w.balance_rel_threshold),
+        "--request-timeout-secs", str(int(t.router_to_prefill.timeout_seconds)),
+        "--retry-max-retries", str(t.router_to_prefill.retries),
+        "--health-check-endpoint", "/health",
+    ]
+    if spec.deployment.mode == "disaggregated":
+        args += [
+            "--pd-disaggregation",
+            "--prefill-policy", prefill_policy,
+            "--decode-policy", decode_policy,
+            "--prefill-selector", *_selector_args(pool_selector("prefill")),
+            "--decode-selector", *_selector_args(pool_selector("decode")),
+        ]
+    else:
+        args += ["--policy", prefill_policy, "--selector", *_selector_args(pool_selector("colocated"))]
+    if spec.observability.otlp_endpoint:
+        args += ["--enable-trace", "--otlp-traces-endpoint", spec.observability.otlp_endpoint]
+    problems = flagset("sglang-router").check(args)
+    if problems:
+        raise AssertionError(f"rendered sglang-router args do not match the pinned flag set: {problems}")
+    return RouterLaunch(
+        implementation="sglang_router",
+        entrypoint=["python3", "-m", "sglang_router.launch_router"],
+        args=args,
+        port=ROUTER_PORT,
+        metrics_port=ROUTER_METRICS_PORT,
+        notes=[
+            f"prefill bootstrap port from pod annotation sglang.ai/bootstrap-port={BOOTSTRAP_PORT}",
+            f"policies: prefill {prefill_policy}, decode {decode_policy}",
+        ],
+    )
+
+
+def epp_config(spec: StackSpec) -> dict:
+    """EndpointPickerConfig for the inference extension's endpoint picker (llm-d scheduler)."""
+    w = spec.deployment.load_balancer.weights
+    scorers = [
+        {"pluginRef": "prefix-cache-scorer", "weight": w.prefix_cache},
+        {"pluginRef": "queue-scorer", "weight": w.queue_depth},
+        {"pluginRef": "kv-cache-utilization-scorer", "weight": w.kv_cache_utilization},
+    ]
+    if spec.deployment.load_balancer.strategy == "round_robin":
+        scorers = []  # no scoring: the picker falls back to random among the filtered
+    plugins = [
+        {"type": "prefix-cache-scorer", "parameters": {"blockSize": 64, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}},
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "max-score-picker"},
+    ]
+    if spec.deployment.mode == "disaggregated":
+        plugins += [
+            {"type": "prefill-header-handler"},
+            {"type": "prefill-filter"},
+            {"type": "decode-filter"},
+            # Requests whose uncached prompt is shorter than the threshold skip prefill.
+            {"type": "pd-profile-handler", "parameters": {"threshold": 0, "blockSize": 64}},
+        ]
+        profiles = [
+            {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, *scorers, {"pluginRef": "max-score-picker"}]},
+            {"name": "decode", "plugins": [{"pluginRef": "decode-filter"}, *scorers, {"pluginRef": "max-score-picker"}]},
+        ]
+    else:
+        plugins.append({"type": "single-profile-handler"})
+        profiles = [{"name": "default", "plugins": [*scorers, {"pluginRef": "max-score-picker"}]}]
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": plugins,
+        "schedulingProfiles": profiles,
+    }
+
+
+def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
+    config = yaml.safe_dump(epp_config(spec), sort_keys=False)
+    return RouterLaunch(
+        implementation="gateway_epp",
+        entrypoint=["/app/epp"],
+        args=[
+            "--pool-name", naming.INFERENCE_POOL,
+            "--pool-namespace", spec.environment.namespace,
+            "--config-file", "/etc/epp/config.yaml",
+            "--grpc-port", "9002",
+            "--metrics-port", str(ROUTER_METRICS_PORT),
+        ],
+        port=9002,
+        metrics_port=ROUTER_METRICS_PORT,
+        files={"config.yaml": config},
+        notes=["endpoint picker flags are not in a pinned flag set (Go binary): checked by review only"],
+    )
+
+
+def router_launch(spec: StackSpec) -> RouterLaunch:
+    lb = spec.deployment.load_balancer
+    if lb.strategy == "round_robin":
+        warnings.warn(
+            "deployment.load_balancer.strategy: round_robin ignores live load and prefix-cache "
+            "affinity. Fix: cache_aware or least_load",
+            RoundRobinWarning,
+            stacklevel=2,
+        )
+    if lb.implementation == "sglang_router":  # the spec checks guarantee an sglang engine
+        return sglang_router_launch(spec)
+    return gateway_epp_launch(spec)
