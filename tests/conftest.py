@@ -52,3 +52,15 @@ def colocated_spec() -> StackSpec:
     dep["colocated"] = {"instances": 2, "expert_parallel": 8, "redundant_experts": 0}
     del dep["prefill"], dep["decode"]
     return parse_spec(data)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    import os
+
+    from tests.servers import moto_s3
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    with moto_s3() as url:
+        yield url

@@ -1,0 +1,158 @@
+"""The layers as the mocked Pulumi program registers them, for the dev and prod specs."""
+
+from __future__ import annotations
+
+from infra import naming
+from infra.components.nodepools import pool_gpu_limit
+from infra.offline import is_secret, run_spec
+from infra.render.manifests import manifests, unwrap
+
+
+def pod_templates(run):
+    for lws in run.by_kind("LeaderWorkerSet"):
+        group = lws["spec"]["leaderWorkerTemplate"]
+        for key in ("leaderTemplate", "workerTemplate"):
+            if key in group:
+                yield lws, group[key]
+    for dep in run.by_kind("Deployment"):
+        yield dep, dep["spec"]["template"]
+
+
+def test_node_pools_are_labelled_and_tainted_by_role(run, spec):
+    pools = {p["metadata"]["labels"][naming.ROLE_LABEL]: p for p in run.by_kind("NodePool")}
+    assert set(pools) == set(spec.deployment.pools())
+    for role, pool in pools.items():
+        template = pool["spec"]["template"]
+        assert template["metadata"]["labels"][naming.ROLE_LABEL] == role
+        assert {"key": naming.ROLE_LABEL, "value": role, "effect": "NoSchedule"} in template["spec"]["taints"]
+        assert pool["spec"]["limits"]["nvidia.com/gpu"] == str(pool_gpu_limit(spec, role))
+        assert pool["spec"]["disruption"]["budgets"] == [{"nodes": spec.hardware.disruption_budget}]
+
+
+def test_every_gpu_pod_selects_and_tolerates_its_pool(run):
+    gpu_pods = 0
+    for owner, template in pod_templates(run):
+        pod = template["spec"]
+        gpus = [c for c in pod["containers"] if "nvidia.com/gpu" in c["resources"].get("limits", {})]
+        if not gpus:
+            assert "nodeSelector" not in pod or naming.ROLE_LABEL not in pod["nodeSelector"], owner["metadata"]["name"]
+            continue
+        gpu_pods += 1
+        role = pod["nodeSelector"][naming.ROLE_LABEL]
+        assert template["metadata"]["labels"][naming.ROLE_LABEL] == role
+        assert {"key": naming.ROLE_LABEL, "operator": "Equal", "value": role, "effect": "NoSchedule"} in pod["tolerations"]
+    assert gpu_pods >= 2
+
+
+def test_prod_decode_group_is_pinned_to_one_nvlink_domain():
+    from tests.conftest import shipped_run
+
+    run = shipped_run("prod")
+    groups = {g["metadata"]["name"]: g for g in run.by_kind("LeaderWorkerSet")}
+    decode, prefill = groups["engine-decode"], groups["engine-prefill"]
+    assert decode["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique"}
+    assert decode["spec"]["leaderWorkerTemplate"]["size"] == 16
+    assert decode["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert prefill["metadata"]["annotations"] == {}  # medium EP needs no supernode
+    assert prefill["spec"]["replicas"] == 8 and prefill["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
+def test_colocated_mode_has_one_pool_and_no_supernode_placement(colocated_spec):
+    run = run_spec(colocated_spec)
+    assert [p["metadata"]["name"] for p in run.by_kind("NodePool")] == ["pdstack-dev-colocated"]
+    (group,) = run.by_kind("LeaderWorkerSet")
+    assert group["metadata"]["annotations"] == {}
+    assert "--disaggregation-mode" not in str(run.by_kind("ConfigMap"))
+
+
+def test_api_keys_live_only_in_a_secret_and_are_secret_outputs(run, spec):
+    (secret,) = run.by_kind("Secret")
+    assert is_secret(secret["stringData"])
+    keys = unwrap(secret["stringData"])
+    assert set(keys) == {k.name for k in spec.access.api_keys}
+    for value in keys.values():
+        for m in manifests(run):
+            if m["kind"] != "Secret":
+                assert value not in str(unwrap(m))
+    randoms = run.of_type("random:index/randomPassword:RandomPassword")
+    assert len(randoms) == len(spec.access.api_keys)
+
+
+def test_default_deny_plus_allowlist(run, spec):
+    policies = {p["metadata"]["name"]: p["spec"] for p in run.by_kind("NetworkPolicy")}
+    assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    ingress = policies["allow-gateway-to-router"]["ingress"][0]["from"]
+    assert [b["ipBlock"]["cidr"] for b in ingress if "ipBlock" in b] == spec.access.allowlist_cidrs
+    (gateway,) = run.by_kind("Gateway")
+    ranges = gateway["spec"]["infrastructure"]["annotations"]["service.beta.kubernetes.io/load-balancer-source-ranges"]
+    assert ranges.split(",") == spec.access.allowlist_cidrs
+    (auth,) = run.by_kind("SecurityPolicy")
+    assert auth["spec"]["authorization"]["defaultAction"] == "Deny"
+    (limits,) = run.by_kind("BackendTrafficPolicy")
+    rules = limits["spec"]["rateLimit"]["local"]["rules"]
+    assert [r["limit"]["requests"] for r in rules] == [k.requests_per_minute for k in spec.access.api_keys]
+
+
+def _services(run) -> dict[str, dict]:
+    return {s["metadata"]["name"]: s for s in run.by_kind("Service")}
+
+
+def test_router_engine_and_cache_are_wired_to_services_the_program_made(run, spec):
+    services = _services(run)
+    ns = spec.environment.namespace
+    # The route sends traffic to the router Service.
+    (route,) = run.by_kind("HTTPRoute")
+    backend = route["spec"]["rules"][0]["backendRefs"][0]
+    assert backend["name"] in services and backend["port"] in [p["port"] for p in services[backend["name"]]["spec"]["ports"]]
+    # Every cluster URL any config names resolves to a Service of ours.
+    import re
+
+    texts = " ".join(str(m.get("data", "")) + str(m.get("spec", "")) for m in manifests(run))
+    hosts = set(re.findall(r"([a-z0-9-]+)\." + re.escape(ns) + r"\.svc\.cluster\.local", texts))
+    assert hosts, "expected cluster URLs in the rendered configs"
+    assert hosts <= set(services), hosts - set(services)
+    # The router discovers engines by selectors that match the engines' leader pods.
+    launch = next(m for m in run.by_kind("ConfigMap") if m["metadata"]["name"] == "router-launch")["data"]["launch.sh"]
+    for role in spec.deployment.pools():
+        assert f"{naming.ROLE_LABEL}={role}" in launch
+        svc = services[naming.engine(role)]
+        group = next(g for g in run.by_kind("LeaderWorkerSet") if g["metadata"]["name"] == naming.engine(role))
+        tmpl = group["spec"]["leaderWorkerTemplate"].get("leaderTemplate") or group["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        labels = {**tmpl["metadata"]["labels"], naming.LWS_WORKER_INDEX_LABEL: "0"}  # LWS adds the index
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_kv_cache_store_has_a_service_and_engines_point_at_it(run, spec):
+    services = _services(run)
+    assert "mooncake-master" in services
+    for _, template in pod_templates(run):
+        for c in template["spec"]["containers"]:
+            env = {e["name"]: e["value"] for e in c.get("env", [])}
+            if "MOONCAKE_MASTER" in env:
+                assert env["MOONCAKE_MASTER"].startswith(f"mooncake-master.{spec.environment.namespace}.svc")
+
+
+def test_weights_are_verified_before_the_engine_starts(run):
+    for group in run.by_kind("LeaderWorkerSet"):
+        tmpl = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+        (init,) = tmpl["initContainers"]
+        assert init["command"][:3] == ["python3", "/opt/pdstack/weights.py", "fetch"]
+
+
+def test_prod_preview_lists_every_layer_with_counts():
+    from infra.cli import main
+
+    import io
+    from contextlib import redirect_stdout
+
+    from infra import cli
+
+    buffer = io.StringIO()
+    cli.console.file = buffer
+    try:
+        assert main(["preview", "--offline", "--stack", "prod"]) == 0
+    finally:
+        cli.console.file = None
+    out = buffer.getvalue()
+    for layer in ("access", "balancers", "engines", "kvcache", "nodepools", "storage", "monitoring", "foundation"):
+        assert f"{layer} (" in out, layer
