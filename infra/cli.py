@@ -115,6 +115,42 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eplb(args: argparse.Namespace) -> int:
+    import json
+
+    from infra.planning.eplb import PlacementError, load_loads, place_experts
+
+    spec = _spec_from_args(args)
+    pools = spec.deployment.pools()
+    if args.role not in pools:
+        err_console.print(f"--role {args.role}: not a pool of this stack ({', '.join(pools)})")
+        return 2
+    phase = pools[args.role]
+    gpn = spec.hardware.gpus_per_node
+    try:
+        loads = load_loads(args.loads)
+        if loads.shape[1] != spec.model.num_routed_experts:
+            raise PlacementError(f"{args.loads}: {loads.shape[1]} experts, the model has {spec.model.num_routed_experts}")
+        result = place_experts(loads, phase.redundant_experts, phase.nodes_per_instance(gpn),
+                               phase.gpus_per_instance(), spec.model.num_expert_groups, policy=args.policy)
+    except (PlacementError, OSError, ValueError) as exc:
+        err_console.print(f"[red]eplb: {exc}[/red]")
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.engine_file()))
+    report = result.report()
+    out.with_suffix(".report.json").write_text(json.dumps(report, indent=1))
+    table = Table(title=f"expert placement, {args.role}: {result.policy} policy, {report['slots']} slots on {report['gpus']} GPUs")
+    for col in ("", "mean imbalance", "worst imbalance"):
+        table.add_column(col)
+    for label, key in (("before (engine default)", "imbalance_before"), ("after", "imbalance_after")):
+        table.add_row(label, f"{report[key]['mean']:.3f}", f"{report[key]['worst']:.3f}")
+    console.print(table)
+    console.print(f"wrote {out} (set deployment.{args.role}.expert_placement to it) and {out.with_suffix('.report.json')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/manifests", help="folder to write (default out/manifests)")
     p.add_argument("--engine", choices=["sglang", "vllm"], help="render for this engine instead of the spec's")
     p.set_defaults(func=cmd_render)
+    p = with_spec(sub.add_parser("eplb", help="place redundant experts from measured loads"))
+    p.add_argument("--role", default="decode", help="pool to place for (default decode)")
+    p.add_argument("--loads", required=True, help="load file: JSON logical_count or CSV layer,expert,count")
+    p.add_argument("--policy", choices=["auto", "hierarchical", "global"], default="auto")
+    p.add_argument("--out", required=True, help="placement JSON for the engine; a .report.json goes beside it")
+    p.set_defaults(func=cmd_eplb)
     return parser
 
 
