@@ -151,6 +151,55 @@ def cmd_eplb(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import yaml
+
+    from infra.planning.pd_ratio import SLO, PlanError, Workload, plan
+    from infra.spec import parse_spec
+
+    spec = _spec_from_args(args)
+    dep = spec.deployment
+    if dep.mode != "disaggregated":
+        err_console.print("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
+        return 2
+    try:
+        workload = Workload.model_validate(yaml.safe_load(Path(args.workload).read_text()))
+        result = plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user),
+                      dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+                      current=(dep.prefill.instances, dep.decode.instances))
+    except (PlanError, OSError) as exc:
+        err_console.print(f"[red]plan: {exc}[/red]")
+        return 2
+    except ValueError as exc:  # pydantic: the workload file's field and problem
+        err_console.print(f"[red]plan: {args.workload}: {exc}[/red]")
+        return 2
+    table = Table(title=f"PD plan for {spec.environment.name} (TPOT target {result.tpot_target_ms:g} ms)")
+    for col in ("phase", "now", "recommended", "GPUs", "utilisation", "headroom"):
+        table.add_column(col)
+    table.add_row("prefill", str(dep.prefill.instances), str(result.prefill_instances), str(result.prefill_gpus),
+                  f"{result.prefill_utilisation:.0%}", f"{result.prefill_headroom:.0%}")
+    table.add_row("decode", str(dep.decode.instances), str(result.decode_instances), str(result.decode_gpus),
+                  f"{result.decode_utilisation:.0%}", f"{result.decode_headroom:.0%}")
+    console.print(table)
+    console.print(f"card ratio {result.pd_ratio} (spec says {dep.pd_ratio})")
+    console.print(f"with today's counts: prefill {result.current_prefill_utilisation:.0%}, decode "
+                  f"{result.current_decode_utilisation:.0%} busy; bottleneck is {result.current_bottleneck}")
+    if args.write:
+        data = spec.model_dump(mode="json", exclude_defaults=False)
+        data["deployment"]["prefill"]["instances"] = result.prefill_instances
+        data["deployment"]["decode"]["instances"] = result.decode_instances
+        data["deployment"]["pd_ratio"] = result.pd_ratio
+        for role, n in (("prefill", result.prefill_instances), ("decode", result.decode_instances)):
+            scaling = data["deployment"][role].get("scaling")
+            if scaling:
+                scaling["max_instances"] = max(scaling["max_instances"], n)
+                scaling["min_instances"] = min(scaling["min_instances"], n)
+        parse_spec(data)  # the written spec must itself be valid; nothing is written otherwise
+        Path(args.write).write_text(yaml.safe_dump(data, sort_keys=False))
+        console.print(f"wrote {args.write}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["auto", "hierarchical", "global"], default="auto")
     p.add_argument("--out", required=True, help="placement JSON for the engine; a .report.json goes beside it")
     p.set_defaults(func=cmd_eplb)
+    p = with_spec(sub.add_parser("plan", help="recommend prefill/decode counts from a workload"))
+    p.add_argument("--workload", required=True, help="workload and measured capacity (see stacks/workloads/)")
+    p.add_argument("--write", help="write the spec with the recommended counts to this path")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 
