@@ -156,3 +156,23 @@ def test_prod_preview_lists_every_layer_with_counts():
     out = buffer.getvalue()
     for layer in ("access", "balancers", "engines", "kvcache", "nodepools", "storage", "monitoring", "foundation"):
         assert f"{layer} (" in out, layer
+
+
+def test_dedicated_encoder_pool_exists_where_prefill_is_told_to_call_it():
+    from infra.spec import parse_spec
+    from tests.conftest import stack_data
+
+    data = stack_data("dev")
+    data["model"]["multimodal"] = True
+    data["deployment"]["load_balancer"]["encoder"] = {"mode": "dedicated", "workers": 2}
+    run = run_spec(parse_spec(data))
+    services = _services(run)
+    assert "encoder" in services
+    (encoder,) = [d for d in run.by_kind("Deployment") if d["metadata"]["name"] == "encoder"]
+    assert encoder["spec"]["replicas"] == 2
+    assert "--encoder-only" in encoder["spec"]["template"]["spec"]["containers"][0]["command"]
+    launch = next(m for m in run.by_kind("ConfigMap") if m["metadata"]["name"] == "engine-prefill-launch")
+    assert "--encoder-urls http://encoder.pdstack-dev.svc.cluster.local:30000" in launch["data"]["launch.sh"]
+    from infra.render.manifests import validate_manifests
+
+    assert validate_manifests(manifests(run), "1.33").errors == []

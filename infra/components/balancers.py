@@ -15,7 +15,9 @@ import pulumi
 from infra import naming
 from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP
 from infra.components.k8s import Layer, LayerContext
-from infra.render.engine_args import ENGINE_PORT, command_lines, encoder_args
+from infra.components.placement import gpu_scheduling
+from infra.components.storage import weights_init_container, weights_volumes
+from infra.render.engine_args import ENGINE_PORT, command_lines, encoder_args, encoder_launch
 from infra.render.router_config import RouterLaunch, router_launch
 from infra.render.templating import render_template
 from infra.spec import REPO_ROOT
@@ -90,6 +92,32 @@ def inference_pool(ctx: LayerContext, launch: RouterLaunch) -> dict:
     }
 
 
+def encoder_manifests(ctx: LayerContext) -> list[dict]:
+    """Dedicated encoder pool on prefill nodes; prefill calls it through its Service."""
+    spec, launch = ctx.spec, encoder_launch(ctx.spec)
+    labels = {"app.kubernetes.io/name": naming.ENCODER}
+    meta = ctx.metadata(naming.ENCODER, "encoder", **labels)
+    container = {
+        "name": naming.ENCODER, "image": spec.engine.image,
+        "command": [*launch.entrypoint, *launch.args],
+        "ports": [{"name": "http", "containerPort": launch.port}],
+        "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+                      "limits": {"memory": "128Gi", "nvidia.com/gpu": "1"}},
+        "volumeMounts": [{"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10},
+    }
+    pod = {"serviceAccountName": "engine", **gpu_scheduling("prefill"),
+           "initContainers": [weights_init_container(spec)], "containers": [container], "volumes": weights_volumes(spec)}
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
+            "replicas": spec.deployment.load_balancer.encoder.workers or 4,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": {**ctx.labels, **labels, naming.ROLE_LABEL: "prefill"}}, "spec": pod}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+         "spec": {"selector": labels, "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}]}},
+    ]
+
+
 def placement_files(ctx: LayerContext) -> dict[str, str]:
     files = {}
     for role, phase in ctx.spec.deployment.pools().items():
@@ -129,6 +157,9 @@ class Balancers(Layer):
         })
         if launch.implementation == "gateway_epp":
             self.add(inference_pool(ctx, launch))
+        if ctx.spec.deployment.load_balancer.encoder.mode == "dedicated":
+            for manifest in encoder_manifests(ctx):
+                self.add(manifest)
         placements = placement_files(ctx)
         if placements:
             self.add({"apiVersion": "v1", "kind": "ConfigMap",

@@ -231,6 +231,27 @@ def encoder_args(spec: StackSpec) -> tuple[list[str], str]:
     return ["--api-server-count", str(workers)], f"engine tokenises itself in {workers} API server processes"
 
 
+def encoder_launch(spec: StackSpec) -> EngineLaunch:
+    """Dedicated encoder workers (SGLang --encoder-only), one GPU each, for multimodal input."""
+    args = [
+        "--model-path", weights_path(spec),
+        "--served-model-name", spec.model.name,
+        "--host", "0.0.0.0",
+        "--port", str(ENGINE_PORT["sglang"]),
+        "--encoder-only",
+        "--tp-size", "1",
+        "--enable-metrics",
+    ]
+    if spec.engine.trust_remote_code:
+        args.append("--trust-remote-code")
+    problems = flagset("sglang").check(args)
+    if problems:
+        raise AssertionError(f"rendered encoder args do not match the pinned flag set: {problems}")
+    return EngineLaunch(role="encoder", engine="sglang", version=spec.engine.version,
+                        entrypoint=["python3", "-m", "sglang.launch_server"], args=args,
+                        port=ENGINE_PORT["sglang"], multi_node=False, nodes=1, gpus_per_pod=1)
+
+
 def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     """The full, checked launch of one pool's engine."""
     kind = spec.engine.kind
