@@ -97,22 +97,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     parent_urn=request.parent,
                     urn=response.urn,
                     custom=bool(request.custom),
-                    inputs=_plain(inputs),
+                    inputs=inputs,
                 )
             )
         return response
-
-    def RegisterResourceOutputs(self, request):
-        return super().RegisterResourceOutputs(request)
-
-
-def _plain(value: Any) -> Any:
-    """Deep-copy deserialized inputs, keeping secrets visibly wrapped (see is_secret)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def is_secret(value: Any) -> bool:

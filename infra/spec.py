@@ -29,6 +29,12 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Seconds = Annotated[float, Field(gt=0)]
 
 
+def _dns_label(v: str) -> str:
+    if not _DNS_LABEL.match(v):
+        raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
+    return v
+
+
 class SpecError(ValueError):
     """A spec that cannot be deployed. `problems` holds one line per field: path, what, fix."""
 
@@ -263,12 +269,7 @@ class ApiKeySpec(Strict):
     name: str
     requests_per_minute: PositiveInt
 
-    @field_validator("name")
-    @classmethod
-    def _dns(cls, v: str) -> str:
-        if not _DNS_LABEL.match(v):
-            raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
-        return v
+    _dns = field_validator("name")(classmethod(lambda cls, v: _dns_label(v)))
 
 
 class AccessSpec(Strict):
@@ -297,12 +298,7 @@ class EnvironmentSpec(Strict):
     namespace: str
     kubernetes_version: str = "1.33"
 
-    @field_validator("name", "namespace")
-    @classmethod
-    def _dns(cls, v: str) -> str:
-        if not _DNS_LABEL.match(v):
-            raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
-        return v
+    _dns = field_validator("name", "namespace")(classmethod(lambda cls, v: _dns_label(v)))
 
 
 class ObservabilitySpec(Strict):
