@@ -176,3 +176,24 @@ def test_dedicated_encoder_pool_exists_where_prefill_is_told_to_call_it():
     from infra.render.manifests import validate_manifests
 
     assert validate_manifests(manifests(run), "1.33").errors == []
+
+
+def test_expert_placement_file_reaches_the_engine(tmp_path):
+    """The expert balancer: a pdctl eplb placement is shipped and loaded at engine start."""
+    import json
+
+    from infra.spec import parse_spec
+    from tests.conftest import stack_data
+
+    placement = tmp_path / "dev-decode.json"
+    placement.write_text(json.dumps({"physical_to_logical_map": [list(range(128))] * 48}))
+    data = stack_data("dev")
+    data["deployment"]["decode"]["expert_placement"] = str(placement)  # absolute, or relative to the project
+    run = run_spec(parse_spec(data))
+    (cm,) = [c for c in run.by_kind("ConfigMap") if c["metadata"]["name"] == "expert-placement"]
+    assert json.loads(cm["data"]["decode.json"])["physical_to_logical_map"][0][:3] == [0, 1, 2]
+    launch = next(m for m in run.by_kind("ConfigMap") if m["metadata"]["name"] == "engine-decode-launch")
+    assert "--init-expert-location /etc/pdstack/expert-placement/decode.json" in launch["data"]["launch.sh"]
+    group = next(g for g in run.by_kind("LeaderWorkerSet") if g["metadata"]["name"] == "engine-decode")
+    volumes = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["volumes"]
+    assert {"name": "expert-placement", "configMap": {"name": "expert-placement"}} in volumes
