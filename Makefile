@@ -13,9 +13,8 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Real servers the tests talk to (sshd for preflight, Prometheus/promtool for canary
-# gates and alert rules). Installed from Debian when missing; tests start them on
-# loopback and stop them.
+# Real tools the tests use (promtool checks the alert rules with Prometheus's own parser).
+# Installed from Debian when missing; tests start any server they need on loopback.
 system-deps:
 	bash scripts/install-system-deps
 
