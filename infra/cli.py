@@ -81,8 +81,9 @@ def cmd_preview(args: argparse.Namespace) -> int:
     by_layer: dict[str, list] = {}
     for r in resources:
         by_layer.setdefault(r.layer, []).append(r)
+    layers = sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else len(LAYER_ORDER))
     tree = Tree(f"[bold]pdstack-{spec.environment.name}[/bold] ({len(resources)} resources, offline preview under Pulumi mocks)")
-    for layer in sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else 99):
+    for layer in layers:
         group = by_layer[layer]
         branch = tree.add(f"[cyan]{layer}[/cyan] ({len(group)})")
         for r in group:
@@ -92,7 +93,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     table.add_column("layer")
     table.add_column("create", justify="right")
     table.add_column("kinds")
-    for layer in sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else 99):
+    for layer in layers:
         kinds = Counter(r.type.split(":")[-1] for r in by_layer[layer])
         table.add_row(layer, str(len(by_layer[layer])), ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
     table.add_row("[bold]total[/bold]", f"[bold]{len(resources)}[/bold]", "")

@@ -46,7 +46,6 @@ class RegisteredResource:
 @dataclass
 class OfflineRun:
     resources: list[RegisteredResource]
-    outputs: dict[str, Any]
 
     def custom(self) -> list[RegisteredResource]:
         return [r for r in self.resources if r.custom and not r.type.startswith("pulumi:providers:")]
@@ -114,13 +113,8 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev") -> Offlin
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
     pulumi.runtime.settings.SETTINGS.outputs.clear()
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=True, monitor=monitor)
-    outputs: dict[str, Any] = {}
-
-    def body():
-        program()
-
-    _sync_await(run_pulumi_func(body))
-    return OfflineRun(resources=monitor.recorded, outputs=outputs)
+    _sync_await(run_pulumi_func(program))
+    return OfflineRun(resources=monitor.recorded)
 
 
 def run_spec(spec: StackSpec, project: str = "pdstack") -> OfflineRun:

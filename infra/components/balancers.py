@@ -17,9 +17,8 @@ from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP
 from infra.components.k8s import Layer, LayerContext
 from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
-from infra.render.engine_args import ENGINE_PORT, command_lines, encoder_args, encoder_launch
+from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
 from infra.render.router_config import RouterLaunch, router_launch
-from infra.render.templating import render_template
 from infra.spec import REPO_ROOT
 
 ROUTER_LABELS = {"app.kubernetes.io/name": naming.ROUTER}
@@ -135,10 +134,7 @@ class Balancers(Layer):
         _, encoder_summary = encoder_args(ctx.spec)
         for manifest in router_rbac(ctx):
             self.add(manifest)
-        script = render_template(
-            "launch.sh.j2", title=f"{launch.implementation} router", notes=launch.notes, prelude=[],
-            lines=command_lines([*launch.entrypoint, *launch.args]),
-        )
+        script = launch_script(f"{launch.implementation} router", [*launch.entrypoint, *launch.args], notes=launch.notes)
         self.add({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": ctx.metadata(f"{naming.ROUTER}-launch", "router"),

@@ -48,13 +48,14 @@ class EngineLaunch:
     prelude: list[str] = field(default_factory=list)
 
     def script(self) -> str:
-        return render_template(
-            "launch.sh.j2",
-            title=f"{self.engine} {self.version} {self.role} server",
-            notes=self.notes,
-            prelude=self.prelude,
-            lines=command_lines([*self.entrypoint, *self.args]),
-        )
+        return launch_script(f"{self.engine} {self.version} {self.role} server",
+                             [*self.entrypoint, *self.args], notes=self.notes, prelude=self.prelude)
+
+
+def launch_script(title: str, command: list[str], notes: list[str] = (), prelude: list[str] = ()) -> str:
+    """The container's /bin/sh launch script, from templates/launch.sh.j2."""
+    return render_template("launch.sh.j2", title=title, notes=list(notes), prelude=list(prelude),
+                           lines=command_lines(command))
 
 
 def command_lines(tokens: list[str]) -> list[list[str]]:
@@ -244,9 +245,7 @@ def encoder_launch(spec: StackSpec) -> EngineLaunch:
     ]
     if spec.engine.trust_remote_code:
         args.append("--trust-remote-code")
-    problems = flagset("sglang").check(args)
-    if problems:
-        raise AssertionError(f"rendered encoder args do not match the pinned flag set: {problems}")
+    flagset("sglang").require(args, "encoder")
     return EngineLaunch(role="encoder", engine="sglang", version=spec.engine.version,
                         entrypoint=["python3", "-m", "sglang.launch_server"], args=args,
                         port=ENGINE_PORT["sglang"], multi_node=False, nodes=1, gpus_per_pod=1)
@@ -259,9 +258,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     args, prelude, notes = (sglang_args if kind == "sglang" else vllm_args)(spec, role)
     entrypoint = ["python3", "-m", "sglang.launch_server"] if kind == "sglang" else ["vllm", "serve"]
     flags = args[1:] if kind == "vllm" else args  # vllm takes the model path first
-    problems = flagset(kind).check(flags)
-    if problems:
-        raise AssertionError(f"rendered {kind} args for {role} do not match the pinned flag set: {problems}")
+    flagset(kind).require(flags, f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)
     if kind == "vllm" and nodes > 1:
         args = [*args, '"$@"']  # --headless on workers, from the prelude

@@ -63,6 +63,12 @@ class FlagSet:
                     problems.append(f"{flag} {value}: not one of {', '.join(choices)}")
         return problems
 
+    def require(self, args: list[str], what: str) -> None:
+        """Fail loudly when a rendered argument list is not valid for this version."""
+        problems = self.check(args)
+        if problems:
+            raise AssertionError(f"rendered {what} args do not match {self.engine} {self.version}: {problems}")
+
     def has_metric(self, name: str) -> bool:
         """True for a declared metric, or one of the series a histogram/counter exports."""
         for suffix in ("", "_bucket", "_sum", "_count", "_total", "_created"):
