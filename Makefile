@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Real tools the tests use (promtool checks the alert rules with Prometheus's own parser).
+# Real servers the tests use: Prometheus (and promtool) and OpenSSH's sshd.
 # Installed from Debian when missing; tests start any server they need on loopback.
 system-deps:
 	bash scripts/install-system-deps

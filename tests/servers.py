@@ -36,6 +36,14 @@ def require_binary(name: str) -> str:
     return path
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextmanager
 def running(cmd: list[str], ready_url: str | None = None, **popen):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
@@ -44,11 +52,7 @@ def running(cmd: list[str], ready_url: str | None = None, **popen):
             wait_http(ready_url)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @contextmanager
@@ -58,3 +62,52 @@ def moto_s3():
     url = f"http://127.0.0.1:{port}"
     with running([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], ready_url=f"{url}/moto-api/"):
         yield url
+
+
+@contextmanager
+def sshd(workdir, path_dirs: list[str], authorized_key: str):
+    """A real OpenSSH server on 127.0.0.1 with its own host key; yields (port, host_public_key).
+
+    `path_dirs` go first on the PATH of every session (SetEnv), so stub commands there
+    stand in for the GPU tools of a real node.
+    """
+    import os
+    from pathlib import Path
+
+    binary = require_binary("sshd")
+    keygen = require_binary("ssh-keygen")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    host_key = workdir / "host_ed25519"
+    if not host_key.exists():
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+    (workdir / "authorized_keys").write_text(authorized_key + "\n")
+    os.chmod(workdir / "authorized_keys", 0o600)
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    port = free_port()
+    config = workdir / "sshd_config"
+    config.write_text("\n".join([
+        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}", f"PidFile {workdir}/sshd.pid",
+        f"AuthorizedKeysFile {workdir}/authorized_keys", "StrictModes no", "UsePAM no",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
+        f"SetEnv PATH={':'.join(path_dirs)}:/usr/local/bin:/usr/bin:/bin", "LogLevel ERROR", "",
+    ]))
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {proc.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("sshd did not start")
+            time.sleep(0.1)
+        yield port, (workdir / "host_ed25519.pub").read_text().strip()
+    finally:
+        stop(proc)

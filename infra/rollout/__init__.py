@@ -1,0 +1,1 @@
+"""Changing a running environment: preflight, ordered steps, canary, releases, rollback."""

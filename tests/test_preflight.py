@@ -1,0 +1,183 @@
+"""Preflight against real OpenSSH servers on 127.0.0.1, with stub GPU tools on their PATH."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.rollout.preflight import (
+    Expectations,
+    judge_clock,
+    judge_disk,
+    judge_rdma,
+    load_inventory,
+    parse_cuda_version,
+    parse_df_available_bytes,
+    parse_ibv_devinfo,
+    run_preflight,
+)
+from infra.spec import SpecError
+from tests.servers import free_port, require_binary, sshd
+
+EXPECT = Expectations(driver_version="570.133.20", cuda_version="12.8", gpus_per_node=8,
+                      rdma_devices=("mlx5_0", "mlx5_1"), cache_path="/mnt/weights",
+                      min_free_disk_gib=0.001, max_clock_offset_ms=5000)
+
+
+def write_stubs(folder: Path, driver="570.133.20", gpus=8, cuda="12.8", active=("mlx5_0", "mlx5_1"),
+                ntp="yes", hang=False) -> Path:
+    """Shell stand-ins for the tools a GPU node has, printing what the real ones print."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = "\\n".join(f"{driver}, NVIDIA H100 80GB HBM3" for _ in range(gpus))
+    hang_line = "sleep 60\n" if hang else ""
+    (folder / "nvidia-smi").write_text(
+        "#!/bin/sh\n" + hang_line +
+        f'case "$1" in --query-gpu=*) printf "{rows}\\n";; '
+        f'*) echo "| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}     |";; esac\n')
+    devinfo = "".join(
+        f"hca_id:\t{d}\n\ttransport:\t\t\tInfiniBand (0)\n\t\tport:\t1\n\t\t\tstate:\t\t\t"
+        f"{'PORT_ACTIVE (4)' if d in active else 'PORT_DOWN (1)'}\n\n" for d in ("mlx5_0", "mlx5_1"))
+    (folder / "ibv_devinfo").write_text(f"#!/bin/sh\nprintf '{devinfo}'\n")
+    (folder / "timedatectl").write_text(f"#!/bin/sh\necho {ntp}\n")
+    for f in folder.iterdir():
+        f.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def client_key(tmp_path_factory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("client")
+    key = folder / "id_ed25519"
+    subprocess.run([require_binary("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key, (folder / "id_ed25519.pub").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory, client_key):
+    """Three real sshd processes: a healthy node, one with the wrong driver, one whose nvidia-smi hangs."""
+    root = tmp_path_factory.mktemp("hosts")
+    stubs = {
+        "good": write_stubs(root / "good-bin"),
+        "old-driver": write_stubs(root / "old-bin", driver="550.54.15"),
+        "hung": write_stubs(root / "hung-bin", hang=True),
+    }
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        started = {name: stack.enter_context(sshd(root / name, [str(path)], client_key[1])) for name, path in stubs.items()}
+        yield started
+
+
+def inventory(tmp_path: Path, client_key, host_ports: dict[str, int], known: dict[int, str], **extra) -> Path:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("".join(f"[127.0.0.1]:{port} {' '.join(key.split()[:2])}\n" for port, key in known.items()))
+    data = {"user": getpass.getuser(), "key_file": str(client_key[0]), "known_hosts": "known_hosts",
+            "timeout_seconds": 3, "min_free_disk_gib": 0.001, "max_clock_offset_ms": 5000,
+            "hosts": [{"name": name, "address": "127.0.0.1", "port": port} for name, port in host_ports.items()], **extra}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_healthy_hosts_pass_every_check(tmp_path, client_key, hosts):
+    port, key = hosts["good"]
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-0": port, "gpu-1": port}, {port: key}))
+    report = run_preflight(inv, EXPECT)
+    assert report.ok, report.summary()
+    assert {(r.host, r.check) for r in report.results} == {
+        (h, c) for h in ("gpu-0", "gpu-1") for c in ("driver", "gpus", "cuda", "rdma", "clock", "disk")}
+    assert "8 x NVIDIA H100" in next(r.detail for r in report.results if r.check == "gpus")
+
+
+def test_wrong_driver_fails_naming_host_and_check(tmp_path, client_key, hosts):
+    good, bad = hosts["good"], hosts["old-driver"]
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-0": good[0], "gpu-7": bad[0]},
+                                   {good[0]: good[1], bad[0]: bad[1]}))
+    report = run_preflight(inv, EXPECT)
+    assert not report.ok
+    assert [(r.host, r.check) for r in report.failures()] == [("gpu-7", "driver")]
+    assert "gpu-7 driver: driver 550.54.15, pinned 570.133.20" in report.summary()
+
+
+def test_more_gpus_expected_than_visible(tmp_path, client_key, hosts):
+    port, key = hosts["good"]
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-0": port}, {port: key}))
+    report = run_preflight(inv, Expectations(**{**EXPECT.__dict__, "gpus_per_node": 4}))
+    assert [(r.check, r.detail) for r in report.failures()] == [("gpus", "8 GPUs visible, expected 4")]
+
+
+def test_refused_connection_fails_the_host(tmp_path, client_key, hosts):
+    port, key = hosts["good"]
+    closed = free_port()
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-0": port, "gpu-9": closed}, {port: key}))
+    report = run_preflight(inv, EXPECT)
+    assert [(r.host, r.check, r.detail) for r in report.failures()] == [("gpu-9", "ssh", "connection refused")]
+
+
+def test_changed_host_key_is_rejected_and_not_learned(tmp_path, client_key, hosts):
+    good, other = hosts["good"], hosts["old-driver"]
+    # known_hosts claims the good host has the other server's key: an impostor to us.
+    path = inventory(tmp_path, client_key, {"gpu-0": good[0]}, {good[0]: other[1]})
+    before = (tmp_path / "known_hosts").read_text()
+    report = run_preflight(load_inventory(path), EXPECT)
+    (failure,) = report.failures()
+    assert (failure.host, failure.check) == ("gpu-0", "ssh")
+    assert "host key does not match" in failure.detail
+    assert (tmp_path / "known_hosts").read_text() == before
+
+
+def test_unknown_host_key_is_rejected_never_auto_added(tmp_path, client_key, hosts):
+    port, _ = hosts["good"]
+    path = inventory(tmp_path, client_key, {"gpu-0": port}, {})
+    report = run_preflight(load_inventory(path), EXPECT)
+    (failure,) = report.failures()
+    assert "not in known_hosts" in failure.detail
+    assert (tmp_path / "known_hosts").read_text() == ""
+
+
+def test_hanging_command_times_out_and_other_hosts_still_report(tmp_path, client_key, hosts):
+    good, hung = hosts["good"], hosts["hung"]
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-0": good[0], "gpu-3": hung[0]},
+                                   {good[0]: good[1], hung[0]: hung[1]}, timeout_seconds=1))
+    started = time.monotonic()
+    report = run_preflight(inv, EXPECT)
+    elapsed = time.monotonic() - started
+    failed = {(r.host, r.check) for r in report.failures()}
+    assert failed == {("gpu-3", "driver"), ("gpu-3", "gpus"), ("gpu-3", "cuda")}
+    assert all("timed out" in r.detail for r in report.failures())
+    assert elapsed < 30  # the stub sleeps 60 s: the timeout, not the command, ended the wait
+    assert all(r.ok for r in report.results if r.host == "gpu-0")
+
+
+def test_inventory_errors_name_the_field(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"key_file": "k", "known_hosts": "kh", "hosts": [], "colour": "blue"}))
+    with pytest.raises(SpecError) as exc:
+        load_inventory(path)
+    text = str(exc.value)
+    assert "hosts" in text and "colour" in text
+
+
+# --- the pure parsers and verdicts --------------------------------------------------------------
+
+
+def test_parsers_read_real_tool_output():
+    assert parse_cuda_version("| NVIDIA-SMI 570.133.20  Driver Version: 570.133.20  CUDA Version: 12.8 |") == "12.8"
+    assert parse_ibv_devinfo("hca_id:\tmlx5_0\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\nhca_id:\tmlx5_1\n\t\t\tstate:\t\tPORT_DOWN (1)\n") == {
+        "mlx5_0": True, "mlx5_1": False}
+    df = "Filesystem     1-blocks      Used  Available Capacity Mounted on\n/dev/nvme0n1 100 50 1073741824 50% /mnt\n"
+    assert parse_df_available_bytes(df) == 2**30
+
+
+def test_verdicts():
+    assert judge_rdma("hca_id:\tmlx5_0\n\tstate:\tPORT_ACTIVE (4)\n", EXPECT) == (False, "missing mlx5_1")
+    assert judge_clock("no\n100.0\n", EXPECT, 100.0)[0] is False
+    assert judge_clock("yes\n100.0\n", EXPECT, 109.0) == (False, "clock 9000 ms off, limit 5000 ms")
+    assert judge_clock("yes\n100.0\n", EXPECT, 100.2)[0] is True
+    tight = Expectations(**{**EXPECT.__dict__, "min_free_disk_gib": 2})
+    assert judge_disk("h\n/dev/x 1 1 1073741824 1% /\n", tight) == (False, "1 GiB free at /mnt/weights, need 2")
