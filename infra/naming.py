@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode | colocated
+RELEASE_LABEL = "pdstack.io/release"  # pods: the release revision they run (canary gates read it)
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader
 ROLE_TAINT_EFFECT = "NoSchedule"
 

@@ -20,8 +20,8 @@ from infra.components.storage import Storage
 from infra.spec import StackSpec, load_spec, stack_spec_path
 
 
-def build_stack(spec: StackSpec) -> dict[str, Layer]:
-    ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels())
+def build_stack(spec: StackSpec, release: str = "unreleased") -> dict[str, Layer]:
+    ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels(), release=release)
     env = spec.environment.name
     after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
     foundation = Foundation(f"{env}-foundation", ctx)
@@ -49,4 +49,5 @@ def spec_for_current_stack() -> StackSpec:
 
 
 def main() -> None:
-    build_stack(spec_for_current_stack())
+    # `pdctl rollout` sets pdstack:release to the revision it applies; pods carry it as a label.
+    build_stack(spec_for_current_stack(), release=pulumi.Config("pdstack").get("release") or "unreleased")

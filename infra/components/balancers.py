@@ -70,7 +70,7 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch) -> dict:
             "replicas": spec.deployment.load_balancer.replicas,
             "selector": {"matchLabels": ROUTER_LABELS},
             "template": {
-                "metadata": {"labels": {**ctx.labels, **ROUTER_LABELS}},
+                "metadata": {"labels": ctx.pod_labels(**ROUTER_LABELS)},
                 "spec": {"serviceAccountName": naming.ROUTER, "containers": [container], "volumes": volumes},
             },
         },
@@ -111,7 +111,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
             "replicas": spec.deployment.load_balancer.encoder.workers or 4,
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": {**ctx.labels, **labels, naming.ROLE_LABEL: "prefill"}}, "spec": pod}}},
+            "template": {"metadata": {"labels": ctx.pod_labels(**labels, **{naming.ROLE_LABEL: "prefill"})}, "spec": pod}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": meta,
          "spec": {"selector": labels, "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}]}},
     ]

@@ -83,7 +83,7 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan) -> di
     pod_annotations = dict(kv.pod_annotations)
     if spec.engine.kind == "sglang" and role == "prefill":
         pod_annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
-    labels = pod_labels(spec, role, ctx.labels)
+    labels = pod_labels(spec, role, ctx.pod_labels())
 
     def template(leader: bool) -> dict:
         return {"metadata": {"labels": labels, "annotations": pod_annotations},

@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import naming
 from infra.spec import StackSpec
 
 KIND_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
@@ -50,6 +51,11 @@ class LayerContext:
     spec: StackSpec
     namespace: str
     labels: dict[str, str] = field(default_factory=dict)
+    release: str = "unreleased"  # the release revision being applied (config pdstack:release)
+
+    def pod_labels(self, **extra: str) -> dict[str, str]:
+        """Labels for pod templates: the stack's, the release's (canary gates read it), extras."""
+        return {**self.labels, naming.RELEASE_LABEL: self.release, **extra}
 
     def metadata(self, name: str, component: str, **extra_labels: str) -> dict[str, Any]:
         return {

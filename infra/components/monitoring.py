@@ -60,13 +60,13 @@ class Monitoring(Layer):
             "spec": {
                 "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}]},
                 "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}],
-                "podTargetLabels": [naming.ROLE_LABEL],
+                "podTargetLabels": [naming.ROLE_LABEL, naming.RELEASE_LABEL],
             },
         })
         self.add({
             "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": ctx.metadata(naming.ROUTER, "monitoring"),
-            "spec": {"selector": {"matchLabels": ROUTER_LABELS},
+            "spec": {"selector": {"matchLabels": ROUTER_LABELS}, "podTargetLabels": [naming.RELEASE_LABEL],
                      "endpoints": [{"port": "metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}]},
         })
         self.add(prometheus_rule(ctx))

@@ -25,6 +25,8 @@ class EngineMetrics:
     prefix_hit_ratio: str  # PromQL expression, 0..1
     kv_transfer_failures: str  # counter
     requests_total: str  # counter of finished requests
+    requests_started: str  # counter of requests received (the error-rate denominator)
+    requests_failed: str  # counter of requests aborted or failed (the error-rate numerator)
     expert_balancedness: str | None  # 0..1, 1 is perfectly balanced; None if not exported
 
 
@@ -38,6 +40,8 @@ ENGINE_METRICS = {
         prefix_hit_ratio="avg(sglang:cache_hit_rate)",
         kv_transfer_failures="sglang:num_transfer_failed_reqs_total",
         requests_total="sglang:e2e_request_latency_seconds_count",
+        requests_started="sglang:num_requests_total",
+        requests_failed="sglang:num_aborted_requests_total",
         expert_balancedness="sglang:eplb_balancedness",
     ),
     "vllm": EngineMetrics(
@@ -49,13 +53,25 @@ ENGINE_METRICS = {
         prefix_hit_ratio="sum(rate(vllm:prefix_cache_hits_total[5m])) / clamp_min(sum(rate(vllm:prefix_cache_queries_total[5m])), 1)",
         kv_transfer_failures="vllm:nixl_num_failed_transfers",
         requests_total="vllm:e2e_request_latency_seconds_count",
+        requests_started="vllm:request_success_total",
+        requests_failed='vllm:request_success_total{finished_reason="abort"}',
         expert_balancedness=None,
     ),
 }
 
 
+def with_selector(metric: str, selector: str) -> str:
+    """`metric` (possibly with its own `{...}`) narrowed by `selector` ('{a="b"}' or '')."""
+    if not selector:
+        return metric
+    inner = selector.strip()[1:-1]
+    if metric.endswith("}"):
+        return f"{metric[:-1]},{inner}}}"
+    return f"{metric}{{{inner}}}"
+
+
 def p99(bucket: str, selector: str = "", window: str = "5m") -> str:
-    return f"histogram_quantile(0.99, sum by (le) (rate({bucket}{selector}[{window}])))"
+    return f"histogram_quantile(0.99, sum by (le) (rate({with_selector(bucket, selector)}[{window}])))"
 
 
 @dataclass(frozen=True)
