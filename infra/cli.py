@@ -201,6 +201,114 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- changing an environment: preflight, rollout, canary, rollback ------------------------------
+
+EXIT_FAILED, EXIT_REFUSED = 1, 3  # a rollout that stopped (and rolled back) / a refused command
+
+
+def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
+    """Run `action(store, cluster)` on the simulated cluster file, saving it whatever happens.
+
+    Exit codes: 0 done; 1 stopped (a failed step or gate, with traffic left on the serving
+    revision); 3 refused (lock held, unknown revision, ...), nothing changed.
+    """
+    from infra.rollout.cluster import load_simulated, save_simulated
+    from infra.rollout.releases import ReleaseError
+    from infra.rollout.rollout import CanaryFailed, StepFailed
+
+    cluster = load_simulated(args.sim)
+    try:
+        action(_store(args, spec), cluster)
+        return 0
+    except (CanaryFailed, StepFailed) as exc:
+        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        return EXIT_FAILED
+    except ReleaseError as exc:
+        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        return EXIT_REFUSED
+    finally:
+        save_simulated(cluster, args.sim)
+
+
+def _store(args: argparse.Namespace, spec: StackSpec):
+    from infra.rollout.releases import ReleaseStore
+
+    return ReleaseStore(spec.environment.name, Path(args.releases) if args.releases else None)
+
+
+def _preflight(spec: StackSpec, inventory_path: str) -> bool:
+    from infra.rollout.preflight import Expectations, load_inventory, report_table, run_preflight
+
+    inventory = load_inventory(inventory_path)
+    report = run_preflight(inventory, Expectations.of(spec, inventory))
+    console.print(report_table(report))
+    (console if report.ok else err_console).print(report.summary(), highlight=False)
+    return report.ok
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    return 0 if _preflight(_spec_from_args(args), args.inventory) else EXIT_FAILED
+
+
+def _observer(spec: StackSpec, args: argparse.Namespace):
+    from infra.rollout.canary import PrometheusAPI
+
+    api = PrometheusAPI(args.prometheus)
+    return lambda rev: api.observe(spec.engine.kind, spec.environment.namespace, rev, args.window)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from infra.rollout.rollout import RolloutOptions, rollout
+
+    spec = _spec_from_args(args)
+    if args.inventory and not _preflight(spec, args.inventory):
+        err_console.print("rollout stopped before any change: fix the hosts above")
+        return EXIT_FAILED
+    options = RolloutOptions(stages=tuple(int(x) for x in args.stages.split(",")), bake_seconds=args.bake)
+    return _changing(args, spec, lambda store, cluster: rollout(
+        spec, store, cluster, _observer(spec, args), options, args.message, console))
+
+
+def cmd_canary(args: argparse.Namespace) -> int:
+    from infra.rollout.canary import judge
+
+    spec = _spec_from_args(args)
+    observe = _observer(spec, args)
+    verdict = judge(observe(args.revision), observe(args.baseline) if args.baseline else None, spec.slo)
+    _print_table(f"canary r{args.revision}" + (f" vs r{args.baseline}" if args.baseline else ""),
+                 ("gate", "result", "detail"),
+                 [(g.name, "[green]pass[/green]" if g.passed else "[red]FAIL[/red]", g.detail) for g in verdict.gates])
+    return 0 if verdict.passed else EXIT_FAILED
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from infra.rollout.rollback import rollback
+
+    spec = _spec_from_args(args)
+    return _changing(args, spec, lambda store, cluster: rollback(store, cluster, to=args.to, console=console))
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    store = _store(args, spec)
+    traffic = store.traffic()
+    rows = []
+    for rev in store.revisions():
+        r = store.get(rev)
+        rows.append((str(rev), r.created_at, r.author, store.status(rev) or "", f"{traffic.get(rev, 0)}%", r.message))
+    _print_table(f"releases of {spec.environment.name}", ("revision", "created", "author", "status", "traffic", "message"), rows)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +336,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True, help="workload and measured capacity (see stacks/workloads/)")
     p.add_argument("--write", help="write the spec with the recommended counts to this path")
     p.set_defaults(func=cmd_plan)
+
+    def changing(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        with_spec(p)
+        p.add_argument("--releases", help="release history folder (default releases/)")
+        # This machine has no Kubernetes API server: a simulated cluster, kept in a file so that a
+        # rollout and a later rollback see the same state, stands in for it.
+        p.add_argument("--sim", required=True, help="simulated cluster state file (created if missing)")
+        return p
+
+    def gated(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+        p.add_argument("--window", default="5m", help="PromQL range each gate looks back over (default 5m)")
+        return p
+
+    p = with_spec(sub.add_parser("preflight", help="check every GPU host over SSH"))
+    p.add_argument("--inventory", required=True, help="inventory YAML (see stacks/inventory/)")
+    p.set_defaults(func=cmd_preflight)
+    p = gated(changing(sub.add_parser("rollout", help="deploy the spec as a new revision and canary it")))
+    p.add_argument("--inventory", help="run the SSH preflight on these hosts first")
+    p.add_argument("--stages", default="1,5,25,50,100", help="canary traffic shares in percent")
+    p.add_argument("--bake", type=float, default=300.0, help="seconds at each stage before judging")
+    p.add_argument("--message", default="", help="why this release (kept in its record)")
+    p.set_defaults(func=cmd_rollout)
+    p = gated(with_spec(sub.add_parser("canary", help="judge a revision's gates once, from Prometheus")))
+    p.add_argument("--revision", type=int, required=True)
+    p.add_argument("--baseline", type=int, help="the serving revision to compare with")
+    p.set_defaults(func=cmd_canary)
+    p = changing(sub.add_parser("rollback", help="send all traffic back to the previous good revision"))
+    p.add_argument("--to", type=int, help="roll back to this revision instead")
+    p.set_defaults(func=cmd_rollback)
+    p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"))
+    p.add_argument("--releases", help="release history folder (default releases/)")
+    p.set_defaults(func=cmd_releases)
     return parser
 
 

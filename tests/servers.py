@@ -111,3 +111,29 @@ def sshd(workdir, path_dirs: list[str], authorized_key: str):
         yield port, (workdir / "host_ed25519.pub").read_text().strip()
     finally:
         stop(proc)
+
+
+@contextmanager
+def prometheus(workdir, targets: list[tuple[int, dict[str, str]]], scrape_seconds: float = 1.0):
+    """A real Prometheus server on 127.0.0.1 scraping `targets` (port, target labels); yields its URL.
+
+    Target labels stand in for what the Prometheus operator adds from a PodMonitor
+    (namespace, and pod labels named in podTargetLabels).
+    """
+    from pathlib import Path
+
+    import yaml
+
+    binary = require_binary("prometheus")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = {"global": {"scrape_interval": f"{scrape_seconds:g}s", "evaluation_interval": f"{scrape_seconds:g}s"},
+              "scrape_configs": [{"job_name": "engines", "static_configs": [
+                  {"targets": [f"127.0.0.1:{port}"], "labels": labels} for port, labels in targets]}]}
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+           f"--web.listen-address=127.0.0.1:{port}"]
+    with running(cmd, ready_url=f"{url}/-/ready"):
+        yield url

@@ -1,0 +1,136 @@
+"""Canary gates: is the new revision as good as the SLO and as the revision serving now?
+
+`gate_queries` (PromQL per revision, from the engine's real metric names) and `judge`
+(observations -> verdict) are pure. `PrometheusAPI` is a small client of Prometheus's
+HTTP API (`/api/v1/query`), which is all the gates need.
+
+A revision's series carry the label `pdstack_io_release` (the pod label
+`pdstack.io/release`, copied onto every series by the PodMonitor's podTargetLabels).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from infra import naming
+from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+from infra.spec import SLOSpec
+
+RELEASE_SERIES_LABEL = naming.RELEASE_LABEL.replace(".", "_").replace("/", "_")
+
+DEFAULT_STAGES = (1, 5, 25, 50, 100)
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """How much worse than the serving revision a canary may be before it is rolled back."""
+
+    latency_regression: float = 1.2  # canary p99 may be at most 20% above the baseline's
+    error_rate_slack: float = 0.005  # and its error rate at most 0.5 points above
+    allowed_kv_transfer_errors: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    ttft_p99_s: float
+    tpot_p99_s: float
+    error_rate: float
+    kv_transfer_errors: float
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gates: tuple[Gate, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    def reasons(self) -> str:
+        return "; ".join(f"{g.name}: {g.detail}" for g in self.gates if not g.passed) or "all gates passed"
+
+
+def gate_queries(engine: str, namespace: str, revision: int, window: str) -> dict[str, str]:
+    """One environment's revision: a Prometheus often scrapes several environments."""
+    m = ENGINE_METRICS[engine]
+    sel = f'{{namespace="{namespace}",{RELEASE_SERIES_LABEL}="{revision}"}}'
+    return {
+        "ttft_p99_s": p99(m.ttft_bucket, sel, window),
+        "tpot_p99_s": p99(m.tpot_bucket, sel, window),
+        # No traffic gives 0/0 = NaN, which fails the gate: a canary must be seen to work.
+        "error_rate": f"sum(rate({with_selector(m.requests_failed, sel)}[{window}])) / "
+                      f"sum(rate({with_selector(m.requests_started, sel)}[{window}]))",
+        "kv_transfer_errors": f"sum(increase({with_selector(m.kv_transfer_failures, sel)}[{window}])) or vector(0)",
+    }
+
+
+def _finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))
+
+
+def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, policy: GatePolicy = GatePolicy()) -> Verdict:
+    """Each metric against the SLO and, when a revision serves already, against it."""
+    gates = []
+    for name, value, limit_s in (("TTFT p99", canary.ttft_p99_s, slo.ttft_p99_ms / 1000),
+                                 ("TPOT p99", canary.tpot_p99_s, slo.tpot_p99_ms / 1000)):
+        base = getattr(baseline, "ttft_p99_s" if name.startswith("TTFT") else "tpot_p99_s") if baseline else math.nan
+        if not _finite(value):
+            gates.append(Gate(name, False, "no samples for the canary (did it get traffic?)"))
+            continue
+        gates.append(Gate(f"{name} vs SLO", value <= limit_s, f"{value * 1000:.0f} ms, SLO {limit_s * 1000:g} ms"))
+        if _finite(base) and base > 0:
+            limit = base * policy.latency_regression
+            gates.append(Gate(f"{name} vs serving", value <= limit,
+                              f"{value * 1000:.0f} ms, serving {base * 1000:.0f} ms (limit x{policy.latency_regression:g})"))
+    err = canary.error_rate
+    if not _finite(err):
+        gates.append(Gate("error rate", False, "no finished requests for the canary"))
+    else:
+        gates.append(Gate("error rate vs SLO", err <= slo.max_error_rate, f"{err:.2%}, SLO {slo.max_error_rate:.2%}"))
+        if baseline and _finite(baseline.error_rate):
+            limit = baseline.error_rate + policy.error_rate_slack
+            gates.append(Gate("error rate vs serving", err <= limit, f"{err:.2%}, serving {baseline.error_rate:.2%}"))
+    kv = canary.kv_transfer_errors if _finite(canary.kv_transfer_errors) else 0.0
+    gates.append(Gate("KV transfer errors", kv <= policy.allowed_kv_transfer_errors, f"{kv:g} in the window"))
+    return Verdict(tuple(gates))
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PrometheusAPI:
+    url: str  # e.g. http://prometheus.monitoring.svc:9090
+    timeout_seconds: float = 10.0
+
+    def query(self, promql: str) -> float:
+        """An instant query that yields one number (NaN when it yields no series)."""
+        endpoint = f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(endpoint, timeout=self.timeout_seconds) as resp:
+                body = json.load(resp)
+        except OSError as exc:
+            raise PrometheusError(f"Prometheus at {self.url} did not answer: {exc}") from exc
+        if body.get("status") != "success":
+            raise PrometheusError(f"query failed: {body.get('error')} ({promql})")
+        result = body["data"]["result"]
+        if not result:
+            return math.nan
+        if len(result) > 1:
+            raise PrometheusError(f"query returned {len(result)} series, expected one: {promql}")
+        return float(result[0]["value"][1])
+
+    def observe(self, engine: str, namespace: str, revision: int, window: str) -> Observation:
+        return Observation(**{k: self.query(q) for k, q in gate_queries(engine, namespace, revision, window).items()})

@@ -1,0 +1,206 @@
+"""Release history: immutable numbered revisions, a serving state, a lock and an audit log.
+
+One folder per environment (by default `releases/<env>/` in the project, kept in git so a
+pull request shows what changed):
+
+    revisions/0007.json   what revision 7 is: spec snapshot, engine commands, images, router
+                          weights. Written once (hard link, so an existing number is never
+                          overwritten) and made read-only.
+    state.json            what serves now: traffic per revision, and each revision's status
+                          (candidate, good, failed, retired). Replaced atomically.
+    audit.jsonl           who did what, when, to which revision, and how it ended. Append-only.
+    lock                  held by the one rollout or rollback that may change this environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from infra.render.engine_args import all_launches
+from infra.render.router_config import router_launch
+from infra.spec import REPO_ROOT, StackSpec, parse_spec
+
+RELEASES_DIR = REPO_ROOT / "releases"
+
+
+class ReleaseError(RuntimeError):
+    """A release operation that was refused. Nothing was changed when this is raised."""
+
+
+class LockHeld(ReleaseError):
+    pass
+
+
+class RevisionNotFound(ReleaseError):
+    pass
+
+
+def actor() -> str:
+    """Who is acting: PDSTACK_ACTOR (set by CI to the approver), else the login name."""
+    return os.environ.get("PDSTACK_ACTOR") or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Release:
+    revision: int
+    created_at: str
+    author: str
+    message: str
+    spec_sha256: str
+    spec: dict[str, Any]
+    engine_commands: dict[str, list[str]]
+    router_args: list[str]
+    images: dict[str, str]
+    router_weights: dict[str, Any]
+
+    def stack_spec(self) -> StackSpec:
+        return parse_spec(self.spec)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=1, sort_keys=True) + "\n"
+
+
+def release_content(spec: StackSpec) -> dict[str, Any]:
+    """What a revision records, derived from the spec by the same renderers the program uses."""
+    spec_data = spec.model_dump(mode="json")
+    canonical = json.dumps(spec_data, sort_keys=True).encode()
+    return {
+        "spec_sha256": hashlib.sha256(canonical).hexdigest(),
+        "spec": spec_data,
+        "engine_commands": {role: launch.args for role, launch in all_launches(spec).items()},
+        "router_args": router_launch(spec).args,
+        "images": {"engine": spec.engine.image, **spec.images.model_dump()},
+        "router_weights": spec.deployment.load_balancer.weights.model_dump(),
+    }
+
+
+class ReleaseStore:
+    def __init__(self, environment: str, root: Path | None = None):
+        self.environment = environment
+        self.dir = (root or RELEASES_DIR) / environment
+        self.revisions_dir = self.dir / "revisions"
+        self.state_path = self.dir / "state.json"
+        self.audit_path = self.dir / "audit.jsonl"
+        self.lock_path = self.dir / "lock"
+
+    # --- revisions (immutable) ----------------------------------------------------------------
+
+    def revisions(self) -> list[int]:
+        if not self.revisions_dir.exists():
+            return []
+        return sorted(int(p.stem) for p in self.revisions_dir.glob("[0-9]*.json"))
+
+    def get(self, revision: int) -> Release:
+        path = self.revisions_dir / f"{revision:04d}.json"
+        if not path.exists():
+            known = ", ".join(map(str, self.revisions())) or "none yet"
+            raise RevisionNotFound(
+                f"revision {revision} does not exist in {self.dir} (revisions: {known}). "
+                "Fix: pick one of those, or run `pdctl releases` to list them")
+        return Release(**json.loads(path.read_text()))
+
+    def create(self, spec: StackSpec, message: str = "") -> Release:
+        self.revisions_dir.mkdir(parents=True, exist_ok=True)
+        content = release_content(spec)
+        while True:
+            number = (self.revisions() or [0])[-1] + 1
+            release = Release(revision=number, created_at=_now(), author=actor(), message=message, **content)
+            tmp = self.revisions_dir / f".{number:04d}.{os.getpid()}.tmp"
+            tmp.write_text(release.to_json())
+            os.chmod(tmp, 0o444)
+            try:
+                os.link(tmp, self.revisions_dir / f"{number:04d}.json")  # fails if the number exists
+                return release
+            except FileExistsError:
+                continue  # another writer took the number; take the next
+            finally:
+                tmp.unlink()
+
+    # --- serving state -------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        if not self.state_path.exists():
+            return {"traffic": {}, "status": {}}
+        return json.loads(self.state_path.read_text())
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.state_path)
+
+    def traffic(self) -> dict[int, int]:
+        return {int(k): v for k, v in self.state()["traffic"].items()}
+
+    def status(self, revision: int) -> str | None:
+        return self.state()["status"].get(str(revision))
+
+    def record(self, *, traffic: dict[int, int] | None = None, status: dict[int, str] | None = None) -> None:
+        state = self.state()
+        if traffic is not None:
+            state["traffic"] = {str(k): v for k, v in traffic.items() if v}
+        for rev, value in (status or {}).items():
+            state["status"][str(rev)] = value
+        self._write_state(state)
+
+    def good_revisions(self) -> list[int]:
+        return sorted(int(k) for k, v in self.state()["status"].items() if v == "good")
+
+    def previous_good(self) -> int | None:
+        """The newest good revision other than the one serving most traffic now."""
+        traffic = self.traffic()
+        current = max(traffic, key=traffic.get) if traffic else None
+        older = [r for r in self.good_revisions() if r != current and (current is None or r < current)]
+        return older[-1] if older else None
+
+    # --- audit log -------------------------------------------------------------------------------
+
+    def audit(self, action: str, revision: int | None, outcome: str, **detail: Any) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        entry = {"time": _now(), "actor": actor(), "environment": self.environment, "action": action,
+                 "revision": revision, "outcome": outcome, **detail}
+        with self.audit_path.open("a") as f:  # one write per line: appends do not interleave
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+    def audit_entries(self) -> list[dict[str, Any]]:
+        if not self.audit_path.exists():
+            return []
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line]
+
+    # --- lock ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, operation: str) -> Iterator[None]:
+        """Exclusive hold on this environment. Raises LockHeld, naming the holder, if taken."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        holder = {"operation": operation, "actor": actor(), "pid": os.getpid(), "since": _now()}
+        try:
+            fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                held = json.loads(self.lock_path.read_text())
+            except (OSError, ValueError):
+                held = {}
+            raise LockHeld(
+                f"{self.environment} is locked by {held.get('operation', '?')} of {held.get('actor', '?')} "
+                f"(pid {held.get('pid', '?')}, since {held.get('since', '?')}). Nothing was changed. "
+                f"Fix: wait for it to finish; if that process is gone, remove {self.lock_path}") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(holder, f)
+        try:
+            yield
+        finally:
+            self.lock_path.unlink(missing_ok=True)

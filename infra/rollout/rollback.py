@@ -1,0 +1,81 @@
+"""Roll back: put all traffic on the previous good revision (or a named one) and verify it.
+
+Everything that can refuse is checked before anything changes: the revision must exist
+and must not be one that failed, and no other rollout may hold the lock. When the target
+still runs as a warm standby (the revision before the last successful rollout always
+does), a rollback is one traffic change plus a health check. A revision that is no longer
+deployed is applied again first, which on a real cluster takes as long as loading the
+model (minutes, not seconds): the command says so when it happens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from infra.rollout.cluster import Cluster
+from infra.rollout.releases import ReleaseError, ReleaseStore
+from infra.rollout.rollout import RolloutOptions, apply_steps, steps_for
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    revision: int
+    previous_traffic: dict[int, int]
+    seconds: float
+    redeployed: bool
+
+
+def choose_target(store: ReleaseStore, to: int | None) -> int:
+    if to is None:
+        target = store.previous_good()
+        if target is None:
+            raise ReleaseError(f"{store.environment} has no earlier good revision to roll back to "
+                               f"(good: {store.good_revisions() or 'none'}). Fix: name one with --to")
+        return target
+    store.get(to)  # raises RevisionNotFound with the list of revisions
+    if store.status(to) == "failed":
+        raise ReleaseError(f"revision {to} failed its rollout. Fix: pick a good one: {store.good_revisions()}")
+    return to
+
+
+def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verify_seconds: float = 30.0,
+             poll_seconds: float = 0.5, console: Console | None = None) -> RollbackResult:
+    console = console or Console()
+    started = time.monotonic()
+    target = choose_target(store, to)
+    with store.lock("rollback"):
+        before = cluster.traffic()
+        store.audit("rollback", target, "started", serving=before)
+        redeployed = False
+        if not cluster.deployed(target):
+            console.print(f"[yellow]revision {target} is not running: applying it again (on a real cluster "
+                          "this waits for the model to load)[/]")
+            spec = store.get(target).stack_spec()
+            apply_steps(cluster, store, target, [s for s in steps_for(spec) if not s.shared and s.name != "verify"],
+                        RolloutOptions(poll_seconds=poll_seconds), console)
+            redeployed = True
+        if not cluster.healthy(target):
+            store.audit("rollback", target, "refused", reason="target not healthy", serving=before)
+            raise ReleaseError(f"revision {target} is not healthy, so traffic was left as it was ({before}). "
+                               "Fix: check its pods, or roll back to another revision with --to")
+        cluster.set_traffic({target: 100})
+        store.record(traffic={target: 100}, status={target: "good"})
+        deadline = time.monotonic() + verify_seconds
+        while not cluster.healthy(target):
+            if time.monotonic() > deadline:
+                cluster.set_traffic(before)
+                store.record(traffic=before)
+                store.audit("rollback", target, "failed", reason="unhealthy after the switch", serving=before)
+                raise ReleaseError(f"revision {target} became unhealthy after taking traffic; traffic was put back "
+                                   f"as it was ({before})")
+            time.sleep(poll_seconds)
+        for rev, share in before.items():
+            if rev != target and share:
+                store.record(status={rev: "rolled back"})
+        seconds = time.monotonic() - started
+        store.audit("rollback", target, "succeeded", seconds=round(seconds, 3), previous=before, redeployed=redeployed)
+    console.print(f"[green]revision {target} serves 100%[/] (was {before}) in {seconds:.2f}s")
+    return RollbackResult(target, before, seconds, redeployed)

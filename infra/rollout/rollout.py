@@ -1,0 +1,134 @@
+"""Roll a new revision out: record it, apply its steps in order, then move traffic to it in
+canary stages, judging each stage from Prometheus. A failed step or gate leaves (or puts
+back) the serving revision at 100% of traffic, on its own, and says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from infra.rollout.canary import DEFAULT_STAGES, GatePolicy, Observation, Verdict, judge
+from infra.rollout.cluster import Cluster
+from infra.rollout.releases import Release, ReleaseError, ReleaseStore
+from infra.rollout.steps import Step, plan_steps
+from infra.spec import StackSpec
+
+
+class StepFailed(ReleaseError):
+    pass
+
+
+class CanaryFailed(ReleaseError):
+    pass
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    stages: tuple[int, ...] = DEFAULT_STAGES  # percent of traffic on the new revision, in order
+    bake_seconds: float = 300.0  # time at each stage before it is judged
+    poll_seconds: float = 5.0  # how often readiness is checked
+    timeout_scale: float = 1.0  # tests shrink the steps' timeouts
+    policy: GatePolicy = field(default_factory=GatePolicy)
+
+    def __post_init__(self):
+        if not self.stages or list(self.stages) != sorted(set(self.stages)) or self.stages[-1] != 100 or self.stages[0] <= 0:
+            raise ValueError(f"stages {self.stages}: must rise strictly from above 0 and end at 100. Fix: e.g. 1,5,25,50,100")
+
+
+def steps_for(spec: StackSpec) -> list[Step]:
+    """The steps of this spec, from the resources the real program registers (run under mocks)."""
+    from infra.offline import run_spec
+
+    return plan_steps(spec, run_spec(spec).resources)
+
+
+def apply_steps(cluster: Cluster, store: ReleaseStore, revision: int, steps: list[Step],
+                options: RolloutOptions, console: Console) -> None:
+    """Apply each step and wait for it to be ready; raise StepFailed at the first that is not."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        for step in steps:
+            if not step.resources:
+                continue
+            task = progress.add_task(f"r{revision} {step.name} ({len(step.resources)} resources)", total=1)
+            started = time.monotonic()
+            store.audit("apply", revision, "started", step=step.name)
+            cluster.apply(revision, step)
+            deadline = started + step.timeout_seconds * options.timeout_scale
+            while not cluster.ready(revision, step):
+                if time.monotonic() > deadline:
+                    waited = time.monotonic() - started
+                    store.audit("apply", revision, "timed out", step=step.name, seconds=round(waited, 3))
+                    progress.update(task, description=f"[red]r{revision} {step.name}: not ready after {waited:.0f}s")
+                    raise StepFailed(f"step '{step.name}' of revision {revision} was not ready within "
+                                     f"{step.timeout_seconds * options.timeout_scale:g}s (waiting for: "
+                                     f"{', '.join(step.waits_for) or 'its resources'})")
+                time.sleep(options.poll_seconds)
+            store.audit("apply", revision, "ready", step=step.name, seconds=round(time.monotonic() - started, 3))
+            progress.update(task, completed=1, description=f"[green]r{revision} {step.name}")
+
+
+def _route(cluster: Cluster, store: ReleaseStore, weights: dict[int, int]) -> None:
+    cluster.set_traffic(weights)
+    store.record(traffic=weights)
+
+
+def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Observation],
+            options: RolloutOptions = RolloutOptions(), message: str = "", console: Console | None = None) -> Release:
+    """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
+    console = console or Console()
+    steps = steps_for(spec)
+    with store.lock("rollout"):
+        release = store.create(spec, message)
+        rev = release.revision
+        store.record(status={rev: "candidate"})
+        serving = store.traffic()
+        baseline = max(serving, key=serving.get) if serving else None
+        store.audit("rollout", rev, "started", serving=serving, message=message)
+        try:
+            apply_steps(cluster, store, rev, [s for s in steps if s.name != "verify"], options, console)
+            if not cluster.healthy(rev):
+                raise StepFailed(f"revision {rev} is deployed but not healthy")
+        except StepFailed as exc:
+            _abandon(cluster, store, rev, str(exc))
+            raise
+        for stage in options.stages if baseline is not None else (100,):
+            weights = {rev: stage, **({baseline: 100 - stage} if baseline is not None and stage < 100 else {})}
+            _route(cluster, store, weights)
+            console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
+            time.sleep(options.bake_seconds)
+            verdict = judge(observe(rev), observe(baseline) if baseline is not None else None, spec.slo, options.policy)
+            store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
+            console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
+            if not verdict.passed and baseline is not None:
+                _route(cluster, store, {baseline: 100})
+                _abandon(cluster, store, rev, f"canary failed at {stage}%: {verdict.reasons()}")
+                raise CanaryFailed(f"revision {rev} failed its canary at {stage}% ({verdict.reasons()}); "
+                                   f"revision {baseline} serves 100% again")
+            if not verdict.passed:
+                store.record(status={rev: "failed"})
+                store.audit("rollout", rev, "failed", reason=verdict.reasons())
+                raise CanaryFailed(f"revision {rev} (the first) misses its SLO: {verdict.reasons()}. "
+                                   "It is still serving: there is no earlier revision to fall back to")
+        store.record(status={rev: "good"})
+        # The previous revision stays deployed as a warm standby: rolling back to it is then a
+        # traffic change, which is what keeps `scripts/rollback` under a minute.
+        store.audit("rollout", rev, "succeeded", standby=baseline)
+        console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
+        return release
+
+
+def _gates(verdict: Verdict) -> list[dict]:
+    return [{"gate": g.name, "passed": g.passed, "detail": g.detail} for g in verdict.gates]
+
+
+def _abandon(cluster: Cluster, store: ReleaseStore, rev: int, reason: str) -> None:
+    """A revision that failed: take it down (it has no traffic) and say so in the history."""
+    store.record(status={rev: "failed"})
+    cluster.retire(rev)
+    store.audit("rollout", rev, "failed", reason=reason, serving=store.traffic())

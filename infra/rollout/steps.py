@@ -1,0 +1,101 @@
+"""The ordered rollout steps, each with the resources it applies, a readiness check and a timeout.
+
+Order (the design's): initialise the environment, split the pools, deploy prefill, deploy
+decode, deploy the KV cache layer and the balancers, open access, verify. Two placements
+differ from a plain reading of that list, on purpose:
+- NetworkPolicies (default-deny and its allowlist) go in with the namespace, so nothing
+  runs in an open namespace while the engines come up; the gateway, auth and rate limits
+  still wait for "open access".
+- The KV cache *config* (a ConfigMap the engine pods mount) goes in with the environment,
+  so engine pods can start; the cache store itself comes in its own step.
+
+`plan_steps` is pure: spec + the program's registered resources -> steps. Which cluster the
+steps are applied to (the in-memory one in tests, Pulumi's Automation API for real) is the
+`Cluster` protocol in infra/rollout/cluster.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra import naming
+from infra.offline import RegisteredResource
+from infra.render.manifests import manifest_of
+from infra.spec import StackSpec
+
+
+ROUTER_STEP = "deploy kv cache and balancers"  # the last step of a revision's own track
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    resources: tuple[str, ...]  # logical names of the resources this step applies
+    waits_for: tuple[str, ...]  # what must be ready: "Kind/name condition", as `kubectl wait` reads it
+    timeout_seconds: float
+    shared: bool = False  # environment-wide (one copy for every revision), not per revision
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass
+class _Bucket:
+    names: list[str] = field(default_factory=list)
+    waits: list[str] = field(default_factory=list)
+
+
+# What becomes ready on its own vs what is worth waiting for (kubectl wait conditions).
+_READY_CONDITION = {
+    "LeaderWorkerSet": "condition=Available",
+    "Deployment": "condition=Available",
+    "Gateway": "condition=Programmed",
+    "HTTPRoute": "jsonpath={.status.parents[0].conditions[?(@.type=='Accepted')].status}=True",
+    "NodePool": "condition=Ready",
+    "Namespace": "jsonpath={.status.phase}=Active",
+}
+
+
+def _step_of(resource: RegisteredResource, manifest: dict | None) -> str:
+    kind = manifest["kind"] if manifest else ""
+    role = (manifest or {}).get("metadata", {}).get("labels", {}).get(naming.ROLE_LABEL)
+    layer = resource.layer
+    if layer in ("foundation", "storage", "monitoring") or kind == "NetworkPolicy":
+        return "initialise environment"
+    if layer == "kvcache" and kind == "ConfigMap":
+        return "initialise environment"
+    if layer == "nodepools":
+        return "split pools"
+    if layer == "engines":
+        return "deploy decode" if role == "decode" else "deploy prefill"  # shared engine SA goes first
+    if layer in ("kvcache", "balancers"):
+        return "deploy kv cache and balancers"
+    if layer == "access":
+        return "open access"
+    return "initialise environment"
+
+
+def plan_steps(spec: StackSpec, resources: list[RegisteredResource]) -> list[Step]:
+    """The steps for this spec, in order. Colocated mode has one engine step."""
+    engine_steps = ["deploy prefill", "deploy decode"]
+    if spec.deployment.mode == "colocated":
+        engine_steps = ["deploy prefill"]  # the one pool serves both phases; it comes up first
+    order = ["initialise environment", "split pools", *engine_steps, "deploy kv cache and balancers", "open access"]
+    buckets = {name: _Bucket() for name in order}
+    for resource in resources:
+        if not resource.custom or resource.type.startswith("pulumi:providers:"):
+            continue
+        manifest = manifest_of(resource)
+        bucket = buckets[_step_of(resource, manifest)]
+        bucket.names.append(resource.name)
+        if manifest and manifest["kind"] in _READY_CONDITION:
+            bucket.waits.append(f"{manifest['kind']}/{manifest['metadata']['name']} {_READY_CONDITION[manifest['kind']]}")
+    # Model loading dominates engine steps: weights are fetched and verified, then loaded
+    # onto every GPU. Wide-EP decode groups also wait for every node of the group.
+    timeouts = {"initialise environment": 120, "split pools": 900, "deploy prefill": 1800,
+                "deploy decode": 2400, "deploy kv cache and balancers": 300, "open access": 300}
+    shared = {"initialise environment", "split pools"}
+    steps = [Step(name, tuple(buckets[name].names), tuple(buckets[name].waits), timeouts[name], name in shared)
+             for name in order]
+    verify = Step("verify", (), ("endpoint /health 200", "canary gates pass"), 600)
+    return [*steps, verify]

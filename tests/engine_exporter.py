@@ -1,0 +1,92 @@
+"""A stand-in for one engine pod's /metrics: the pinned SGLang's metric names, fed by a clock.
+
+Each tick records a batch of requests with a fixed TTFT and inter-token latency, and, when
+degraded, aborted requests and failed KV transfers, so that Prometheus sees real rates.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from infra.render.metrics import ENGINE_METRICS
+
+SGLANG = ENGINE_METRICS["sglang"]
+
+
+def _base(name: str, suffix: str) -> str:
+    return name.removesuffix(suffix)
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    ttft_s: float
+    itl_s: float
+    abort_share: float = 0.0
+    kv_failures_per_tick: int = 0
+
+
+HEALTHY = Behaviour(ttft_s=0.2, itl_s=0.015)
+DEGRADED = Behaviour(ttft_s=4.0, itl_s=0.15, abort_share=0.1, kv_failures_per_tick=1)
+
+
+class EngineExporter:
+    def __init__(self, behaviour: Behaviour, requests_per_tick: int = 20, tick_seconds: float = 0.2):
+        self.behaviour, self.requests_per_tick, self.tick_seconds = behaviour, requests_per_tick, tick_seconds
+        reg = self.registry = CollectorRegistry()
+        self.ttft = Histogram(_base(SGLANG.ttft_bucket, "_bucket"), "ttft", registry=reg,
+                              buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.itl = Histogram(_base(SGLANG.tpot_bucket, "_bucket"), "itl", registry=reg,
+                             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5))
+        self.started = Counter(_base(SGLANG.requests_started, "_total"), "requests", registry=reg)
+        self.aborted = Counter(_base(SGLANG.requests_failed, "_total"), "aborted", registry=reg)
+        self.kv_failed = Counter(_base(SGLANG.kv_transfer_failures, "_total"), "kv failures", registry=reg)
+        self._stop = threading.Event()
+        self.port: int | None = None
+
+    def tick(self) -> None:
+        b = self.behaviour
+        self.started.inc(self.requests_per_tick)
+        self.aborted.inc(round(self.requests_per_tick * b.abort_share))
+        self.kv_failed.inc(b.kv_failures_per_tick)
+        for _ in range(self.requests_per_tick):
+            self.ttft.observe(b.ttft_s)
+            for _ in range(5):
+                self.itl.observe(b.itl_s)
+
+    def start(self, port: int) -> None:
+        """Serve the classic text format whatever the scraper asks for, as the engines do.
+
+        (prometheus_client's own server answers Prometheus's OpenMetrics request with
+        names escaped to `sglang_...`; the engines' `sglang:` names must reach Prometheus.)
+        """
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.port = port
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_seconds):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.shutdown()

@@ -1,0 +1,207 @@
+"""Rollout, canary and rollback against the in-memory cluster, judged by a real Prometheus.
+
+Prometheus (Debian's `prometheus`, on loopback) scrapes exporters that stand in for engine
+pods of two environments: in one, the new revision is as healthy as the serving one; in
+the other it is slow and drops requests. Every canary verdict here comes from PromQL
+queries to that server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import time
+from contextlib import ExitStack
+
+import pytest
+from rich.console import Console
+
+from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, PrometheusAPI
+from infra.rollout.cluster import InMemoryCluster
+from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
+from infra.rollout.rollback import rollback
+from infra.rollout.rollout import CanaryFailed, RolloutOptions, StepFailed, rollout
+from infra.spec import parse_spec
+from tests.conftest import stack_data
+from tests.engine_exporter import DEGRADED, HEALTHY, EngineExporter
+from tests.servers import free_port, prometheus
+
+HEALTHY_NS, DEGRADED_NS = "pdstack-canary-ok", "pdstack-canary-bad"
+FAST = RolloutOptions(stages=(5, 50, 100), bake_seconds=1.0, poll_seconds=0.01, timeout_scale=0.001)
+WINDOW = "10s"
+
+
+def spec_in(namespace: str, cache_threshold: float = 0.5):
+    data = stack_data("dev")
+    data["environment"]["namespace"] = namespace
+    data["deployment"]["load_balancer"]["weights"] = {"cache_threshold": cache_threshold}
+    return parse_spec(data)
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    """Prometheus scraping four engine exporters: (namespace, revision) -> behaviour."""
+    behaviours = {(HEALTHY_NS, 1): HEALTHY, (HEALTHY_NS, 2): HEALTHY,
+                  (DEGRADED_NS, 1): HEALTHY, (DEGRADED_NS, 2): DEGRADED}
+    with ExitStack() as stack:
+        targets = []
+        for (ns, rev), behaviour in behaviours.items():
+            exporter = EngineExporter(behaviour)
+            exporter.start(free_port())
+            stack.callback(exporter.stop)
+            targets.append((exporter.port, {"namespace": ns, RELEASE_SERIES_LABEL: str(rev)}))
+        url = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets))
+        api = PrometheusAPI(url)
+        deadline = time.monotonic() + 30
+        while api.query(f"count(rate(sglang:num_requests_total[{WINDOW}]) > 0)") != len(targets):
+            assert time.monotonic() < deadline, "Prometheus has no rates from the exporters"
+            time.sleep(0.5)
+        yield api
+
+
+def observer(api: PrometheusAPI, namespace: str):
+    return lambda rev: api.observe("sglang", namespace, rev, WINDOW)
+
+
+def test_healthy_canary_moves_all_traffic_in_stages(tmp_path, prom):
+    store, cluster = ReleaseStore("dev", tmp_path), InMemoryCluster()
+    observe = observer(prom, HEALTHY_NS)
+    first = rollout(spec_in(HEALTHY_NS), store, cluster, observe, FAST, "first", quiet())
+    assert (first.revision, cluster.traffic()) == (1, {1: 100})
+    second = rollout(spec_in(HEALTHY_NS, 0.6), store, cluster, observe, FAST, "raise cache threshold", quiet())
+    assert second.revision == 2
+    assert cluster.traffic_log == [{1: 100}, {2: 5, 1: 95}, {2: 50, 1: 50}, {2: 100}]
+    assert store.traffic() == {2: 100} and store.status(2) == "good"
+    assert cluster.deployed(1), "the previous revision stays warm for a fast rollback"
+    stages = [e for e in store.audit_entries() if e["action"] == "canary" and e["revision"] == 2]
+    assert [(e["stage"], e["outcome"]) for e in stages] == [(5, "passed"), (50, "passed"), (100, "passed")]
+    gates = {g["gate"] for g in stages[0]["gates"]}
+    assert {"TTFT p99 vs SLO", "TTFT p99 vs serving", "TPOT p99 vs serving", "error rate vs SLO", "KV transfer errors"} <= gates
+
+
+def test_failed_canary_leaves_the_old_revision_serving_everything(tmp_path, prom):
+    store, cluster = ReleaseStore("dev", tmp_path), InMemoryCluster()
+    observe = observer(prom, DEGRADED_NS)
+    rollout(spec_in(DEGRADED_NS), store, cluster, observe, FAST, "first", quiet())
+    with pytest.raises(CanaryFailed) as exc:
+        rollout(spec_in(DEGRADED_NS, 0.6), store, cluster, observe, FAST, "bad build", quiet())
+    assert "revision 1 serves 100% again" in str(exc.value)
+    assert "TTFT p99 vs SLO" in str(exc.value)
+    assert cluster.traffic() == {1: 100} and store.traffic() == {1: 100}
+    assert max(w.get(2, 0) for w in cluster.traffic_log) == 5, "the canary never went past its first stage"
+    assert store.status(2) == "failed" and not cluster.deployed(2)
+    failed = [e for e in store.audit_entries() if e["action"] == "canary" and e["outcome"] == "failed"]
+    assert failed and failed[0]["stage"] == 5
+    reasons = {g["gate"] for g in failed[0]["gates"] if not g["passed"]}
+    assert {"TTFT p99 vs SLO", "TPOT p99 vs SLO", "error rate vs SLO", "KV transfer errors"} <= reasons
+
+
+def test_gates_read_live_numbers(prom):
+    ok = prom.observe("sglang", HEALTHY_NS, 1, WINDOW)
+    bad = prom.observe("sglang", DEGRADED_NS, 2, WINDOW)
+    assert ok.ttft_p99_s < 0.25 and ok.error_rate == 0 and ok.kv_transfer_errors == 0
+    assert bad.ttft_p99_s > 2.5 and bad.error_rate == pytest.approx(0.1, abs=0.02) and bad.kv_transfer_errors > 0
+    assert prom.observe("sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s != prom.observe("sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s  # NaN: no data
+
+
+# --- steps and rollback: the in-memory cluster, with a fixed observation ----------------------
+
+GOOD = Observation(ttft_p99_s=0.3, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0)
+NO_BAKE = RolloutOptions(stages=(50, 100), bake_seconds=0, poll_seconds=0.001, timeout_scale=0.001)
+
+
+def two_releases(tmp_path, **cluster_args):
+    store, cluster = ReleaseStore("dev", tmp_path), InMemoryCluster(**cluster_args)
+    for threshold in (0.5, 0.6):
+        rollout(spec_in("pdstack-dev", threshold), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
+    return store, cluster
+
+
+def test_steps_run_in_the_designed_order(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    steps = [e["step"] for e in store.audit_entries() if e["action"] == "apply" and e["outcome"] == "ready" and e["revision"] == 2]
+    assert steps == ["initialise environment", "split pools", "deploy prefill", "deploy decode",
+                     "deploy kv cache and balancers", "open access"]
+    by_step = cluster.applied[2]
+    assert "leaderworkerset-engine-prefill" in by_step["deploy prefill"]
+    assert "leaderworkerset-engine-decode" in by_step["deploy decode"]
+    assert "deployment-router" in by_step["deploy kv cache and balancers"]
+    assert "httproute-gateway" in by_step["open access"]
+    assert "networkpolicy-default-deny" in cluster.applied["shared"]["initialise environment"]
+
+
+def test_a_step_that_never_gets_ready_changes_no_traffic(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    cluster.never_ready.add((3, "deploy decode"))
+    with pytest.raises(StepFailed, match="deploy decode"):
+        rollout(spec_in("pdstack-dev", 0.7), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
+    assert cluster.traffic() == {2: 100} and not cluster.deployed(3)
+    assert all(3 not in w for w in cluster.traffic_log)
+    assert store.status(3) == "failed"
+
+
+def test_rollback_restores_the_previous_good_revision(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    result = rollback(store, cluster, console=quiet())
+    assert (result.revision, result.previous_traffic, result.redeployed) == (1, {2: 100}, False)
+    assert cluster.traffic() == {1: 100} and store.traffic() == {1: 100}
+    assert store.status(2) == "rolled back"
+    assert result.seconds < 60
+    last = store.audit_entries()[-1]
+    assert (last["action"], last["outcome"], last["revision"]) == ("rollback", "succeeded", 1)
+    assert last["actor"]
+
+
+def test_rollback_to_a_revision_no_longer_running_applies_it_again(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    cluster.retire(1)
+    result = rollback(store, cluster, to=1, console=quiet())
+    assert result.redeployed and cluster.traffic() == {1: 100}
+
+
+def _snapshot(store: ReleaseStore):
+    return {p.name: p.read_bytes() for p in store.dir.rglob("*") if p.is_file()}
+
+
+def test_rollback_to_a_missing_revision_changes_nothing(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    before = _snapshot(store), cluster.traffic()
+    with pytest.raises(RevisionNotFound, match=r"revision 9 does not exist .*revisions: 1, 2"):
+        rollback(store, cluster, to=9, console=quiet())
+    assert (_snapshot(store), cluster.traffic()) == before
+
+
+def test_rollback_while_a_rollout_holds_the_lock_changes_nothing(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    with store.lock("rollout"):
+        before = _snapshot(store), cluster.traffic()
+        with pytest.raises(LockHeld, match="locked by rollout"):
+            rollback(store, cluster, console=quiet())
+        assert (_snapshot(store), cluster.traffic()) == before
+    assert not store.lock_path.exists()
+
+
+def test_rollback_refuses_a_failed_revision(tmp_path):
+    store, cluster = two_releases(tmp_path)
+    store.record(status={1: "failed"})
+    with pytest.raises(ReleaseError, match="failed its rollout"):
+        rollback(store, cluster, to=1, console=quiet())
+    assert cluster.traffic() == {2: 100}
+
+
+def test_revisions_are_numbered_immutable_records(tmp_path):
+    store, _ = two_releases(tmp_path)
+    assert store.revisions() == [1, 2]
+    path = store.revisions_dir / "0002.json"
+    assert not os.stat(path).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    record = json.loads(path.read_text())
+    assert record["router_weights"]["cache_threshold"] == 0.6
+    assert set(record["engine_commands"]) == {"prefill", "decode"}
+    assert record["images"]["engine"].count("@sha256:") == 1
+    assert store.get(1).stack_spec().deployment.load_balancer.weights.cache_threshold == 0.5
