@@ -9,8 +9,10 @@ the pinned wheels installed with --no-deps, and its JSON output is committed:
     pip install --no-deps <the three wheels> torch msgspec ...   # whatever the imports ask for
     VLLM_TARGET_DEVICE=cpu python scripts/extract_engine_flags.py infra/render/pinned
 
-It records, for each option string, whether it takes a value and its choices; and every
-Prometheus metric name the package's source (or, for the Rust router, its binary) declares.
+It records, for each option string, whether it takes a value and its choices; every
+Prometheus metric name the package's source (or, for the Rust router, its binary) declares;
+and the environment variables the engine's settings module reads (some knobs, like SGLang's
+PD transfer timeouts, exist only as environment variables).
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ def metric_names(dist: str, prefix: str) -> list[str]:
     return sorted(names)
 
 
+def env_names(dist: str, relative: str, pattern: str) -> list[str]:
+    """Environment variables the package declares in its settings module (`relative` to it)."""
+    import importlib.util
+
+    if not relative:
+        return []
+    root = Path(importlib.util.find_spec(dist).origin).parent
+    return sorted(set(re.findall(pattern, (root / relative).read_text(), flags=re.MULTILINE)))
+
+
 def sglang_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -78,6 +90,7 @@ SOURCES = {
         "(fields in sglang/srt/arg_groups/fields/)",
         "python3 -m sglang.launch_server",
         "sglang:",
+        ("srt/environ.py", r"^\s+(SGLANG_[A-Z0-9_]+)\s*=\s*Env"),  # class Envs
     ),
     "vllm": (
         "vllm",
@@ -86,6 +99,7 @@ SOURCES = {
         "(engine flags from vllm/engine/arg_utils.py EngineArgs.add_cli_args)",
         "vllm serve",
         "vllm:",
+        ("envs.py", r'^\s+"(VLLM_[A-Z0-9_]+)":'),  # environment_variables
     ),
     "sglang-router": (
         "sglang_router",
@@ -93,6 +107,7 @@ SOURCES = {
         "sglang-router wheel from PyPI, sglang_router/router_args.py RouterArgs.add_cli_args",
         "python3 -m sglang_router.launch_router",
         "smg_",
+        ("", ""),
     ),
 }
 
@@ -101,7 +116,7 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "infra/render/pinned")
     from importlib.metadata import version
 
-    for name, (dist, build, source, entrypoint, metric_prefix) in SOURCES.items():
+    for name, (dist, build, source, entrypoint, metric_prefix, (env_file, env_pattern)) in SOURCES.items():
         pinned = version(dist.replace("_", "-"))
         table = {
             "engine": name,
@@ -110,6 +125,7 @@ def main() -> None:
             "entrypoint": entrypoint,
             "flags": describe(build()),
             "metrics": metric_names(dist, metric_prefix),
+            "env_vars": env_names(dist, env_file, env_pattern),
         }
         path = out / f"{name}-{pinned}.json"
         path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")

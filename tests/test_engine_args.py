@@ -162,3 +162,22 @@ def test_pdctl_render_both_engines_on_one_spec(tmp_path):
     # the shipped dev spec routes with sglang-router, which vllm cannot use: a clear error
     assert main(["render", "--stack", "dev", "--engine", "vllm", "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_kv_hop_timeout_reaches_both_engines():
+    sglang = all_launches(spec_for("prod", "sglang"))
+    for role in ("prefill", "decode"):
+        assert sglang[role].env == {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30",
+                                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30"}
+        assert set(sglang[role].env) <= flagset("sglang").env_vars
+    data = stack_data("prod")
+    data["engine"].update(kind="vllm", version="0.33.0", kv_transfer="nixl")
+    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    vllm = all_launches(parse_spec(data))
+    config = vllm["decode"].args[vllm["decode"].args.index("--kv-transfer-config") + 1]
+    assert '"kv_lease_duration": 30' in config
+
+
+def test_an_env_var_the_engine_does_not_read_is_refused():
+    with pytest.raises(AssertionError, match="SGLANG_DISAGG_TIMEOUT"):
+        flagset("sglang").require_env({"SGLANG_DISAGG_TIMEOUT": "30"}, "test")

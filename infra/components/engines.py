@@ -51,7 +51,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "name": "engine",
         "image": spec.engine.image,
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
-        "env": [{"name": k, "value": v} for k, v in sorted(kv.engine_env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted({**kv.engine_env, **launch.env}.items())],
         "ports": [{"name": "http", "containerPort": launch.port}],
         "resources": {
             "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(launch.gpus_per_pod)},

@@ -46,6 +46,7 @@ class EngineLaunch:
     gpus_per_pod: int
     notes: list[str] = field(default_factory=list)
     prelude: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # engine settings that exist only as env vars
 
     def script(self) -> str:
         return launch_script(f"{self.engine} {self.version} {self.role} server",
@@ -181,7 +182,12 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         args += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": phase.redundant_experts})]
     connectors = []
     if role in ("prefill", "decode"):
-        connectors.append({"kv_connector": VLLM_TRANSFER_CONNECTOR[eng.kv_transfer], "kv_role": "kv_both"})
+        transfer = {"kv_connector": VLLM_TRANSFER_CONNECTOR[eng.kv_transfer], "kv_role": "kv_both"}
+        if eng.kv_transfer == "nixl":
+            # The prefill side holds KV for a decode peer this long (nixl/base_scheduler.py, default 30 s).
+            transfer["kv_connector_extra_config"] = {
+                "kv_lease_duration": int(spec.timeouts.prefill_to_decode_kv.timeout_seconds)}
+        connectors.append(transfer)
     if dep.cache.prefix_cache:
         connectors.append({"kv_connector": VLLM_STORE_CONNECTOR[dep.cache.store], "kv_role": "kv_both"})
     if len(connectors) == 1:
@@ -251,6 +257,25 @@ def encoder_launch(spec: StackSpec) -> EngineLaunch:
                         port=ENGINE_PORT["sglang"], multi_node=False, nodes=1, gpus_per_pod=1)
 
 
+def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
+    """The prefill-to-decode KV hop timeout, where the engine takes it from the environment.
+
+    SGLang 0.5.23 (sglang/srt/environ.py): the prefill side gives up on a decode peer that
+    has not bootstrapped the request, and the decode side on KV that has not arrived, after
+    these many seconds (both default to 300). vLLM's Mooncake connector frees KV a decode
+    peer never read after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vllm/envs.py, default 480);
+    its NIXL connector takes a lease in the connector config instead (see vllm_args).
+    """
+    if role not in ("prefill", "decode"):
+        return {}
+    seconds = str(int(spec.timeouts.prefill_to_decode_kv.timeout_seconds))
+    if spec.engine.kind == "sglang":
+        return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
+    if spec.engine.kv_transfer == "mooncake":
+        return {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": seconds}
+    return {}
+
+
 def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     """The full, checked launch of one pool's engine."""
     kind = spec.engine.kind
@@ -259,6 +284,8 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     entrypoint = ["python3", "-m", "sglang.launch_server"] if kind == "sglang" else ["vllm", "serve"]
     flags = args[1:] if kind == "vllm" else args  # vllm takes the model path first
     flagset(kind).require(flags, f"{role} engine")
+    env = kv_hop_env(spec, role)
+    flagset(kind).require_env(env, f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)
     if kind == "vllm" and nodes > 1:
         args = [*args, '"$@"']  # --headless on workers, from the prelude
@@ -274,6 +301,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
         gpus_per_pod=min(phase.gpus_per_instance(), spec.hardware.gpus_per_node),
         notes=notes,
         prelude=prelude,
+        env=env,
     )
 
 

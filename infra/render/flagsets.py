@@ -28,6 +28,7 @@ class FlagSet:
     source: str
     flags: dict[str, dict]
     metrics: frozenset[str]
+    env_vars: frozenset[str] = frozenset()
 
     def check(self, args: list[str]) -> list[str]:
         """Problems with an argument list: unknown flags, missing values, bad choices."""
@@ -69,6 +70,12 @@ class FlagSet:
         if problems:
             raise AssertionError(f"rendered {what} args do not match {self.engine} {self.version}: {problems}")
 
+    def require_env(self, names, what: str) -> None:
+        """Fail loudly when a rendered environment variable is not one this version reads."""
+        unknown = sorted(n for n in names if n not in self.env_vars)
+        if unknown:
+            raise AssertionError(f"rendered {what} env {unknown} is not read by {self.engine} {self.version}")
+
     def has_metric(self, name: str) -> bool:
         """True for a declared metric, or one of the series a histogram/counter exports."""
         for suffix in ("", "_bucket", "_sum", "_count", "_total", "_created"):
@@ -89,4 +96,5 @@ def flagset(engine: str) -> FlagSet:
         source=data["source"],
         flags=data["flags"],
         metrics=frozenset(data["metrics"]),
+        env_vars=frozenset(data.get("env_vars", [])),
     )
