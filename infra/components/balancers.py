@@ -14,7 +14,7 @@ import pulumi
 
 from infra import naming
 from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP
-from infra.components.k8s import Layer, LayerContext
+from infra.components.k8s import Layer, LayerContext, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
@@ -114,6 +114,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
             "template": {"metadata": {"labels": ctx.pod_labels(**labels, **{naming.ROLE_LABEL: "prefill"})}, "spec": pod}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": meta,
          "spec": {"selector": labels, "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}]}},
+        disruption_budget(ctx, naming.ENCODER, "encoder", labels, max_unavailable=1),
     ]
 
 
@@ -143,6 +144,8 @@ class Balancers(Layer):
                                       f"strategy {ctx.spec.deployment.load_balancer.strategy}\n"},
         })
         self.deployment = self.add(router_deployment(ctx, launch))
+        # Drains take one router at a time; with one replica (dev) that is a short outage.
+        self.add(disruption_budget(ctx, naming.ROUTER, "router", ROUTER_LABELS, max_unavailable=1))
         self.service = self.add({
             "apiVersion": "v1", "kind": "Service",
             "metadata": ctx.metadata(naming.ROUTER, "router", **ROUTER_LABELS),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pulumi
 
 from infra import naming
-from infra.components.k8s import Layer, LayerContext
+from infra.components.k8s import Layer, LayerContext, disruption_budget
 from infra.components.placement import group_annotations, gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
@@ -137,14 +137,10 @@ class Engines(Layer):
                     "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}],
                 },
             })
-            self.add({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),
-                "spec": {
-                    # A multi-node group dies with any of its pods: allow no voluntary
-                    # eviction, so a drain must replace whole groups through a rollout.
-                    "maxUnavailable": 0 if launch.multi_node else 1,
-                    "selector": {"matchLabels": {naming.ROLE_LABEL: role}},
-                },
-            })
+            # A multi-node group dies with any of its pods: allow no voluntary eviction, so a
+            # drain must replace whole groups through a rollout.
+            self.add(disruption_budget(
+                ctx, naming.engine(role), "engine",
+                {naming.ROLE_LABEL: role, "app.kubernetes.io/name": naming.engine(role)},
+                max_unavailable=0 if launch.multi_node else 1, **{naming.ROLE_LABEL: role}))
         self.register_outputs({})

@@ -65,6 +65,16 @@ class LayerContext:
         }
 
 
+def disruption_budget(ctx: LayerContext, name: str, component: str, match_labels: dict[str, str],
+                      max_unavailable: int, **labels: str) -> dict:
+    """A PDB over exactly one workload's pods (a pod under two PDBs cannot be evicted at all)."""
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": ctx.metadata(name, component, **labels),
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": dict(match_labels)}},
+    }
+
+
 class Layer(pulumi.ComponentResource):
     """Base of the system's layers. `layer` names it in previews and resource types."""
 

@@ -45,6 +45,7 @@ class KVCache(Layer):
                             "command": plan.command,
                             "ports": [{"name": k, "containerPort": v} for k, v in plan.ports.items()],
                             "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "32Gi"}},
+                            "readinessProbe": {"tcpSocket": {"port": plan.ports["rpc"]}, "periodSeconds": 5},
                         }],
                     },
                 },
