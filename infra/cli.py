@@ -309,6 +309,22 @@ def cmd_releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    """The policy pack's rules on the offline preview (what `pulumi preview --policy-pack` runs)."""
+    from infra.offline import run_spec
+    from infra.policy.rules import Resource, evaluate
+    from infra.render.manifests import unwrap
+
+    spec = _spec_from_args(args)
+    run = run_spec(spec)
+    violations = evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()])
+    mandatory = [v for v in violations if v.level == "mandatory"]
+    _print_table(f"policy: {spec.environment.name}", ("rule", "level", "problem"),
+                 [(v.rule, v.level, v.message) for v in violations])
+    console.print(f"{len(mandatory)} mandatory, {len(violations) - len(mandatory)} advisory violation(s)")
+    return EXIT_FAILED if mandatory else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -366,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = changing(sub.add_parser("rollback", help="send all traffic back to the previous good revision"))
     p.add_argument("--to", type=int, help="roll back to this revision instead")
     p.set_defaults(func=cmd_rollback)
+    with_spec(sub.add_parser("policy", help="run the policy pack's rules on the offline preview")).set_defaults(func=cmd_policy)
     p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"))
     p.add_argument("--releases", help="release history folder (default releases/)")
     p.set_defaults(func=cmd_releases)

@@ -22,6 +22,10 @@ MANIFEST_NAME = "SHA256SUMS.json"
 CHUNK = 8 * 1024 * 1024
 
 
+class BucketPostureError(RuntimeError):
+    """The weights bucket is public or unversioned; nothing was uploaded."""
+
+
 class WeightsIntegrityError(RuntimeError):
     """A weight file is missing or its sha256 does not match the manifest."""
 
@@ -76,9 +80,32 @@ def ensure_private_versioned_bucket(s3, bucket: str) -> None:
             raise
 
 
+_PUBLIC_GRANTEES = ("http://acs.amazonaws.com/groups/global/AllUsers",
+                    "http://acs.amazonaws.com/groups/global/AuthenticatedUsers")
+
+
+def bucket_posture_problems(s3, bucket: str) -> list[str]:
+    """What makes the bucket unfit for weights: not versioned, or readable by anyone."""
+    problems = []
+    if s3.get_bucket_versioning(Bucket=bucket).get("Status") != "Enabled":
+        problems.append(f"bucket {bucket}: versioning is not enabled")
+    for grant in s3.get_bucket_acl(Bucket=bucket).get("Grants", []):
+        if grant.get("Grantee", {}).get("URI") in _PUBLIC_GRANTEES:
+            problems.append(f"bucket {bucket}: ACL grants {grant['Permission']} to {grant['Grantee']['URI'].rsplit('/', 1)[-1]}")
+    return problems
+
+
 def upload(s3, bucket: str, prefix: str, source: Path) -> dict[str, str]:
-    """Upload every file, then the manifest last, so a half-done upload has no manifest."""
+    """Upload every file, then the manifest last, so a half-done upload has no manifest.
+
+    Refuses (before writing anything) a bucket that is public or unversioned: weights are
+    the model's IP, and versioning is what lets a bad upload be undone.
+    """
     ensure_private_versioned_bucket(s3, bucket)
+    problems = bucket_posture_problems(s3, bucket)
+    if problems:
+        raise BucketPostureError("; ".join(problems) + ". Fix: make it private (remove the public grant) "
+                                 "and enable versioning, then upload again")
     manifest = build_manifest(source)
     for rel in manifest:
         s3.upload_file(str(source / rel), bucket, _key(prefix, rel))
@@ -130,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--dest is required for fetch")
             manifest = fetch_and_verify(s3, args.bucket, args.prefix, args.dest)
             print(f"verified {len(manifest)} files in {args.dest}")
-    except WeightsIntegrityError as exc:
+    except (WeightsIntegrityError, BucketPostureError) as exc:
         print(exc, file=sys.stderr)
         return 3
     return 0

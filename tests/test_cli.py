@@ -51,3 +51,23 @@ def test_render_writes_one_file_per_manifest(tmp_path):
     files = list((tmp_path / "m").rglob("*.yaml"))
     assert len(files) >= 2
     assert all(yaml.safe_load(f.read_text())["kind"] for f in files)
+
+
+def test_generated_keys_never_appear_in_plain_text_in_render_or_preview(tmp_path):
+    """Keys come from pulumi-random as secret outputs; what operators see or commit never holds them."""
+    from infra.offline import is_secret
+    from infra.render.manifests import unwrap
+    from tests.conftest import shipped_run
+
+    (secret,) = shipped_run("prod").by_kind("Secret")
+    assert is_secret(secret["stringData"])
+    keys = list(unwrap(secret["stringData"]).values())
+    assert keys and all(len(k) >= 20 for k in keys)
+    preview = pdctl("preview", "--offline", "--stack", "prod")
+    render = pdctl("render", "--stack", "prod", "--out", str(tmp_path / "m"))
+    assert preview.returncode == 0 and render.returncode == 0, preview.stderr + render.stderr
+    written = "".join(f.read_text() for f in (tmp_path / "m").rglob("*") if f.is_file())
+    assert "<secret>" in written  # the Secret is rendered, its values redacted
+    for key in keys:
+        for text in (preview.stdout, preview.stderr, render.stdout, render.stderr, written):
+            assert key not in text

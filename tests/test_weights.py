@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from infra import weights
-from infra.weights import MANIFEST_NAME, WeightsIntegrityError
+from infra.weights import MANIFEST_NAME, BucketPostureError, WeightsIntegrityError
 
 
 @pytest.fixture
@@ -66,3 +66,11 @@ def test_init_step_script_exits_nonzero_on_mismatch(s3_endpoint, model_dir, tmp_
                             "--prefix", "m", "--dest", str(tmp_path / "c")], capture_output=True, text=True, env=env)
     assert fetch.returncode == 3
     assert "config.json: sha256" in fetch.stderr
+
+
+def test_upload_refuses_a_public_bucket_and_writes_nothing(s3_endpoint, model_dir):
+    s3 = weights.s3_client(s3_endpoint)
+    s3.create_bucket(Bucket="weights-public", ACL="public-read")
+    with pytest.raises(BucketPostureError, match="ACL grants READ to AllUsers"):
+        weights.upload(s3, "weights-public", "m/", model_dir)
+    assert s3.list_objects_v2(Bucket="weights-public").get("KeyCount", 0) == 0

@@ -1,0 +1,1 @@
+"""Review rules for `pulumi preview --policy-pack policy` (and `pdctl policy` offline)."""
