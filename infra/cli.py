@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 from rich.console import Console
@@ -26,6 +27,7 @@ LAYER_ORDER = [
     "nodepools",
     "storage",
     "monitoring",
+    "tracing",
     "foundation",
     "stack",
 ]
@@ -195,6 +197,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if scaling:
                 scaling["max_instances"] = max(scaling["max_instances"], n)
                 scaling["min_instances"] = min(scaling["min_instances"], n)
+        bounds = data["deployment"]["autoscaling"]["pd_ratio_bounds"]
+        recommended = Fraction(result.prefill_gpus, result.decode_gpus)
+        for side, outside in (("min", lambda b: recommended < b), ("max", lambda b: recommended > b)):
+            if outside(Fraction(*map(int, bounds[side].split(":")))):
+                console.print(f"[yellow]widened pd_ratio_bounds.{side} from {bounds[side]} to {result.pd_ratio}[/yellow]")
+                bounds[side] = result.pd_ratio
         parse_spec(data)  # the written spec must itself be valid; nothing is written otherwise
         Path(args.write).write_text(yaml.safe_dump(data, sort_keys=False))
         console.print(f"wrote {args.write}")
@@ -260,10 +268,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _observer(spec: StackSpec, args: argparse.Namespace):
-    from infra.rollout.canary import PrometheusAPI
+    from infra.prometheus import PrometheusAPI
+    from infra.rollout.canary import observe
 
     api = PrometheusAPI(args.prometheus)
-    return lambda rev: api.observe(spec.engine.kind, spec.environment.namespace, rev, args.window)
+    return lambda rev: observe(api, spec.engine.kind, spec.environment.namespace, rev, args.window)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -325,6 +334,51 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_FAILED if mandatory else 0
 
 
+def _time_arg(text: str | None) -> float | None:
+    """Unix seconds or an ISO 8601 time (UTC if no zone); None means now."""
+    if not text:
+        return None
+    from datetime import datetime, timezone
+
+    try:
+        return float(text)
+    except ValueError:
+        moment = datetime.fromisoformat(text)
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """GPU-hours per role, idle share and idle instances from Prometheus; stale caches over SSH."""
+    import time
+
+    from infra.prometheus import PrometheusAPI
+    from infra.reports.cost import cost_report, scan_caches
+
+    spec = _spec_from_args(args)
+    at = _time_arg(args.at)
+    report = cost_report(PrometheusAPI(args.prometheus), spec.environment.namespace, args.window, at,
+                         args.idle_below, args.idle_instance_share)
+    _print_table(f"GPU cost of {spec.environment.name}, last {args.window}",
+                 ("role", "GPU-hours", "idle GPU-hours", "idle share", "instances avg", "instances max"),
+                 [(r.role, f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}", f"{r.idle_share:.1%}",
+                   f"{r.avg_instances:.2f}", f"{r.max_instances:.0f}") for r in report.roles])
+    total = sum(r.gpu_hours for r in report.roles)
+    idle = sum(r.idle_gpu_hours for r in report.roles)
+    console.print(f"total {total:.1f} GPU-hours, {idle:.1f} idle ({idle / total:.1%})" if total else "no GPU samples")
+    _print_table(f"instances idle (GPU util < {args.idle_below:g}%) more than {args.idle_instance_share:.0%} of the time",
+                 ("role", "instance", "idle share", "hours seen"),
+                 [(i.role, i.group, f"{i.idle_share:.1%}", f"{i.hours:.1f}") for i in report.idle_instances])
+    if args.inventory:
+        from infra.rollout.preflight import load_inventory
+
+        stale, unreachable = scan_caches(load_inventory(args.inventory), spec, at or time.time())
+        _print_table("node cache entries older than their retention", ("host", "what", "path", "age h", "retention h"),
+                     [(s.host, s.what, s.path, f"{s.age_hours:.0f}", f"{s.retention_hours:g}") for s in stale])
+        for line in unreachable:
+            err_console.print(f"[yellow]not scanned: {line}[/yellow]")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -382,6 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = changing(sub.add_parser("rollback", help="send all traffic back to the previous good revision"))
     p.add_argument("--to", type=int, help="roll back to this revision instead")
     p.set_defaults(func=cmd_rollback)
+    p = with_spec(sub.add_parser("cost", help="GPU-hours, idle share and stale caches"))
+    p.add_argument("--prometheus", required=True, help="Prometheus base URL")
+    p.add_argument("--window", default="24h", help="how far back (PromQL duration, default 24h)")
+    p.add_argument("--at", help="end of the window: unix seconds or ISO time (default now)")
+    p.add_argument("--idle-below", type=float, default=5.0, help="GPU utilisation %% that counts as idle")
+    p.add_argument("--idle-instance-share", type=float, default=0.5, help="flag instances idle more than this share")
+    p.add_argument("--inventory", help="also list stale node cache folders on these hosts (SSH)")
+    p.set_defaults(func=cmd_cost)
     with_spec(sub.add_parser("policy", help="run the policy pack's rules on the offline preview")).set_defaults(func=cmd_policy)
     p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"))
     p.add_argument("--releases", help="release history folder (default releases/)")

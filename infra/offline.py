@@ -32,6 +32,7 @@ class RegisteredResource:
     urn: str
     custom: bool
     inputs: dict[str, Any] = field(default_factory=dict)
+    ignore_changes: tuple[str, ...] = ()
 
     @property
     def layer(self) -> str:
@@ -97,6 +98,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     urn=response.urn,
                     custom=bool(request.custom),
                     inputs=inputs,
+                    ignore_changes=tuple(request.ignoreChanges),
                 )
             )
         return response

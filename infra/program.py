@@ -9,6 +9,7 @@ from __future__ import annotations
 import pulumi
 
 from infra.components.access import Access
+from infra.components.autoscaling import Autoscaling
 from infra.components.balancers import Balancers
 from infra.components.engines import Engines
 from infra.components.foundation import Foundation
@@ -17,6 +18,7 @@ from infra.components.kvcache import KVCache
 from infra.components.monitoring import Monitoring
 from infra.components.nodepools import NodePools
 from infra.components.storage import Storage
+from infra.components.tracing import Tracing
 from infra.spec import StackSpec, load_spec, stack_spec_path
 
 
@@ -32,12 +34,16 @@ def build_stack(spec: StackSpec, release: str = "unreleased") -> dict[str, Layer
     balancers = Balancers(f"{env}-balancers", ctx, after(engines))
     access = Access(f"{env}-access", ctx, balancers.router, after(balancers))
     monitoring = Monitoring(f"{env}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
+    autoscaling = Autoscaling(f"{env}-autoscaling", ctx, after(engines, monitoring))
+    layers = {"autoscaling": autoscaling}
+    if spec.observability.otlp_endpoint:
+        layers["tracing"] = Tracing(f"{env}-tracing", ctx, after(foundation))
     pulumi.export("namespace", ctx.namespace)
     pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
     pulumi.export("api_keys", pulumi.Output.secret(access.api_keys))
     return {
         "foundation": foundation, "nodepools": nodepools, "storage": storage, "kvcache": kvcache,
-        "engines": engines, "balancers": balancers, "access": access, "monitoring": monitoring,
+        "engines": engines, "balancers": balancers, "access": access, "monitoring": monitoring, **layers,
     }
 
 

@@ -8,6 +8,7 @@ checked once, here, with messages that name the field and say how to fix it.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -59,6 +60,8 @@ class WeightsSpec(Strict):
         "SHA256SUMS.json", description="Key, relative to prefix, of the sha256 manifest."
     )
     node_cache_path: str = "/mnt/weights"
+    node_cache_retention_hours: PositiveInt = Field(
+        168, description="`pdctl cost` flags weight-cache folders on nodes unused for longer than this.")
     credentials_secret: str = Field(
         "weights-s3-credentials",
         description="Name of an existing Kubernetes Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.",
@@ -122,6 +125,7 @@ class NodeClassRef(Strict):
 
 class SupernodeSpec(Strict):
     gpus: PositiveInt = Field(description="GPUs in one NVLink domain, e.g. 72 for GB200 NVL72.")
+    count: PositiveInt = Field(1, description="NVLink domains this environment may use.")
     topology_label: str = "nvidia.com/gpu.clique"
 
 
@@ -135,6 +139,8 @@ class HardwareSpec(Strict):
     cuda_version: str
     nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
     node_class: NodeClassRef = NodeClassRef()
+    max_gpus: PositiveInt | None = Field(
+        None, description="GPU quota of the environment: the pools' limits together may not exceed it.")
     disruption_budget: str = Field("10%", description="Karpenter: nodes that may be disrupted at once.")
 
 
@@ -144,6 +150,51 @@ class HardwareSpec(Strict):
 class ScalingSpec(Strict):
     min_instances: Annotated[int, Field(ge=0)] = 1
     max_instances: PositiveInt = 1
+
+
+def _ratio_value(v: str) -> Fraction:
+    p, d = (int(x) for x in v.split(":"))
+    return Fraction(p, d)
+
+
+def _check_ratio(v: str) -> str:
+    if not re.fullmatch(r"\s*\d+\s*:\s*\d+\s*", v) or "0" in [p.strip() for p in v.split(":")]:
+        raise ValueError(f"{v!r} is not a ratio. Fix: write it as 'P:D', e.g. '1:1' or '2:1'")
+    return v
+
+
+class RatioBounds(Strict):
+    """Prefill:decode GPU ratio the autoscalers keep, so one side cannot starve the other."""
+
+    min: str = "1:3"
+    max: str = "3:1"
+
+    _ratios = field_validator("min", "max")(classmethod(lambda cls, v: _check_ratio(v)))
+
+
+class AutoscalingSpec(Strict):
+    """How each phase scales on its own signals (see infra/planning/autoscaling.py)."""
+
+    enabled: bool = True
+    scaler: Literal["keda", "hpa"] = Field("keda", description="KEDA ScaledObjects, or HPAs on external metrics.")
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    polling_interval_seconds: PositiveInt = 15
+    scale_up_stabilization_seconds: Annotated[int, Field(ge=0)] = 0
+    scale_down_stabilization_seconds: PositiveInt = 600
+    drain_seconds: PositiveInt = Field(120, description="A stopping instance finishes in-flight requests this long.")
+    pd_ratio_bounds: RatioBounds = RatioBounds()
+    latency_headroom: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.8, description="Scale up when a p99 latency passes this share of its SLO.")
+    prefill_queue_per_instance: Annotated[float, Field(gt=0)] = Field(
+        2, description="Queued requests per prefill instance to aim for (2 is ~73% busy in an M/M/1 queue).")
+    decode_kv_cache_target: Annotated[float, Field(gt=0, le=1)] = 0.8
+    decode_tokens_per_second_per_instance: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Output tokens/s one decode instance serves at the TPOT target (measured: its "
+                          "concurrency at that TPOT / TPOT). Throughput does not feed back on latency the way "
+                          "sequences in flight do, so it is decode's main demand signal when set.")
+    decode_running_per_instance: PositiveInt | None = Field(
+        None, description="Sequences in flight per decode instance before adding one (a guard below the "
+                          "engine's cap). Default: 80% of decode.max_running_requests, if set.")
 
 
 class PhaseSpec(Strict):
@@ -170,6 +221,16 @@ class PhaseSpec(Strict):
     def total_gpus(self) -> int:
         return self.instances * self.gpus_per_instance()
 
+    def bounds(self) -> tuple[int, int]:
+        """(min, max) instances; a pool without scaling stays at its instance count."""
+        if self.scaling is None:
+            return self.instances, self.instances
+        return self.scaling.min_instances, self.scaling.max_instances
+
+    def max_gpus(self) -> int:
+        """GPUs the pool may grow to: the node pool's limit."""
+        return self.bounds()[1] * self.gpus_per_instance()
+
 
 class CacheSpec(Strict):
     prefix_cache: bool = True
@@ -179,7 +240,11 @@ class CacheSpec(Strict):
     store: Literal["mooncake", "lmcache"] = "mooncake"
     eviction_policy: Literal["lru", "lfu", "fifo"] = "lru"
     capacity_gib: PositiveInt = 512
-    retention_hours: PositiveInt = 24
+    disk_path: str | None = Field(
+        None, description="Node-local folder for a disk tier of the prefix cache (LMCache local_disk).")
+    disk_gib: PositiveInt = Field(500, description="Disk tier size per engine node.")
+    retention_hours: PositiveInt = Field(
+        24, description="`pdctl cost` flags disk-tier prefix-cache entries untouched for longer than this.")
 
     @field_validator("transfer_bandwidth_limit")
     @classmethod
@@ -225,17 +290,12 @@ class DeploymentSpec(Strict):
     colocated: PhaseSpec | None = None
     cache: CacheSpec = CacheSpec()
     load_balancer: LoadBalancerSpec = LoadBalancerSpec()
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
 
-    @field_validator("pd_ratio")
-    @classmethod
-    def _ratio_form(cls, v: str) -> str:
-        if not re.fullmatch(r"\s*\d+\s*:\s*\d+\s*", v) or "0" in [p.strip() for p in v.split(":")]:
-            raise ValueError(f"{v!r} is not a ratio. Fix: write it as 'P:D', e.g. '1:1' or '2:1'")
-        return v
+    _ratio_form = field_validator("pd_ratio")(classmethod(lambda cls, v: _check_ratio(v)))
 
     def ratio(self) -> Fraction:
-        p, d = (int(x) for x in self.pd_ratio.split(":"))
-        return Fraction(p, d)
+        return _ratio_value(self.pd_ratio)
 
     def pools(self) -> dict[str, PhaseSpec]:
         """The engine pools this mode runs, by role name (the node pool label too)."""
@@ -302,7 +362,11 @@ class EnvironmentSpec(Strict):
 
 
 class ObservabilitySpec(Strict):
-    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC traces endpoint, e.g. http://otel-collector:4317")
+    otlp_endpoint: str | None = Field(
+        None, description="Where traces go (OTLP/gRPC), e.g. http://tempo.observability:4317. When set, an "
+                          "OpenTelemetry Collector in the namespace receives every hop's spans and forwards them.")
+    trace_sample_rate: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.05, description="Share of traces the collector keeps (by trace id, so a request is kept whole).")
     scrape_interval_seconds: PositiveInt = 15
 
 
@@ -371,11 +435,60 @@ def engine_capability_problems(spec: StackSpec) -> list[str]:
                 f"deployment.{role}.expert_placement: vllm {eng.version} has no flag to load a static "
                 "expert placement (its EPLB rebalances at runtime). Fix: remove it, or engine.kind: sglang"
             )
+    if dep.cache.disk_path and dep.cache.store != "lmcache":
+        problems.append(
+            f"deployment.cache.disk_path: a disk tier needs the LMCache store (local_disk); the {dep.cache.store} "
+            "store keeps the prefix cache in host memory. Fix: remove disk_path, or store: lmcache (engine vllm)")
     if dep.load_balancer.encoder.mode == "dedicated" and (eng.kind != "sglang" or not spec.model.multimodal):
         problems.append(
             "deployment.load_balancer.encoder.mode: dedicated encoders need a multimodal model on "
             "sglang (--encoder-only). Fix: mode: engine"
         )
+    return problems
+
+
+def capacity_problems(spec: StackSpec) -> list[str]:
+    """Can the scaling maximums be placed, and can the ratio bounds hold at every count?"""
+    dep, hw = spec.deployment, spec.hardware
+    problems = []
+    pools = dep.pools()
+    if hw.max_gpus is not None:
+        want = sum(p.max_gpus() for p in pools.values())
+        if want > hw.max_gpus:
+            parts = ", ".join(f"{r} {p.bounds()[1]}x{p.gpus_per_instance()}" for r, p in pools.items())
+            problems.append(
+                f"hardware.max_gpus: the pools may grow to {want} GPUs ({parts}) but the quota is {hw.max_gpus}. "
+                "Fix: lower deployment.<role>.scaling.max_instances, or raise hardware.max_gpus")
+    for role in ("decode", "colocated"):
+        phase = pools.get(role)
+        if phase is None or hw.supernode is None or phase.nodes_per_instance(hw.gpus_per_node) <= 1:
+            continue
+        most = phase.bounds()[1]
+        if most > hw.supernode.count:  # LWS exclusive topology: one group per NVLink domain
+            problems.append(
+                f"deployment.{role}.scaling.max_instances: {most} wide-EP groups need {most} NVLink domains, "
+                f"one each, but hardware.supernode.count is {hw.supernode.count}. "
+                f"Fix: at most {hw.supernode.count}, or raise hardware.supernode.count")
+    bounds = dep.autoscaling.pd_ratio_bounds
+    lo, hi = _ratio_value(bounds.min), _ratio_value(bounds.max)
+    if lo > hi:
+        problems.append(f"deployment.autoscaling.pd_ratio_bounds: min {bounds.min} is above max {bounds.max}. Fix: swap them")
+    elif dep.mode == "disaggregated" and dep.prefill and dep.decode:
+        p, d = dep.prefill, dep.decode
+        if not lo <= dep.ratio() <= hi:
+            problems.append(f"deployment.pd_ratio: {dep.pd_ratio} is outside deployment.autoscaling.pd_ratio_bounds "
+                            f"[{bounds.min}, {bounds.max}]. Fix: move the bounds or the pools")
+        # Each side must be able to follow the other to its maximum within the bounds.
+        if p.max_gpus() < lo * d.max_gpus():
+            problems.append(
+                f"deployment.prefill.scaling.max_instances: at decode's maximum ({d.max_gpus()} GPUs) the ratio "
+                f"floor {bounds.min} needs {math.ceil(lo * d.max_gpus())} prefill GPUs, but prefill stops at "
+                f"{p.max_gpus()}. Fix: raise prefill's maximum or lower pd_ratio_bounds.min")
+        if d.max_gpus() < p.max_gpus() / hi:
+            problems.append(
+                f"deployment.decode.scaling.max_instances: at prefill's maximum ({p.max_gpus()} GPUs) the ratio "
+                f"ceiling {bounds.max} needs {math.ceil(p.max_gpus() / hi)} decode GPUs, but decode stops at "
+                f"{d.max_gpus()}. Fix: raise decode's maximum or pd_ratio_bounds.max")
     return problems
 
 
@@ -455,6 +568,7 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
             )
 
     problems += engine_capability_problems(spec)
+    problems += capacity_problems(spec)
 
     if dep.cache.store == "mooncake" and dep.cache.eviction_policy != "lru":
         problems.append(

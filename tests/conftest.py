@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import copy
 import functools
+import subprocess
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import yaml
 
 from infra.offline import OfflineRun, run_spec
 from infra.spec import StackSpec, load_spec, parse_spec, stack_spec_path
+from tests.servers import require_binary, sshd
+from tests.ssh_hosts import write_stubs
 
 
 @functools.cache
@@ -49,7 +54,7 @@ def colocated_spec() -> StackSpec:
     data = stack_data("dev")
     dep = data["deployment"]
     dep["mode"] = "colocated"
-    dep["colocated"] = {"instances": 2, "expert_parallel": 8, "redundant_experts": 0}
+    dep["colocated"] = {"instances": 1, "expert_parallel": 8, "redundant_experts": 0}
     del dep["prefill"], dep["decode"]
     return parse_spec(data)
 
@@ -64,3 +69,28 @@ def s3_endpoint(tmp_path_factory):
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     with moto_s3() as url:
         yield url
+
+
+# --- GPU hosts over SSH (preflight, cache hygiene) ----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def client_key(tmp_path_factory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("client")
+    key = folder / "id_ed25519"
+    subprocess.run([require_binary("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key, (folder / "id_ed25519.pub").read_text().strip()
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory, client_key):
+    """Three real sshd processes: a healthy node, one with the wrong driver, one whose nvidia-smi hangs."""
+    root = tmp_path_factory.mktemp("hosts")
+    stubs = {
+        "good": write_stubs(root / "good-bin"),
+        "old-driver": write_stubs(root / "old-bin", driver="550.54.15"),
+        "hung": write_stubs(root / "hung-bin", hang=True),
+    }
+    with ExitStack() as stack:
+        started = {name: stack.enter_context(sshd(root / name, [str(path)], client_key[1])) for name, path in stubs.items()}
+        yield started

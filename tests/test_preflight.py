@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import getpass
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,66 +19,12 @@ from infra.rollout.preflight import (
     run_preflight,
 )
 from infra.spec import SpecError
-from tests.servers import free_port, require_binary, sshd
+from tests.servers import free_port
+from tests.ssh_hosts import inventory
 
 EXPECT = Expectations(driver_version="570.133.20", cuda_version="12.8", gpus_per_node=8,
                       rdma_devices=("mlx5_0", "mlx5_1"), cache_path="/mnt/weights",
                       min_free_disk_gib=0.001, max_clock_offset_ms=5000)
-
-
-def write_stubs(folder: Path, driver="570.133.20", gpus=8, cuda="12.8", active=("mlx5_0", "mlx5_1"),
-                ntp="yes", hang=False) -> Path:
-    """Shell stand-ins for the tools a GPU node has, printing what the real ones print."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = "\\n".join(f"{driver}, NVIDIA H100 80GB HBM3" for _ in range(gpus))
-    hang_line = "sleep 60\n" if hang else ""
-    (folder / "nvidia-smi").write_text(
-        "#!/bin/sh\n" + hang_line +
-        f'case "$1" in --query-gpu=*) printf "{rows}\\n";; '
-        f'*) echo "| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}     |";; esac\n')
-    devinfo = "".join(
-        f"hca_id:\t{d}\n\ttransport:\t\t\tInfiniBand (0)\n\t\tport:\t1\n\t\t\tstate:\t\t\t"
-        f"{'PORT_ACTIVE (4)' if d in active else 'PORT_DOWN (1)'}\n\n" for d in ("mlx5_0", "mlx5_1"))
-    (folder / "ibv_devinfo").write_text(f"#!/bin/sh\nprintf '{devinfo}'\n")
-    (folder / "timedatectl").write_text(f"#!/bin/sh\necho {ntp}\n")
-    for f in folder.iterdir():
-        f.chmod(0o755)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def client_key(tmp_path_factory) -> tuple[Path, str]:
-    folder = tmp_path_factory.mktemp("client")
-    key = folder / "id_ed25519"
-    subprocess.run([require_binary("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    return key, (folder / "id_ed25519.pub").read_text().strip()
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory, client_key):
-    """Three real sshd processes: a healthy node, one with the wrong driver, one whose nvidia-smi hangs."""
-    root = tmp_path_factory.mktemp("hosts")
-    stubs = {
-        "good": write_stubs(root / "good-bin"),
-        "old-driver": write_stubs(root / "old-bin", driver="550.54.15"),
-        "hung": write_stubs(root / "hung-bin", hang=True),
-    }
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        started = {name: stack.enter_context(sshd(root / name, [str(path)], client_key[1])) for name, path in stubs.items()}
-        yield started
-
-
-def inventory(tmp_path: Path, client_key, host_ports: dict[str, int], known: dict[int, str], **extra) -> Path:
-    known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text("".join(f"[127.0.0.1]:{port} {' '.join(key.split()[:2])}\n" for port, key in known.items()))
-    data = {"user": getpass.getuser(), "key_file": str(client_key[0]), "known_hosts": "known_hosts",
-            "timeout_seconds": 3, "min_free_disk_gib": 0.001, "max_clock_offset_ms": 5000,
-            "hosts": [{"name": name, "address": "127.0.0.1", "port": port} for name, port in host_ports.items()], **extra}
-    path = tmp_path / "inventory.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_healthy_hosts_pass_every_check(tmp_path, client_key, hosts):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import stat
 import time
@@ -18,7 +19,8 @@ from contextlib import ExitStack
 import pytest
 from rich.console import Console
 
-from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, PrometheusAPI
+from infra.prometheus import PrometheusAPI
+from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, observe
 from infra.rollout.cluster import InMemoryCluster
 from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
 from infra.rollout.rollback import rollback
@@ -66,15 +68,15 @@ def prom(tmp_path_factory):
 
 
 def observer(api: PrometheusAPI, namespace: str):
-    return lambda rev: api.observe("sglang", namespace, rev, WINDOW)
+    return lambda rev: observe(api, "sglang", namespace, rev, WINDOW)
 
 
 def test_healthy_canary_moves_all_traffic_in_stages(tmp_path, prom):
     store, cluster = ReleaseStore("dev", tmp_path), InMemoryCluster()
-    observe = observer(prom, HEALTHY_NS)
-    first = rollout(spec_in(HEALTHY_NS), store, cluster, observe, FAST, "first", quiet())
+    watch = observer(prom, HEALTHY_NS)
+    first = rollout(spec_in(HEALTHY_NS), store, cluster, watch, FAST, "first", quiet())
     assert (first.revision, cluster.traffic()) == (1, {1: 100})
-    second = rollout(spec_in(HEALTHY_NS, 0.6), store, cluster, observe, FAST, "raise cache threshold", quiet())
+    second = rollout(spec_in(HEALTHY_NS, 0.6), store, cluster, watch, FAST, "raise cache threshold", quiet())
     assert second.revision == 2
     assert cluster.traffic_log == [{1: 100}, {2: 5, 1: 95}, {2: 50, 1: 50}, {2: 100}]
     assert store.traffic() == {2: 100} and store.status(2) == "good"
@@ -87,10 +89,10 @@ def test_healthy_canary_moves_all_traffic_in_stages(tmp_path, prom):
 
 def test_failed_canary_leaves_the_old_revision_serving_everything(tmp_path, prom):
     store, cluster = ReleaseStore("dev", tmp_path), InMemoryCluster()
-    observe = observer(prom, DEGRADED_NS)
-    rollout(spec_in(DEGRADED_NS), store, cluster, observe, FAST, "first", quiet())
+    watch = observer(prom, DEGRADED_NS)
+    rollout(spec_in(DEGRADED_NS), store, cluster, watch, FAST, "first", quiet())
     with pytest.raises(CanaryFailed) as exc:
-        rollout(spec_in(DEGRADED_NS, 0.6), store, cluster, observe, FAST, "bad build", quiet())
+        rollout(spec_in(DEGRADED_NS, 0.6), store, cluster, watch, FAST, "bad build", quiet())
     assert "revision 1 serves 100% again" in str(exc.value)
     assert "TTFT p99 vs SLO" in str(exc.value)
     assert cluster.traffic() == {1: 100} and store.traffic() == {1: 100}
@@ -103,11 +105,11 @@ def test_failed_canary_leaves_the_old_revision_serving_everything(tmp_path, prom
 
 
 def test_gates_read_live_numbers(prom):
-    ok = prom.observe("sglang", HEALTHY_NS, 1, WINDOW)
-    bad = prom.observe("sglang", DEGRADED_NS, 2, WINDOW)
+    ok = observe(prom, "sglang", HEALTHY_NS, 1, WINDOW)
+    bad = observe(prom, "sglang", DEGRADED_NS, 2, WINDOW)
     assert ok.ttft_p99_s < 0.25 and ok.error_rate == 0 and ok.kv_transfer_errors == 0
     assert bad.ttft_p99_s > 2.5 and bad.error_rate == pytest.approx(0.1, abs=0.02) and bad.kv_transfer_errors > 0
-    assert prom.observe("sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s != prom.observe("sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s  # NaN: no data
+    assert math.isnan(observe(prom, "sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s)  # no such revision: no data
 
 
 # --- steps and rollback: the in-memory cluster, with a fixed observation ----------------------

@@ -17,9 +17,11 @@ import pulumi_random as random
 from infra import naming
 from infra.components.balancers import ROUTER_LABELS
 from infra.components.k8s import Layer, LayerContext
+from infra.render import tracing
 from infra.render.router_config import RouterLaunch
 
 API_KEYS_SECRET = "api-keys"
+GATEWAY_TELEMETRY = "gateway-telemetry"
 CLIENT_ID_HEADER = "x-pdstack-client"
 
 
@@ -64,12 +66,24 @@ def gateway_manifests(ctx: LayerContext, router: RouterLaunch) -> list[dict]:
     else:
         backend = {"name": naming.ROUTER, "port": router.port}
     route_ref = [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": naming.GATEWAY}]
+    # The cloud load balancer in front admits only the allowlist.
+    infrastructure: dict = {"annotations": {
+        "service.beta.kubernetes.io/load-balancer-source-ranges": ",".join(acc.allowlist_cidrs)}}
+    telemetry: list[dict] = []
+    if tracing.enabled(spec):
+        # The gateway starts each trace (every request; the collector samples whole traces).
+        infrastructure["parametersRef"] = {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": GATEWAY_TELEMETRY}
+        telemetry.append({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyProxy",
+                          "metadata": ctx.metadata(GATEWAY_TELEMETRY, "access"), "spec": {"telemetry": {"tracing": {
+                              "samplingRate": 100,
+                              "provider": {"type": "OpenTelemetry", "backendRefs": [
+                                  {"name": naming.OTEL_COLLECTOR, "namespace": ctx.namespace, "port": tracing.OTLP_GRPC_PORT}]},
+                          }}}})
     return [
+        *telemetry,
         {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": gw_meta, "spec": {
             "gatewayClassName": acc.gateway_class,
-            # The cloud load balancer in front admits only the allowlist.
-            "infrastructure": {"annotations": {
-                "service.beta.kubernetes.io/load-balancer-source-ranges": ",".join(acc.allowlist_cidrs)}},
+            "infrastructure": infrastructure,
             "listeners": [
                 {"name": f"https-{i}", "hostname": host, "port": 443, "protocol": "HTTPS",
                  "tls": {"mode": "Terminate", "certificateRefs": [{"kind": "Secret", "name": acc.tls_secret_name}]},

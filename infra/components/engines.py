@@ -44,6 +44,10 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         {"name": "kvcache-config", "configMap": {"name": "kvcache-config"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
     ]
+    if spec.deployment.cache.disk_path:
+        mounts.append({"name": "prefix-cache-disk", "mountPath": spec.deployment.cache.disk_path})
+        volumes.append({"name": "prefix-cache-disk",
+                        "hostPath": {"path": spec.deployment.cache.disk_path, "type": "DirectoryOrCreate"}})
     if phase.expert_placement:
         mounts.append({"name": "expert-placement", "mountPath": PLACEMENT_MOUNT, "readOnly": True})
         volumes.append({"name": "expert-placement", "configMap": {"name": EXPERT_PLACEMENT_CONFIGMAP}})
@@ -60,6 +64,8 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "volumeMounts": mounts,
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},  # RDMA memory registration
     }
+    drain = spec.deployment.autoscaling.drain_seconds
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
     if leader:
         container["readinessProbe"] = {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10}
         container["startupProbe"] = {
@@ -73,7 +79,9 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "initContainers": [weights_init_container(spec)],
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": 300,  # let in-flight requests drain
+        # A stopping pod leaves the Services (so routers stop picking it) and then keeps
+        # serving what it has for drain_seconds before the engine gets SIGTERM.
+        "terminationGracePeriodSeconds": drain + 60,
     }
 
 
@@ -127,7 +135,9 @@ class Engines(Layer):
                 "metadata": ctx.metadata(f"{naming.engine(role)}-launch", "engine", **{naming.ROLE_LABEL: role}),
                 "data": {"launch.sh": launch.script()},
             })
-            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=[script])
+            # With autoscaling on, the scaler owns the group count after the first apply.
+            scaled = ["spec.replicas"] if ctx.spec.deployment.autoscaling.enabled else None
+            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=[script], ignore_changes=scaled)
             self.services[role] = self.add({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),

@@ -85,8 +85,11 @@ class Layer(pulumi.ComponentResource):
         self.ctx = ctx
         self.spec = ctx.spec
 
-    def add(self, manifest: dict, depends_on: list[pulumi.Resource] | None = None) -> pulumi.CustomResource:
-        opts = pulumi.ResourceOptions(parent=self, depends_on=depends_on or [])
+    def add(self, manifest: dict, depends_on: list[pulumi.Resource] | None = None,
+            ignore_changes: list[str] | None = None) -> pulumi.CustomResource:
+        """Register one manifest. `ignore_changes` names fields another controller owns
+        (an autoscaler's replica count), so `pulumi up` does not undo what it did."""
+        opts = pulumi.ResourceOptions(parent=self, depends_on=depends_on or [], ignore_changes=ignore_changes)
         api_version, kind = manifest["apiVersion"], manifest["kind"]
         body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
         cls = KIND_CLASSES.get((api_version, kind))

@@ -11,9 +11,7 @@ from infra.spec import StackSpec
 
 def pool_gpu_limit(spec: StackSpec, role: str) -> int:
     """GPUs the pool may grow to: the largest instance count times GPUs per instance."""
-    phase = spec.deployment.pools()[role]
-    most = phase.scaling.max_instances if phase.scaling else phase.instances
-    return most * phase.gpus_per_instance()
+    return spec.deployment.pools()[role].max_gpus()
 
 
 def nodepool_manifest(spec: StackSpec, role: str, labels: dict[str, str]) -> dict:

@@ -52,12 +52,20 @@ class Capacity(_Strict):
         return sorted(v, key=lambda p: p.tpot_ms)
 
 
+class DayShape(_Strict):
+    """How the arrival rate moves over a day: arrival_rate_rps is the peak."""
+
+    valley_rps: float = Field(gt=0)
+    peak_hour: float = Field(14, ge=0, lt=24)
+
+
 class Workload(_Strict):
     arrival_rate_rps: float = Field(gt=0)
     input_tokens: TokenStats
     output_tokens: TokenStats
     capacity: Capacity
     headroom: float = Field(0.2, ge=0, lt=1)
+    day: DayShape | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from infra import naming
 from infra.render.flagsets import flagset
 from infra.render.templating import render_template
+from infra.render.tracing import engine_trace_args
 from infra.spec import PhaseSpec, StackSpec
 
 ENGINE_PORT = {"sglang": 30000, "vllm": 8000}
@@ -140,8 +141,7 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
         args += ["--max-running-requests", str(phase.max_running_requests)]
     if role in ("prefill", "colocated"):
         args += encoder_args(spec)[0]
-    if spec.observability.otlp_endpoint:
-        args += ["--enable-trace", "--otlp-traces-endpoint", spec.observability.otlp_endpoint]
+    args += engine_trace_args(spec, role)
     prelude: list[str] = []
     if nodes > 1:
         prelude = _rank_prelude(phase, hw.gpus_per_node)
@@ -203,8 +203,7 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         args += ["--max-num-batched-tokens", str(phase.chunked_prefill_size)]
     if role in ("prefill", "colocated"):
         args += encoder_args(spec)[0]
-    if spec.observability.otlp_endpoint:
-        args += ["--otlp-traces-endpoint", spec.observability.otlp_endpoint]
+    args += engine_trace_args(spec, role)
     prelude: list[str] = []
     if nodes > 1:
         prelude = _rank_prelude(phase, hw.gpus_per_node) + [f"START_RANK=$((NODE_RANK * {local}))"]

@@ -93,6 +93,8 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
         "cache_policy": cache.eviction_policy.upper(),
         "save_unfull_chunk": False,
     }
+    if cache.disk_path:
+        config.update(local_disk=f"file://{cache.disk_path.rstrip('/')}/", max_local_disk_size=cache.disk_gib)
     return KVCachePlan(
         store="lmcache",
         server_name=naming.LMCACHE_SERVER,

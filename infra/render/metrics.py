@@ -27,6 +27,7 @@ class EngineMetrics:
     requests_total: str  # counter of finished requests
     requests_started: str  # counter of requests received (the error-rate denominator)
     requests_failed: str  # counter of requests aborted or failed (the error-rate numerator)
+    generation_tokens: str  # counter of output tokens (decode throughput)
     expert_balancedness: str | None  # 0..1, 1 is perfectly balanced; None if not exported
 
 
@@ -42,6 +43,7 @@ ENGINE_METRICS = {
         requests_total="sglang:e2e_request_latency_seconds_count",
         requests_started="sglang:num_requests_total",
         requests_failed="sglang:num_aborted_requests_total",
+        generation_tokens="sglang:generation_tokens_total",
         expert_balancedness="sglang:eplb_balancedness",
     ),
     "vllm": EngineMetrics(
@@ -55,6 +57,7 @@ ENGINE_METRICS = {
         requests_total="vllm:e2e_request_latency_seconds_count",
         requests_started="vllm:request_success_total",
         requests_failed='vllm:request_success_total{finished_reason="abort"}',
+        generation_tokens="vllm:generation_tokens_total",
         expert_balancedness=None,
     ),
 }

@@ -20,6 +20,7 @@ import yaml
 from infra import naming
 from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT
 from infra.render.flagsets import flagset
+from infra.render.tracing import router_trace_args
 from infra.spec import StackSpec
 
 ROUTER_PORT = 8000
@@ -87,8 +88,7 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         ]
     else:
         args += ["--policy", prefill_policy, "--selector", *_selector_args(pool_selector("colocated"))]
-    if spec.observability.otlp_endpoint:
-        args += ["--enable-trace", "--otlp-traces-endpoint", spec.observability.otlp_endpoint]
+    args += router_trace_args(spec)
     flagset("sglang-router").require(args, "router")
     return RouterLaunch(
         implementation="sglang_router",

@@ -1,8 +1,7 @@
 """Canary gates: is the new revision as good as the SLO and as the revision serving now?
 
 `gate_queries` (PromQL per revision, from the engine's real metric names) and `judge`
-(observations -> verdict) are pure. `PrometheusAPI` is a small client of Prometheus's
-HTTP API (`/api/v1/query`), which is all the gates need.
+(observations -> verdict) are pure. `observe` reads one revision from Prometheus.
 
 A revision's series carry the label `pdstack_io_release` (the pod label
 `pdstack.io/release`, copied onto every series by the PodMonitor's podTargetLabels).
@@ -10,13 +9,11 @@ A revision's series carry the label `pdstack_io_release` (the pod label
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 from infra import naming
+from infra.prometheus import PrometheusAPI
 from infra.render.metrics import ENGINE_METRICS, p99, with_selector
 from infra.spec import SLOSpec
 
@@ -106,31 +103,6 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
     return Verdict(tuple(gates))
 
 
-class PrometheusError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class PrometheusAPI:
-    url: str  # e.g. http://prometheus.monitoring.svc:9090
-    timeout_seconds: float = 10.0
-
-    def query(self, promql: str) -> float:
-        """An instant query that yields one number (NaN when it yields no series)."""
-        endpoint = f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        try:
-            with urllib.request.urlopen(endpoint, timeout=self.timeout_seconds) as resp:
-                body = json.load(resp)
-        except OSError as exc:
-            raise PrometheusError(f"Prometheus at {self.url} did not answer: {exc}") from exc
-        if body.get("status") != "success":
-            raise PrometheusError(f"query failed: {body.get('error')} ({promql})")
-        result = body["data"]["result"]
-        if not result:
-            return math.nan
-        if len(result) > 1:
-            raise PrometheusError(f"query returned {len(result)} series, expected one: {promql}")
-        return float(result[0]["value"][1])
-
-    def observe(self, engine: str, namespace: str, revision: int, window: str) -> Observation:
-        return Observation(**{k: self.query(q) for k, q in gate_queries(engine, namespace, revision, window).items()})
+def observe(api: PrometheusAPI, engine: str, namespace: str, revision: int, window: str) -> Observation:
+    """One revision of one environment, as the gates read it from Prometheus."""
+    return Observation(**{k: api.query(q) for k, q in gate_queries(engine, namespace, revision, window).items()})

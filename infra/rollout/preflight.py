@@ -243,7 +243,7 @@ class CommandTimeout(Exception):
     pass
 
 
-def _exec(client: paramiko.SSHClient, command: str, timeout: float) -> tuple[int, str]:
+def run_command(client: paramiko.SSHClient, command: str, timeout: float) -> tuple[int, str]:
     transport = client.get_transport()
     chan = transport.open_session(timeout=timeout)
     try:
@@ -260,7 +260,7 @@ def _exec(client: paramiko.SSHClient, command: str, timeout: float) -> tuple[int
         chan.close()
 
 
-def _connect(inv: Inventory, host: HostEntry) -> paramiko.SSHClient:
+def connect(inv: Inventory, host: HostEntry) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.load_host_keys(inv.known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -273,7 +273,7 @@ def _connect(inv: Inventory, host: HostEntry) -> paramiko.SSHClient:
     return client
 
 
-def _connect_error(exc: Exception) -> str:
+def connect_error(exc: Exception) -> str:
     if isinstance(exc, paramiko.BadHostKeyException):
         return "host key does not match known_hosts (possible impostor; fix known_hosts only after checking the node)"
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
@@ -292,15 +292,15 @@ def run_host(inv: Inventory, host: HostEntry, exp: Expectations,
     """Every check on one host; a host that cannot be reached gets one failed 'ssh' row."""
     started = time.monotonic()
     try:
-        client = _connect(inv, host)
+        client = connect(inv, host)
     except Exception as exc:  # noqa: BLE001  every failure here is a reason to stop, reported by name
-        return [CheckResult(host.name, "ssh", False, _connect_error(exc), time.monotonic() - started)]
+        return [CheckResult(host.name, "ssh", False, connect_error(exc), time.monotonic() - started)]
     results = []
     try:
         for check in CHECKS:
             t0 = time.monotonic()
             try:
-                status, out = _exec(client, check.command(exp), inv.timeout_seconds)
+                status, out = run_command(client, check.command(exp), inv.timeout_seconds)
             except (CommandTimeout, socket.timeout) as exc:
                 results.append(CheckResult(host.name, check.name, False, f"timed out: {exc}", time.monotonic() - t0))
                 continue

@@ -68,7 +68,7 @@ def _step_of(resource: RegisteredResource, manifest: dict | None) -> str:
         return "split pools"
     if layer == "engines":
         return "deploy decode" if role == "decode" else "deploy prefill"  # shared engine SA goes first
-    if layer in ("kvcache", "balancers"):
+    if layer in ("kvcache", "balancers", "autoscaling"):  # scalers only once their engines serve
         return "deploy kv cache and balancers"
     if layer == "access":
         return "open access"

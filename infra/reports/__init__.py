@@ -1,0 +1,1 @@
+"""What operators read about a running environment: cost and hygiene."""
