@@ -230,12 +230,14 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     revision); 3 refused (lock held, unknown revision, ...), nothing changed.
     """
     from infra.rollout.cluster import load_simulated, save_simulated
+    from infra.rollout.pulumi_cluster import PulumiCluster
     from infra.rollout.releases import ReleaseError
     from infra.rollout.rollout import CanaryFailed, StepFailed
 
-    cluster = load_simulated(args.sim)
+    store = _store(args, spec)
+    cluster = PulumiCluster(args.pulumi_stack, store) if args.pulumi_stack else load_simulated(args.sim)
     try:
-        action(_store(args, spec), cluster)
+        action(store, cluster)
         return 0
     except (CanaryFailed, StepFailed) as exc:
         err_console.print(f"[red]{exc}[/red]", highlight=False)
@@ -244,7 +246,8 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
         err_console.print(f"[red]{exc}[/red]", highlight=False)
         return EXIT_REFUSED
     finally:
-        save_simulated(cluster, args.sim)
+        if args.sim:
+            save_simulated(cluster, args.sim)
 
 
 def _store(args: argparse.Namespace, spec: StackSpec):
@@ -410,9 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
     def changing(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         with_spec(p)
         p.add_argument("--releases", help="release history folder (default releases/)")
-        # This machine has no Kubernetes API server: a simulated cluster, kept in a file so that a
-        # rollout and a later rollback see the same state, stands in for it.
-        p.add_argument("--sim", required=True, help="simulated cluster state file (created if missing)")
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--pulumi-stack", help="the real stack, through Pulumi's Automation API (needs the CLI)")
+        # Where there is no cluster (CI, this machine): a simulated one kept in a file, so that a
+        # rollout and a later rollback see the same state.
+        where.add_argument("--sim", help="simulated cluster state file (created if missing)")
         return p
 
     def gated(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pulumi
 
-from infra.components.access import Access
+from infra.components.access import Access, Backend, TrackAccess
 from infra.components.autoscaling import Autoscaling
 from infra.components.balancers import Balancers
 from infra.components.engines import Engines
@@ -19,32 +19,62 @@ from infra.components.monitoring import Monitoring
 from infra.components.nodepools import NodePools
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
+from infra.rollout.releases import ReleaseStore
 from infra.spec import StackSpec, load_spec, stack_spec_path
+from infra.tracks import CONFIG_KEY as TRACKS_CONFIG_KEY
+from infra.tracks import Track, plan_tracks
 
 
-def build_stack(spec: StackSpec, release: str = "unreleased") -> dict[str, Layer]:
+def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools) -> dict[str, Layer]:
+    """Everything one namespace runs to serve requests: the environment's, or a release track's."""
+    after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
+    foundation = Foundation(f"{name}-foundation", ctx)
+    storage = Storage(f"{name}-storage", ctx, after(foundation))
+    kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
+    engines = Engines(f"{name}-engines", ctx, kvcache.plan, after(nodepools, storage, kvcache))
+    balancers = Balancers(f"{name}-balancers", ctx, after(engines))
+    monitoring = Monitoring(f"{name}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
+    layers = {"foundation": foundation, "storage": storage, "kvcache": kvcache, "engines": engines,
+              "balancers": balancers, "monitoring": monitoring,
+              "autoscaling": Autoscaling(f"{name}-autoscaling", ctx, after(engines, monitoring))}
+    if ctx.spec.observability.otlp_endpoint:
+        layers["tracing"] = Tracing(f"{name}-tracing", ctx, after(foundation))
+    return layers
+
+
+def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track] | None = None) -> dict[str, Layer]:
+    """The whole stack. With `tracks`, each release track serves from its own namespace and
+    the environment's namespace keeps only the entry point, which splits traffic by weight."""
     ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels(), release=release)
     env = spec.environment.name
     after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
-    foundation = Foundation(f"{env}-foundation", ctx)
-    nodepools = NodePools(f"{env}-nodepools", ctx, after(foundation))
-    storage = Storage(f"{env}-storage", ctx, after(foundation))
-    kvcache = KVCache(f"{env}-kvcache", ctx, after(foundation))
-    engines = Engines(f"{env}-engines", ctx, kvcache.plan, after(nodepools, storage, kvcache))
-    balancers = Balancers(f"{env}-balancers", ctx, after(engines))
-    access = Access(f"{env}-access", ctx, balancers.router, after(balancers))
-    monitoring = Monitoring(f"{env}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
-    autoscaling = Autoscaling(f"{env}-autoscaling", ctx, after(engines, monitoring))
-    layers = {"autoscaling": autoscaling}
-    if spec.observability.otlp_endpoint:
-        layers["tracing"] = Tracing(f"{env}-tracing", ctx, after(foundation))
+    nodepools = NodePools(f"{env}-nodepools", ctx)  # cluster-wide, sized by the newest spec's maximums
+    layers: dict[str, Layer] = {"nodepools": nodepools}
+    if not tracks:
+        layers.update(serving_layers(ctx, env, nodepools))
+        backends = [Backend(ctx.namespace, layers["balancers"].router)]
+        routers = [layers["balancers"]]
+    else:
+        layers["foundation"] = Foundation(f"{env}-foundation", ctx)
+        if spec.observability.otlp_endpoint:  # the gateway's spans
+            layers["tracing"] = Tracing(f"{env}-tracing", ctx, after(layers["foundation"]))
+        backends, routers = [], []
+        for track in tracks:
+            tctx = LayerContext(spec=track.spec, namespace=track.namespace, labels=track.spec.labels(),
+                                release=str(track.revision), name_prefix=f"r{track.revision}-")
+            name = f"{env}-r{track.revision}"
+            served = serving_layers(tctx, name, nodepools)
+            served["access"] = TrackAccess(f"{name}-access", tctx, served["balancers"].router, ctx.namespace,
+                                           after(served["foundation"]))
+            layers.update({f"r{track.revision}/{k}": v for k, v in served.items()})
+            backends.append(Backend(track.namespace, served["balancers"].router, track.weight))
+            routers.append(served["balancers"])
+    access = Access(f"{env}-access", ctx, backends, after(*routers))
+    layers["access"] = access
     pulumi.export("namespace", ctx.namespace)
     pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
     pulumi.export("api_keys", pulumi.Output.secret(access.api_keys))
-    return {
-        "foundation": foundation, "nodepools": nodepools, "storage": storage, "kvcache": kvcache,
-        "engines": engines, "balancers": balancers, "access": access, "monitoring": monitoring, **layers,
-    }
+    return layers
 
 
 def spec_for_current_stack() -> StackSpec:
@@ -54,6 +84,23 @@ def spec_for_current_stack() -> StackSpec:
     return load_spec(path)
 
 
+def tracks_from_config(environment: str) -> list[Track] | None:
+    """Config pdstack:tracks (set by the rollout), with each revision's spec from its record."""
+    entries = pulumi.Config("pdstack").get_object(TRACKS_CONFIG_KEY)
+    if not entries:
+        return None
+    store = ReleaseStore(environment)
+    return plan_tracks([(e["revision"], e["weight"], store.get(e["revision"]).spec) for e in entries])
+
+
 def main() -> None:
-    # `pdctl rollout` sets pdstack:release to the revision it applies; pods carry it as a label.
-    build_stack(spec_for_current_stack(), release=pulumi.Config("pdstack").get("release") or "unreleased")
+    spec = spec_for_current_stack()
+    tracks = tracks_from_config(spec.environment.name)
+    if tracks:
+        # Shared parts (node pools, gateway) follow the newest revision's spec.
+        newest = max(t.revision for t in tracks)
+        spec = ReleaseStore(spec.environment.name).get(newest).stack_spec()
+        build_stack(spec, release=str(newest), tracks=tracks)
+    else:
+        # Outside a rollout, pods carry pdstack:release if set (e.g. by CI), else "unreleased".
+        build_stack(spec, release=pulumi.Config("pdstack").get("release") or "unreleased")

@@ -41,7 +41,8 @@ def test_shipped_manifests_pass_schema_validation(run, spec):
 
 
 def test_schema_validation_catches_a_broken_manifest(run, spec):
-    broken = manifests(run)[0] | {"spec": {"bogus": 1}}
+    (namespace,) = run.by_kind("Namespace")
+    broken = namespace | {"spec": {"bogus": 1}}
     report = validate_manifests([broken], spec.environment.kubernetes_version)
     assert report.errors
 

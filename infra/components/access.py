@@ -9,6 +9,7 @@ key's request rate by the client id the key check forwards.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pulumi
@@ -57,14 +58,38 @@ def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
     ]
 
 
-def gateway_manifests(ctx: LayerContext, router: RouterLaunch) -> list[dict]:
+@dataclass(frozen=True)
+class Backend:
+    """Where the route sends a share of traffic: a release track's router (or pool)."""
+
+    namespace: str
+    router: RouterLaunch
+    weight: int = 100
+
+
+def backend_ref(ctx: LayerContext, backend: Backend) -> dict:
+    if backend.router.implementation == "gateway_epp":
+        ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": naming.INFERENCE_POOL}
+    else:
+        ref = {"name": naming.ROUTER, "port": backend.router.port}
+    if backend.namespace != ctx.namespace:
+        ref["namespace"] = backend.namespace
+    return {**ref, "weight": backend.weight}
+
+
+def reference_grant(track_ctx: LayerContext, route_namespace: str) -> dict:
+    """Lets the route in the environment's namespace send traffic into a track's namespace."""
+    return {"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": track_ctx.metadata("gateway-route", "access"), "spec": {
+                "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": route_namespace}],
+                "to": [{"group": "", "kind": "Service"},
+                       {"group": "inference.networking.k8s.io", "kind": "InferencePool"}]}}
+
+
+def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
     spec, acc = ctx.spec, ctx.spec.access
     gw_meta = ctx.metadata(naming.GATEWAY, "access")
     route_meta = ctx.metadata(naming.GATEWAY, "access")
-    if router.implementation == "gateway_epp":
-        backend = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": naming.INFERENCE_POOL}
-    else:
-        backend = {"name": naming.ROUTER, "port": router.port}
     route_ref = [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": naming.GATEWAY}]
     # The cloud load balancer in front admits only the allowlist.
     infrastructure: dict = {"annotations": {
@@ -95,7 +120,7 @@ def gateway_manifests(ctx: LayerContext, router: RouterLaunch) -> list[dict]:
             "hostnames": list(acc.domains),
             "rules": [{
                 "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
-                "backendRefs": [backend],
+                "backendRefs": [backend_ref(ctx, b) for b in backends],
                 "timeouts": {"request": f"{int(spec.timeouts.gateway_to_router.timeout_seconds)}s"},
             }]}},
         {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "SecurityPolicy", "metadata": ctx.metadata("api-auth", "access"),
@@ -120,9 +145,11 @@ def gateway_manifests(ctx: LayerContext, router: RouterLaunch) -> list[dict]:
 
 
 class Access(Layer):
+    """The entry point: keys, gateway, route (split over `backends`), and this namespace's policies."""
+
     layer = "access"
 
-    def __init__(self, name: str, ctx: LayerContext, router: RouterLaunch, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, ctx: LayerContext, backends: list[Backend], opts: pulumi.ResourceOptions | None = None):
         super().__init__(name, ctx, opts)
         self.api_keys: dict[str, pulumi.Output[str]] = {}
         for key in ctx.spec.access.api_keys:
@@ -136,6 +163,20 @@ class Access(Layer):
             "metadata": ctx.metadata(API_KEYS_SECRET, "access"),
             "stringData": self.api_keys,  # client id -> key, as Envoy Gateway's apiKeyAuth reads it
         })
-        for manifest in [*network_policies(ctx, router.port), *gateway_manifests(ctx, router)]:
+        for manifest in [*network_policies(ctx, backends[0].router.port), *gateway_manifests(ctx, backends)]:
             self.add(manifest)
         self.register_outputs({"api_keys": pulumi.Output.secret(self.api_keys)})
+
+
+class TrackAccess(Layer):
+    """A release track's namespace: default-deny with its allowlist, and the grant that lets
+    the environment's route reach its router."""
+
+    layer = "access"
+
+    def __init__(self, name: str, ctx: LayerContext, router: RouterLaunch, route_namespace: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__(name, ctx, opts)
+        for manifest in [*network_policies(ctx, router.port), reference_grant(ctx, route_namespace)]:
+            self.add(manifest)
+        self.register_outputs({})

@@ -52,6 +52,7 @@ class LayerContext:
     namespace: str
     labels: dict[str, str] = field(default_factory=dict)
     release: str = "unreleased"  # the release revision being applied (config pdstack:release)
+    name_prefix: str = ""  # Pulumi names of a release track's resources ("r7-"), unique in the stack
 
     def pod_labels(self, **extra: str) -> dict[str, str]:
         """Labels for pod templates: the stack's, the release's (canary gates read it), extras."""
@@ -95,6 +96,6 @@ class Layer(pulumi.ComponentResource):
         cls = KIND_CLASSES.get((api_version, kind))
         if cls is None:
             return k8s.apiextensions.CustomResource(
-                logical_name(manifest), api_version=api_version, kind=kind, opts=opts, **body
+                self.ctx.name_prefix + logical_name(manifest), api_version=api_version, kind=kind, opts=opts, **body
             )
-        return cls(logical_name(manifest), opts=opts, **{_snake(k): v for k, v in body.items()})
+        return cls(self.ctx.name_prefix + logical_name(manifest), opts=opts, **{_snake(k): v for k, v in body.items()})

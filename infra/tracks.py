@@ -1,0 +1,89 @@
+"""Release tracks: several revisions serving side by side, each in its own namespace, with
+the gateway splitting traffic between them by weight. Pure.
+
+A rollout adds the new revision as a track with weight 0, moves weight to it stage by
+stage, and keeps the previous one as a warm standby; a rollback moves the weight back.
+The Pulumi program reads the tracks from config `pdstack:tracks` (set by the rollout):
+
+    [{"revision": 7, "weight": 95}, {"revision": 8, "weight": 5}]
+
+and each revision's spec from its release record. Without that config the program
+deploys the stack's spec directly in the environment's namespace (one track, no split).
+
+Capacity is shared, not doubled: a track may grow to the pool's maximum minus what the
+other tracks hold at their minimum, and a track joining beside others starts at its
+minimum. So the node pools' limits and the NVLink domains are never exceeded during a
+canary; the spec checks run on every track's share and say when a canary cannot fit.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from fractions import Fraction
+
+from infra.spec import SpecError, StackSpec, parse_spec
+
+CONFIG_KEY = "tracks"  # pdstack:tracks
+
+
+@dataclass(frozen=True)
+class Track:
+    revision: int
+    weight: int
+    spec: StackSpec  # the revision's spec as this track deploys it (own namespace, own share)
+
+    @property
+    def namespace(self) -> str:
+        return self.spec.environment.namespace
+
+
+def track_namespace(namespace: str, revision: int) -> str:
+    return f"{namespace}-r{revision}"
+
+
+def _bounds(data: dict, role: str) -> tuple[int, int]:
+    phase = data["deployment"][role]
+    scaling = phase.get("scaling") or {}
+    return scaling.get("min_instances", phase["instances"]), scaling.get("max_instances", phase["instances"])
+
+
+def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
+    """(revision, weight, spec data) of every track -> the tracks to deploy, or SpecError."""
+    if not entries:
+        raise SpecError([f"pdstack:{CONFIG_KEY}: empty. Fix: at least one revision with weight 100"])
+    weights = [w for _, w, _ in entries]
+    if sum(weights) != 100 or min(weights) < 0:
+        raise SpecError([f"pdstack:{CONFIG_KEY}: weights {weights} must be 0..100 and add up to 100"])
+    revisions = [r for r, _, _ in entries]
+    if len(set(revisions)) != len(revisions):
+        raise SpecError([f"pdstack:{CONFIG_KEY}: revision listed twice in {revisions}"])
+    newest = max(revisions)
+    tracks = []
+    for revision, weight, data in entries:
+        data = copy.deepcopy(data)
+        dep = data["deployment"]
+        data["environment"]["namespace"] = track_namespace(data["environment"]["namespace"], revision)
+        counts = {}
+        for role in [r for r in ("prefill", "decode", "colocated") if dep.get(r)]:
+            others_min = sum(_bounds(d, role)[0] for r, _, d in entries if r != revision and d["deployment"].get(role))
+            lo, hi = _bounds(data, role)
+            share = hi - others_min
+            if share < max(lo, 1):
+                raise SpecError([
+                    f"pdstack:{CONFIG_KEY}: revision {revision} cannot fit beside the other tracks: {role} may grow "
+                    f"to {hi} instances and the others hold {others_min}. Fix: lower deployment.{role}.scaling."
+                    "min_instances, raise max_instances, or retire a track first"])
+            start = lo if (len(entries) > 1 and revision == newest) else min(max(dep[role]["instances"], lo), share)
+            dep[role]["instances"] = max(start, 1)
+            dep[role]["scaling"] = {"min_instances": lo, "max_instances": share}
+            counts[role] = dep[role]["instances"] * dep[role]["expert_parallel"]
+        if "prefill" in counts and "decode" in counts:
+            ratio = Fraction(counts["prefill"], counts["decode"])
+            dep["pd_ratio"] = f"{ratio.numerator}:{ratio.denominator}"
+        try:
+            spec = parse_spec(data)
+        except SpecError as exc:
+            raise SpecError([f"pdstack:{CONFIG_KEY}: revision {revision}: {p}" for p in exc.problems]) from None
+        tracks.append(Track(revision, weight, spec))
+    return tracks
