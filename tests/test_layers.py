@@ -143,7 +143,6 @@ def test_prod_preview_lists_every_layer_with_counts():
     from infra.cli import main
 
     import io
-    from contextlib import redirect_stdout
 
     from infra import cli
 

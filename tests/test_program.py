@@ -55,7 +55,6 @@ def valid_specs(draw):
     hw = data["hardware"]
     hw["gpus_per_node"] = gpus_per_node
     dep = data["deployment"]
-    experts = data["model"]["num_routed_experts"]  # 256
     if draw(st.booleans()):
         ep = draw(st.sampled_from([gpus_per_node, 2 * gpus_per_node]))
         del hw["supernode"]

@@ -27,7 +27,7 @@ CLIENT_ID_HEADER = "x-pdstack-client"
 
 
 def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
-    spec, ns = ctx.spec, ctx.namespace
+    spec = ctx.spec
     meta = lambda name: ctx.metadata(name, "access")  # noqa: E731
     endpoint = urlparse(spec.model.weights.endpoint_url)
     weights_port = endpoint.port or (443 if endpoint.scheme == "https" else 80)

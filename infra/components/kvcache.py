@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pulumi
 
-from infra import naming
 from infra.components.k8s import Layer, LayerContext
 from infra.render.kvcache_config import kv_cache_plan
 
