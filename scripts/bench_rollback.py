@@ -32,11 +32,12 @@ from infra.spec import load_spec, parse_spec, stack_spec_path  # noqa: E402
 # On a real cluster (per step, seconds): what the in-memory run stands in for.
 REAL_CLUSTER_ESTIMATE = [
     ("lock, history, target checks (local files)", "< 0.1"),
-    ("target health pre-check (router and leader pods Ready, /health)", "1-2"),
+    ("target health pre-check (kubectl wait on its router and engine groups)", "1-2"),
+    ("the program under mocks, to find the route's URN (measured here: 0.5-0.8 for prod)", "0.5-1"),
     ("route change: `pulumi up --target` of the HTTPRoute (CLI start, plugins, diff, one PATCH)", "8-15"),
     ("Envoy Gateway reconciles the route and pushes xDS to the proxies", "1-3"),
     ("verify: consecutive healthy probes through the gateway", "3-5"),
-    ("total, target still warm (the revision before the last rollout)", "13-25"),
+    ("total, target still warm (the revision before the last rollout)", "14-26"),
     ("total, target no longer running (weights fetched and loaded again)", "minutes: outside the 60 s budget"),
 ]
 
