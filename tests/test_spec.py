@@ -126,3 +126,24 @@ def test_colocated_mode_needs_one_pool(colocated_spec):
     problems = problems_of(data)
     assert "deployment.colocated: missing. Fix: describe the one pool colocated mode runs" in problems
     assert any(p.startswith("deployment.prefill: set in colocated mode") for p in problems)
+
+
+def test_a_prefix_cache_disk_tier_needs_lmcache():
+    data = stack_data("dev")
+    data["deployment"]["cache"]["disk_path"] = "/mnt/kvdisk"
+    with pytest.raises(SpecError, match="deployment.cache.disk_path: a disk tier needs the LMCache store"):
+        parse_spec(data)
+    data["engine"].update(kind="vllm", version="0.33.0")
+    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    data["deployment"]["cache"]["store"] = "lmcache"
+    spec = parse_spec(data)
+    from infra.render.kvcache_config import kv_cache_plan
+
+    assert "local_disk: file:///mnt/kvdisk/" in kv_cache_plan(spec).files["lmcache.yaml"]
+
+
+def test_ratio_bounds_must_be_ordered():
+    data = stack_data("prod")
+    data["deployment"]["autoscaling"]["pd_ratio_bounds"] = {"min": "2:1", "max": "1:2"}
+    with pytest.raises(SpecError, match="min 2:1 is above max 1:2. Fix: swap them"):
+        parse_spec(data)
