@@ -369,8 +369,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     idle = sum(r.idle_gpu_hours for r in report.roles)
     console.print(f"total {total:.1f} GPU-hours, {idle:.1f} idle ({idle / total:.1%})" if total else "no GPU samples")
     _print_table(f"instances idle (GPU util < {args.idle_below:g}%) more than {args.idle_instance_share:.0%} of the time",
-                 ("role", "instance", "idle share", "hours seen"),
-                 [(i.role, i.group, f"{i.idle_share:.1%}", f"{i.hours:.1f}") for i in report.idle_instances])
+                 ("namespace", "role", "instance", "idle share", "hours seen"),
+                 [(i.namespace, i.role, i.group, f"{i.idle_share:.1%}", f"{i.hours:.1f}") for i in report.idle_instances])
     if args.inventory:
         from infra.rollout.preflight import load_inventory
 

@@ -42,6 +42,13 @@ def track_namespace(namespace: str, revision: int) -> str:
     return f"{namespace}-r{revision}"
 
 
+def namespaces_matcher(namespace: str, revision: int | None = None) -> str:
+    """PromQL matcher for an environment's series, wherever they serve from: its namespace
+    (no tracks) or its release tracks' namespaces (one revision's, or all)."""
+    track = f"-r{revision}" if revision is not None else "-r[0-9]+"
+    return f'namespace=~"{namespace}({track})?"'
+
+
 def _bounds(data: dict, role: str) -> tuple[int, int]:
     phase = data["deployment"][role]
     scaling = phase.get("scaling") or {}

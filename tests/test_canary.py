@@ -49,7 +49,7 @@ def test_queries_select_one_revision_of_one_environment_and_name_real_metrics():
 
     for engine in ("sglang", "vllm"):
         for name, query in gate_queries(engine, "pdstack-prod", 7, "5m").items():
-            assert 'namespace="pdstack-prod"' in query and 'pdstack_io_release="7"' in query, (engine, name)
+            assert 'namespace=~"pdstack-prod(-r7)?"' in query and 'pdstack_io_release="7"' in query, (engine, name)
             names = set(re.findall(r"\b(?:sglang|vllm):[A-Za-z0-9_:]*", query))
             assert names and all(known(engine, n) for n in names), (engine, name, names)
 

@@ -27,9 +27,10 @@ END = (int(time.time()) // 60 - 1) * 60  # the last recorded minute
 # The recorded fleet (2 GPUs per pod), minute m = 0 .. 239 of the window:
 #   engine-prefill-0          util 60 the whole window
 #   engine-prefill-1          util 0 for minutes 0-179, then 70           (idle 3 h of 4)
-#   engine-prefill-2          only the last 2 h (minutes 120-239), util 80  (a scale-up)
+#   engine-prefill-0 of release track r8 (its own namespace, same pod name): only the
+#                             last 2 h (minutes 120-239), util 80           (a canary)
 #   engine-decode-0, -0-1     leader and worker of one 2-node group, util 50
-#   another namespace's engine-prefill-0, util 0: must not be counted
+#   other environments' engine-prefill-0 (pdstack-dev, pdstack-production), util 0: not counted
 # Worked out by hand:
 #   prefill GPU-hours = 2x4 + 2x4 + 2x2 = 20;  idle = 2 GPUs x 3 h = 6;  idle share 30%
 #   decode  GPU-hours = 4 GPUs x 4 h = 16;      idle 0
@@ -38,10 +39,11 @@ END = (int(time.time()) // 60 - 1) * 60  # the last recorded minute
 FLEET = [
     (NS, "engine-prefill-0", lambda m: 60, range(WINDOW_MIN)),
     (NS, "engine-prefill-1", lambda m: 0 if m < 180 else 70, range(WINDOW_MIN)),
-    (NS, "engine-prefill-2", lambda m: 80, range(120, WINDOW_MIN)),
+    (f"{NS}-r8", "engine-prefill-0", lambda m: 80, range(120, WINDOW_MIN)),
     (NS, "engine-decode-0", lambda m: 50, range(WINDOW_MIN)),
     (NS, "engine-decode-0-1", lambda m: 50, range(WINDOW_MIN)),
     ("pdstack-dev", "engine-prefill-0", lambda m: 0, range(WINDOW_MIN)),
+    ("pdstack-production", "engine-prefill-0", lambda m: 0, range(WINDOW_MIN)),
 ]
 
 
@@ -84,7 +86,7 @@ def test_report_matches_the_numbers_worked_out_by_hand(recorded_prometheus):
     assert roles["decode"].gpu_hours == pytest.approx(16)
     assert roles["decode"].idle_gpu_hours == 0
     assert roles["decode"].avg_instances == pytest.approx(1)
-    assert [(i.role, i.group) for i in report.idle_instances] == [("prefill", "engine-prefill-1")]
+    assert [(i.namespace, i.role, i.group) for i in report.idle_instances] == [(NS, "prefill", "engine-prefill-1")]
     assert report.idle_instances[0].idle_share == pytest.approx(0.75)
 
 

@@ -50,7 +50,8 @@ def quiet() -> Console:
 def prom(tmp_path_factory):
     """Prometheus scraping four engine exporters: (namespace, revision) -> behaviour."""
     behaviours = {(HEALTHY_NS, 1): HEALTHY, (HEALTHY_NS, 2): HEALTHY,
-                  (DEGRADED_NS, 1): HEALTHY, (DEGRADED_NS, 2): DEGRADED}
+                  (DEGRADED_NS, 1): HEALTHY, (DEGRADED_NS, 2): DEGRADED,
+                  (f"{HEALTHY_NS}-r3", 3): HEALTHY}  # a release track's own namespace
     with ExitStack() as stack:
         targets = []
         for (ns, rev), behaviour in behaviours.items():
@@ -110,6 +111,8 @@ def test_gates_read_live_numbers(prom):
     assert ok.ttft_p99_s < 0.25 and ok.error_rate == 0 and ok.kv_transfer_errors == 0
     assert bad.ttft_p99_s > 2.5 and bad.error_rate == pytest.approx(0.1, abs=0.02) and bad.kv_transfer_errors > 0
     assert math.isnan(observe(prom, "sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s)  # no such revision: no data
+    track = observe(prom, "sglang", HEALTHY_NS, 3, WINDOW)  # served from pdstack-canary-ok-r3
+    assert track.ttft_p99_s < 0.25 and track.error_rate == 0
 
 
 # --- steps and rollback: the in-memory cluster, with a fixed observation ----------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from infra.prometheus import PrometheusAPI
+from infra.tracks import namespaces_matcher
 
 RESOLUTION = "1m"
 MINUTES_PER_HOUR = 60
@@ -23,7 +24,7 @@ MINUTES_PER_HOUR = 60
 
 def gpu_series(namespace: str) -> str:
     """One series per engine GPU, with `role` and `group` (instance) labels added."""
-    raw = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}",pod=~"engine-.+"}}'
+    raw = f'DCGM_FI_DEV_GPU_UTIL{{{namespaces_matcher(namespace)},pod=~"engine-.+"}}'
     with_role = f'label_replace({raw}, "role", "$1", "pod", "engine-([a-z]+)-.*")'
     return f'label_replace({with_role}, "group", "$1", "pod", "(engine-[a-z]+-[0-9]+).*")'
 
@@ -31,7 +32,8 @@ def gpu_series(namespace: str) -> str:
 def cost_queries(namespace: str, window: str, idle_below: float) -> dict[str, str]:
     gpus = gpu_series(namespace)
     # An instance is idle in a minute when every one of its GPUs is below the threshold.
-    instances = f"max by (role, group) ({gpus})"
+    # Release tracks reuse pod names in their own namespaces: the namespace is part of an instance.
+    instances = f"max by (namespace, role, group) ({gpus})"
     r = f"[{window}:{RESOLUTION}]"
     return {
         "gpu_hours": f"sum by (role) (count_over_time(({gpus}){r})) / {MINUTES_PER_HOUR}",
@@ -58,6 +60,7 @@ class RoleCost:
 
 @dataclass(frozen=True)
 class IdleInstance:
+    namespace: str
     role: str
     group: str
     idle_share: float
@@ -82,11 +85,10 @@ def cost_report(api: PrometheusAPI, namespace: str, window: str = "24h", at: flo
     roles = [RoleCost(role, by_role["gpu_hours"][(role,)], by_role["idle_gpu_hours"].get((role,), 0.0),
                       by_role["avg_instances"].get((role,), math.nan), by_role["max_instances"].get((role,), math.nan))
              for (role,) in sorted(by_role["gpu_hours"])]
-    lived = _by(api.vector(q["instance_minutes"], at), "role", "group")
-    idle = _by(api.vector(q["idle_instance_minutes"], at), "role", "group")
-    flagged = [IdleInstance(role, group, idle[(role, group)] / minutes, minutes / MINUTES_PER_HOUR)
-               for (role, group), minutes in sorted(lived.items())
-               if idle.get((role, group), 0) / minutes > idle_instance_share]
+    lived = _by(api.vector(q["instance_minutes"], at), "namespace", "role", "group")
+    idle = _by(api.vector(q["idle_instance_minutes"], at), "namespace", "role", "group")
+    flagged = [IdleInstance(*key, idle[key] / minutes, minutes / MINUTES_PER_HOUR)
+               for key, minutes in sorted(lived.items()) if idle.get(key, 0) / minutes > idle_instance_share]
     return CostReport(window, roles, flagged)
 
 

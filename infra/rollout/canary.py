@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from infra import naming
 from infra.prometheus import PrometheusAPI
 from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+from infra.tracks import namespaces_matcher
 from infra.spec import SLOSpec
 
 RELEASE_SERIES_LABEL = naming.RELEASE_LABEL.replace(".", "_").replace("/", "_")
@@ -61,7 +62,7 @@ class Verdict:
 def gate_queries(engine: str, namespace: str, revision: int, window: str) -> dict[str, str]:
     """One environment's revision: a Prometheus often scrapes several environments."""
     m = ENGINE_METRICS[engine]
-    sel = f'{{namespace="{namespace}",{RELEASE_SERIES_LABEL}="{revision}"}}'
+    sel = f'{{{namespaces_matcher(namespace, revision)},{RELEASE_SERIES_LABEL}="{revision}"}}'
     return {
         "ttft_p99_s": p99(m.ttft_bucket, sel, window),
         "tpot_p99_s": p99(m.tpot_bucket, sel, window),
