@@ -210,3 +210,17 @@ def test_revisions_are_numbered_immutable_records(tmp_path):
     assert set(record["engine_commands"]) == {"prefill", "decode"}
     assert record["images"]["engine"].count("@sha256:") == 1
     assert store.get(1).stack_spec().deployment.load_balancer.weights.cache_threshold == 0.5
+
+
+def test_pdctl_canary_judges_once_from_prometheus(tmp_path, prom, capsys):
+    import yaml
+
+    from infra.cli import main
+
+    for namespace, expected in ((HEALTHY_NS, 0), (DEGRADED_NS, 1)):
+        path = tmp_path / f"{namespace}.yaml"
+        path.write_text(yaml.safe_dump(spec_in(namespace).model_dump(mode="json")))
+        code = main(["canary", "--spec", str(path), "--prometheus", prom.url, "--window", WINDOW,
+                     "--revision", "2", "--baseline", "1"])
+        assert code == expected, capsys.readouterr().out
+    assert "FAIL" in capsys.readouterr().out
