@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from infra.spec import SpecError, StackSpec, load_spec, stack_spec_path
+from infra.spec import SpecError, StackSpec, load_spec, ratio_value, stack_spec_path
 
 console = Console()
 err_console = Console(stderr=True)
@@ -200,7 +200,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bounds = data["deployment"]["autoscaling"]["pd_ratio_bounds"]
         recommended = Fraction(result.prefill_gpus, result.decode_gpus)
         for side, outside in (("min", lambda b: recommended < b), ("max", lambda b: recommended > b)):
-            if outside(Fraction(*map(int, bounds[side].split(":")))):
+            if outside(ratio_value(bounds[side])):
                 console.print(f"[yellow]widened pd_ratio_bounds.{side} from {bounds[side]} to {result.pd_ratio}[/yellow]")
                 bounds[side] = result.pd_ratio
         parse_spec(data)  # the written spec must itself be valid; nothing is written otherwise

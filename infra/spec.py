@@ -152,7 +152,7 @@ class ScalingSpec(Strict):
     max_instances: PositiveInt = 1
 
 
-def _ratio_value(v: str) -> Fraction:
+def ratio_value(v: str) -> Fraction:
     p, d = (int(x) for x in v.split(":"))
     return Fraction(p, d)
 
@@ -170,6 +170,12 @@ class RatioBounds(Strict):
     max: str = "3:1"
 
     _ratios = field_validator("min", "max")(classmethod(lambda cls, v: _check_ratio(v)))
+
+    def low(self) -> Fraction:
+        return ratio_value(self.min)
+
+    def high(self) -> Fraction:
+        return ratio_value(self.max)
 
 
 class AutoscalingSpec(Strict):
@@ -295,7 +301,7 @@ class DeploymentSpec(Strict):
     _ratio_form = field_validator("pd_ratio")(classmethod(lambda cls, v: _check_ratio(v)))
 
     def ratio(self) -> Fraction:
-        return _ratio_value(self.pd_ratio)
+        return ratio_value(self.pd_ratio)
 
     def pools(self) -> dict[str, PhaseSpec]:
         """The engine pools this mode runs, by role name (the node pool label too)."""
@@ -470,7 +476,7 @@ def capacity_problems(spec: StackSpec) -> list[str]:
                 f"one each, but hardware.supernode.count is {hw.supernode.count}. "
                 f"Fix: at most {hw.supernode.count}, or raise hardware.supernode.count")
     bounds = dep.autoscaling.pd_ratio_bounds
-    lo, hi = _ratio_value(bounds.min), _ratio_value(bounds.max)
+    lo, hi = bounds.low(), bounds.high()
     if lo > hi:
         problems.append(f"deployment.autoscaling.pd_ratio_bounds: min {bounds.min} is above max {bounds.max}. Fix: swap them")
     elif dep.mode == "disaggregated" and dep.prefill and dep.decode:

@@ -46,11 +46,6 @@ class Signal:
     up_only: bool = False  # reads 0 below its target: can add instances, never holds them
 
 
-def _ratio(text: str) -> Fraction:
-    p, d = (int(x) for x in text.split(":"))
-    return Fraction(p, d)
-
-
 def running_target(spec: StackSpec, phase: PhaseSpec) -> float | None:
     auto = spec.deployment.autoscaling
     if auto.decode_running_per_instance:
@@ -58,11 +53,24 @@ def running_target(spec: StackSpec, phase: PhaseSpec) -> float | None:
     return 0.8 * phase.max_running_requests if phase.max_running_requests else None
 
 
+def pool_selector(spec: StackSpec, role: str) -> str:
+    """The series of one pool of this environment."""
+    return f'{{namespace="{spec.environment.namespace}",{ROLE_SERIES_LABEL}="{role}"}}'
+
+
 def instances_query(spec: StackSpec, role: str) -> str:
     """Serving instances of a pool: one leader pod per instance exports the engine's metrics."""
-    m = ENGINE_METRICS[spec.engine.kind]
-    sel = f'{{namespace="{spec.environment.namespace}",{ROLE_SERIES_LABEL}="{role}"}}'
-    return f"count(count by (pod) ({with_selector(m.running, sel)}))"
+    return f"count(count by (pod) ({with_selector(ENGINE_METRICS[spec.engine.kind].running, pool_selector(spec, role))}))"
+
+
+def ratio_floor_factor(spec: StackSpec, role: str) -> Fraction:
+    """Instances of `role` the ratio bounds need per instance of the other phase: prefill
+    keeps at least the minimum ratio, decode keeps prefill at most at the maximum."""
+    dep = spec.deployment
+    bounds, p, d = dep.autoscaling.pd_ratio_bounds, dep.prefill, dep.decode
+    if role == "prefill":
+        return bounds.low() * d.gpus_per_instance() / p.gpus_per_instance()
+    return p.gpus_per_instance() / (bounds.high() * d.gpus_per_instance())
 
 
 def signals(spec: StackSpec, role: str) -> list[Signal]:
@@ -70,7 +78,7 @@ def signals(spec: StackSpec, role: str) -> list[Signal]:
     auto, slo, dep = spec.deployment.autoscaling, spec.slo, spec.deployment
     m = ENGINE_METRICS[spec.engine.kind]
     phase = dep.pools()[role]
-    sel = f'{{namespace="{spec.environment.namespace}",{ROLE_SERIES_LABEL}="{role}"}}'
+    sel = pool_selector(spec, role)
     # Latency barely falls with load (TPOT has a floor), so a latency signal would pin the
     # count at ceil(current x p99 / target) forever: it only pushes up, and demand signals
     # (queue, running sequences, KV usage) bring the count back down.
@@ -95,15 +103,10 @@ def signals(spec: StackSpec, role: str) -> list[Signal]:
             "sequences in flight per instance"))
     if dep.mode == "disaggregated":
         bounds = dep.autoscaling.pd_ratio_bounds
-        p, d = dep.prefill, dep.decode
-        if role == "prefill":
-            need = _ratio(bounds.min) * d.gpus_per_instance() / p.gpus_per_instance()
-            out.append(Signal("ratio_floor", f"ceil({float(need):g} * {instances_query(spec, 'decode')})", 1.0,
-                              "AverageValue", f"prefill:decode GPUs at least {bounds.min}"))
-        else:
-            need = p.gpus_per_instance() / (_ratio(bounds.max) * d.gpus_per_instance())
-            out.append(Signal("ratio_floor", f"ceil({float(need):g} * {instances_query(spec, 'prefill')})", 1.0,
-                              "AverageValue", f"prefill:decode GPUs at most {bounds.max}"))
+        other, why = ("decode", f"at least {bounds.min}") if role == "prefill" else ("prefill", f"at most {bounds.max}")
+        need = ratio_floor_factor(spec, role)
+        out.append(Signal("ratio_floor", f"ceil({float(need):g} * {instances_query(spec, other)})", 1.0,
+                          "AverageValue", f"prefill:decode GPUs {why}"))
     return out
 
 
@@ -134,14 +137,6 @@ def hpa_desire(signal: Signal, value: float, current: int) -> int:
     return math.ceil(current * ratio - 1e-9)
 
 
-def _ratio_floor(spec: StackSpec, role: str, other_count: int) -> int:
-    dep = spec.deployment
-    bounds, p, d = dep.autoscaling.pd_ratio_bounds, dep.prefill, dep.decode
-    if role == "prefill":
-        return math.ceil(_ratio(bounds.min) * other_count * d.gpus_per_instance() / p.gpus_per_instance() - 1e-9)
-    return math.ceil(other_count * p.gpus_per_instance() / (_ratio(bounds.max) * d.gpus_per_instance()) - 1e-9)
-
-
 def desired_counts(spec: StackSpec, observed: dict[str, dict[str, float]], current: dict[str, int]) -> dict[str, int]:
     """Instance counts the scalers settle on for these observations (per role: signal -> value).
 
@@ -161,7 +156,8 @@ def desired_counts(spec: StackSpec, observed: dict[str, dict[str, float]], curre
         before = dict(desired)
         for role, other in (("prefill", "decode"), ("decode", "prefill")):
             lo, hi = pools[role].bounds()
-            desired[role] = min(hi, max(desired[role], _ratio_floor(spec, role, desired[other])))
+            floor = math.ceil(ratio_floor_factor(spec, role) * desired[other] - 1e-9)
+            desired[role] = min(hi, max(desired[role], floor))
         if desired == before:
             break
     return desired
@@ -174,4 +170,4 @@ def gpu_ratio(spec: StackSpec, counts: dict[str, int]) -> Fraction:
 
 def ratio_in_bounds(spec: StackSpec, counts: dict[str, int]) -> bool:
     bounds = spec.deployment.autoscaling.pd_ratio_bounds
-    return _ratio(bounds.min) <= gpu_ratio(spec, counts) <= _ratio(bounds.max)
+    return bounds.low() <= gpu_ratio(spec, counts) <= bounds.high()
