@@ -73,33 +73,30 @@ def gate_queries(engine: str, namespace: str, revision: int, window: str) -> dic
     }
 
 
-def _finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))
-
-
 def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, policy: GatePolicy = GatePolicy()) -> Verdict:
     """Each metric against the SLO and, when a revision serves already, against it."""
     gates = []
-    for name, value, limit_s in (("TTFT p99", canary.ttft_p99_s, slo.ttft_p99_ms / 1000),
-                                 ("TPOT p99", canary.tpot_p99_s, slo.tpot_p99_ms / 1000)):
-        base = getattr(baseline, "ttft_p99_s" if name.startswith("TTFT") else "tpot_p99_s") if baseline else math.nan
-        if not _finite(value):
+    for name, field, limit_s in (("TTFT p99", "ttft_p99_s", slo.ttft_p99_ms / 1000),
+                                 ("TPOT p99", "tpot_p99_s", slo.tpot_p99_ms / 1000)):
+        value = getattr(canary, field)
+        base = getattr(baseline, field) if baseline else math.nan
+        if not math.isfinite(value):
             gates.append(Gate(name, False, "no samples for the canary (did it get traffic?)"))
             continue
         gates.append(Gate(f"{name} vs SLO", value <= limit_s, f"{value * 1000:.0f} ms, SLO {limit_s * 1000:g} ms"))
-        if _finite(base) and base > 0:
+        if math.isfinite(base) and base > 0:
             limit = base * policy.latency_regression
             gates.append(Gate(f"{name} vs serving", value <= limit,
                               f"{value * 1000:.0f} ms, serving {base * 1000:.0f} ms (limit x{policy.latency_regression:g})"))
     err = canary.error_rate
-    if not _finite(err):
+    if not math.isfinite(err):
         gates.append(Gate("error rate", False, "no finished requests for the canary"))
     else:
         gates.append(Gate("error rate vs SLO", err <= slo.max_error_rate, f"{err:.2%}, SLO {slo.max_error_rate:.2%}"))
-        if baseline and _finite(baseline.error_rate):
+        if baseline and math.isfinite(baseline.error_rate):
             limit = baseline.error_rate + policy.error_rate_slack
             gates.append(Gate("error rate vs serving", err <= limit, f"{err:.2%}, serving {baseline.error_rate:.2%}"))
-    kv = canary.kv_transfer_errors if _finite(canary.kv_transfer_errors) else 0.0
+    kv = canary.kv_transfer_errors if math.isfinite(canary.kv_transfer_errors) else 0.0
     gates.append(Gate("KV transfer errors", kv <= policy.allowed_kv_transfer_errors, f"{kv:g} in the window"))
     return Verdict(tuple(gates))
 
