@@ -296,14 +296,21 @@ def run_host(inv: Inventory, host: HostEntry, exp: Expectations,
     except Exception as exc:  # noqa: BLE001  every failure here is a reason to stop, reported by name
         return [CheckResult(host.name, "ssh", False, connect_error(exc), time.monotonic() - started)]
     results = []
+    outcomes: dict[str, tuple[int, str] | Exception] = {}  # driver and gpus read the same query: run it once
     try:
         for check in CHECKS:
             t0 = time.monotonic()
-            try:
-                status, out = run_command(client, check.command(exp), inv.timeout_seconds)
-            except (CommandTimeout, socket.timeout) as exc:
-                results.append(CheckResult(host.name, check.name, False, f"timed out: {exc}", time.monotonic() - t0))
+            command = check.command(exp)
+            if command not in outcomes:
+                try:
+                    outcomes[command] = run_command(client, command, inv.timeout_seconds)
+                except (CommandTimeout, socket.timeout) as exc:
+                    outcomes[command] = exc
+            outcome = outcomes[command]
+            if isinstance(outcome, Exception):
+                results.append(CheckResult(host.name, check.name, False, f"timed out: {outcome}", time.monotonic() - t0))
                 continue
+            status, out = outcome
             if status != 0:
                 first = out.strip().splitlines()[-1] if out.strip() else ""
                 results.append(CheckResult(host.name, check.name, False, f"exit {status} {first}".strip(), time.monotonic() - t0))
