@@ -18,7 +18,6 @@ canary; the spec checks run on every track's share and say when a canary cannot 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -49,10 +48,11 @@ def namespaces_matcher(namespace: str, revision: int | None = None) -> str:
     return f'namespace=~"{namespace}({track})?"'
 
 
-def _bounds(data: dict, role: str) -> tuple[int, int]:
-    phase = data["deployment"][role]
-    scaling = phase.get("scaling") or {}
-    return scaling.get("min_instances", phase["instances"]), scaling.get("max_instances", phase["instances"])
+def _parse(revision: int, data: dict) -> StackSpec:
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise SpecError([f"pdstack:{CONFIG_KEY}: revision {revision}: {p}" for p in exc.problems]) from None
 
 
 def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
@@ -66,15 +66,17 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     if len(set(revisions)) != len(revisions):
         raise SpecError([f"pdstack:{CONFIG_KEY}: revision listed twice in {revisions}"])
     newest = max(revisions)
+    recorded = {revision: _parse(revision, data) for revision, _, data in entries}
     tracks = []
-    for revision, weight, data in entries:
-        data = copy.deepcopy(data)
+    for revision, weight, _ in entries:
+        data = recorded[revision].model_dump(mode="json")
         dep = data["deployment"]
         data["environment"]["namespace"] = track_namespace(data["environment"]["namespace"], revision)
         counts = {}
-        for role in [r for r in ("prefill", "decode", "colocated") if dep.get(r)]:
-            others_min = sum(_bounds(d, role)[0] for r, _, d in entries if r != revision and d["deployment"].get(role))
-            lo, hi = _bounds(data, role)
+        for role, phase in recorded[revision].deployment.pools().items():
+            others_min = sum(other.deployment.pools()[role].bounds()[0] for r, other in recorded.items()
+                             if r != revision and role in other.deployment.pools())
+            lo, hi = phase.bounds()
             share = hi - others_min
             if share < max(lo, 1):
                 raise SpecError([
@@ -84,13 +86,9 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
             start = lo if (len(entries) > 1 and revision == newest) else min(max(dep[role]["instances"], lo), share)
             dep[role]["instances"] = max(start, 1)
             dep[role]["scaling"] = {"min_instances": lo, "max_instances": share}
-            counts[role] = dep[role]["instances"] * dep[role]["expert_parallel"]
+            counts[role] = dep[role]["instances"] * phase.gpus_per_instance()
         if "prefill" in counts and "decode" in counts:
             ratio = Fraction(counts["prefill"], counts["decode"])
             dep["pd_ratio"] = f"{ratio.numerator}:{ratio.denominator}"
-        try:
-            spec = parse_spec(data)
-        except SpecError as exc:
-            raise SpecError([f"pdstack:{CONFIG_KEY}: revision {revision}: {p}" for p in exc.problems]) from None
-        tracks.append(Track(revision, weight, spec))
+        tracks.append(Track(revision, weight, _parse(revision, data)))
     return tracks
