@@ -25,9 +25,12 @@ from infra.tracks import CONFIG_KEY as TRACKS_CONFIG_KEY
 from infra.tracks import Track, plan_tracks
 
 
+def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
+    return pulumi.ResourceOptions(depends_on=list(deps))
+
+
 def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools) -> dict[str, Layer]:
     """Everything one namespace runs to serve requests: the environment's, or a release track's."""
-    after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
     foundation = Foundation(f"{name}-foundation", ctx)
     storage = Storage(f"{name}-storage", ctx, after(foundation))
     kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
@@ -47,7 +50,6 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
     the environment's namespace keeps only the entry point, which splits traffic by weight."""
     ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels(), release=release)
     env = spec.environment.name
-    after = lambda *deps: pulumi.ResourceOptions(depends_on=list(deps))  # noqa: E731
     nodepools = NodePools(f"{env}-nodepools", ctx)  # cluster-wide, sized by the newest spec's maximums
     layers: dict[str, Layer] = {"nodepools": nodepools}
     if not tracks:
