@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from infra.offline import OfflineRun, run_spec
-from infra.spec import StackSpec, load_spec, parse_spec, stack_spec_path
+from infra.spec import SpecError, StackSpec, load_spec, parse_spec, stack_spec_path
 from tests.servers import require_binary, sshd
 from tests.ssh_hosts import write_stubs
 
@@ -20,6 +20,13 @@ from tests.ssh_hosts import write_stubs
 @functools.cache
 def _stack_data(stack: str) -> dict:
     return yaml.safe_load(stack_spec_path(stack).read_text())
+
+
+def problems_of(data) -> list[str]:
+    """The SpecError lines a spec mapping is rejected with (fails if it is accepted)."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    return caught.value.problems
 
 
 def stack_data(stack: str) -> dict:

@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.spec import SpecError, parse_spec
-from tests.conftest import stack_data
-
-
-def problems_of(data) -> list[str]:
-    with pytest.raises(SpecError) as caught:
-        parse_spec(data)
-    return caught.value.problems
+from tests.conftest import problems_of, stack_data
 
 
 def test_shipped_stacks_parse(spec):
