@@ -132,8 +132,15 @@ def cmd_eplb(args: argparse.Namespace) -> int:
     gpn = spec.hardware.gpus_per_node
     try:
         loads = load_loads(args.loads)
+        if loads.ndim != 2:
+            raise PlacementError(f"{args.loads}: loads must be [layers][experts], got shape {loads.shape}")
         if loads.shape[1] != spec.model.num_routed_experts:
             raise PlacementError(f"{args.loads}: {loads.shape[1]} experts, the model has {spec.model.num_routed_experts}")
+        if loads.shape[0] == spec.model.num_layers and spec.model.num_dense_layers():
+            loads = loads[spec.model.num_dense_layers():]  # a recorder dump: dense rows carry no load
+        if loads.shape[0] != spec.model.num_moe_layers:
+            raise PlacementError(f"{args.loads}: {loads.shape[0]} layers; the model has {spec.model.num_moe_layers} "
+                                 f"MoE layers (of {spec.model.num_layers}). Fix: a load file for this model")
         result = place_experts(loads, phase.redundant_experts, phase.nodes_per_instance(gpn),
                                phase.gpus_per_instance(), spec.model.num_expert_groups, policy=args.policy)
     except (PlacementError, OSError, ValueError) as exc:
@@ -141,7 +148,7 @@ def cmd_eplb(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.engine_file()))
+    out.write_text(json.dumps(result.engine_file(spec.model.num_layers)))
     report = result.report()
     out.with_suffix(".report.json").write_text(json.dumps(report, indent=1))
     table = Table(title=f"expert placement, {args.role}: {result.policy} policy, {report['slots']} slots on {report['gpus']} GPUs")

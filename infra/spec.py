@@ -76,7 +76,18 @@ class ModelSpec(Strict):
     num_expert_groups: PositiveInt = 1
     multimodal: bool = False
     context_length: PositiveInt = 32768
+    dense_intermediate_size: PositiveInt | None = Field(
+        None, description="FFN width of the dense (non-MoE) layers, from the model's config.json "
+                          "(`intermediate_size`). Needed when num_layers > num_moe_layers: how the dense MLP may "
+                          "be split across GPUs depends on it.")
+    fp8_block_size: PositiveInt | None = Field(
+        None, description="Block size of block-wise FP8 weights (config.json quantization_config."
+                          "weight_block_size, 128 for DeepSeek-V3); none for BF16 weights.")
+    weights_gib: PositiveInt | None = Field(None, description="Size of the weights, for memory checks.")
     weights: WeightsSpec
+
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
 
 
 # --- engine and hardware ------------------------------------------------------------------
@@ -86,8 +97,10 @@ class EngineSpec(Strict):
     kind: Literal["sglang", "vllm"]
     version: str
     image: str = Field(description="Container image pinned by digest (name@sha256:...).")
+    image_architectures: list[Literal["amd64", "arm64"]] = Field(
+        ["amd64"], min_length=1, description="CPU architectures the engine image is built for (its manifest "
+                                            "list). GB200's Grace CPUs need arm64.")
     kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
-    rdma_devices: list[str] = Field(default_factory=list)
     moe_a2a_backend: Literal["deepep", "none"] = "deepep"
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
     trust_remote_code: bool = True
@@ -108,10 +121,14 @@ class ImagesSpec(Strict):
     router: str
     mooncake_master: str
     lmcache_server: str
-    weights_fetcher: str = Field(description="Any image with python3 and boto3, for the weights init step.")
+    weights_fetcher: str = Field(description="Image for the weights init step; what it must hold is "
+                                             "weights_fetcher_tool.")
+    weights_fetcher_tool: Literal["aws-cli", "python-boto3"] = Field(
+        "aws-cli", description="aws-cli: the image has `aws` and `sha256sum` (amazon/aws-cli does); "
+                               "python-boto3: it has python3 with boto3.")
     otel_collector: str
 
-    @field_validator("*")
+    @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector")
     @classmethod
     def _by_digest(cls, v: str) -> str:
         return EngineSpec._image_by_digest(v)
@@ -129,10 +146,30 @@ class SupernodeSpec(Strict):
     topology_label: str = "nvidia.com/gpu.clique"
 
 
+class FabricSpec(Strict):
+    """The RDMA network between nodes: what pods request and what the transfer backends use.
+
+    efa: AWS Elastic Fabric Adapter (libfabric; p5, p6e-gb200). infiniband / roce: Mellanox
+    mlx5 NICs (verbs, GPUDirect RDMA, DeepEP's IBGDA).
+    """
+
+    kind: Literal["efa", "infiniband", "roce"]
+    resource: str = Field(description="Device-plugin resource each engine pod requests, e.g. "
+                                      "vpc.amazonaws.com/efa or rdma/ib.")
+    per_node: PositiveInt = Field(description="Devices of that resource on one node.")
+    devices: list[str] = Field(min_length=1, description="Device names the engines bind (ibv_devices), "
+                                                         "e.g. rdmap79s0 on EFA, mlx5_0 on InfiniBand.")
+
+
 class HardwareSpec(Strict):
-    gpu_type: str
+    gpu_type: Literal["H100", "H200", "B200", "GB200"]
+    cpu_architecture: Literal["amd64", "arm64"] = Field(
+        "amd64", description="The nodes' CPU architecture (GB200: arm64 Grace).")
     gpus_per_node: PositiveInt
     gpu_memory_gib: PositiveInt
+    node_memory_gib: PositiveInt = Field(description="Host memory of one node (p5.48xlarge 2048, "
+                                                     "p6e-gb200.36xlarge 960).")
+    fabric: FabricSpec | None = Field(None, description="RDMA fabric; without it KV moves over TCP.")
     instance_types: list[str] = Field(min_length=1)
     supernode: SupernodeSpec | None = None
     driver_version: str = Field(description="NVIDIA driver version the preflight expects.")
@@ -212,7 +249,13 @@ class PhaseSpec(Strict):
     redundant_experts: Annotated[int, Field(ge=0)] = 0
     enable_eplb: bool = True
     max_running_requests: PositiveInt | None = None
-    chunked_prefill_size: PositiveInt | None = None
+    chunked_prefill_tokens_per_rank: PositiveInt | None = Field(
+        None, description="Prompt tokens one attention-DP rank (one GPU under DP attention) takes per forward "
+                          "pass. pdstack renders what each engine means by its own flag: SGLang divides "
+                          "--chunked-prefill-size over the DP ranks, vLLM's --max-num-batched-tokens is per rank.")
+    host_cache_gib_per_rank: Annotated[int, Field(ge=0)] = Field(
+        32, description="Host-memory tier of the prefix cache (SGLang HiCache --hicache-size) per rank, in GiB, "
+                        "where a prefix cache runs on this pool. Counted in the pod's memory limit.")
     scaling: ScalingSpec | None = None
     expert_placement: str | None = Field(
         None, description="Placement JSON written by `pdctl eplb`, relative to the project root."
@@ -465,6 +508,13 @@ def capacity_problems(spec: StackSpec) -> list[str]:
             problems.append(
                 f"hardware.max_gpus: the pools may grow to {want} GPUs ({parts}) but the quota is {hw.max_gpus}. "
                 "Fix: lower deployment.<role>.scaling.max_instances, or raise hardware.max_gpus")
+    for role, phase in pools.items():
+        if phase.max_gpus() < hw.gpus_per_node:
+            problems.append(
+                f"deployment.{role}.scaling.max_instances: the {role} node pool may hold {phase.max_gpus()} GPUs "
+                f"but its nodes ({', '.join(hw.instance_types)}) have {hw.gpus_per_node} each, so Karpenter can "
+                f"never launch one. Fix: let the pool reach at least {hw.gpus_per_node} GPUs (more instances, or "
+                "wider expert_parallel)")
     for role in ("decode", "colocated"):
         phase = pools.get(role)
         if phase is None or hw.supernode is None or phase.nodes_per_instance(hw.gpus_per_node) <= 1:
@@ -495,6 +545,103 @@ def capacity_problems(spec: StackSpec) -> list[str]:
                 f"deployment.decode.scaling.max_instances: at prefill's maximum ({p.max_gpus()} GPUs) the ratio "
                 f"ceiling {bounds.max} needs {math.ceil(p.max_gpus() / hi)} decode GPUs, but decode stops at "
                 f"{d.max_gpus()}. Fix: raise decode's maximum or pd_ratio_bounds.max")
+    return problems
+
+
+# Host memory an engine pod needs besides its caches: the engine processes (one per rank),
+# pinned staging buffers, the tokenizer workers. Measured SGLang/vLLM DeepSeek-V3 ranks sit
+# at 10-14 GiB resident each; 16 leaves headroom. Nodes keep a share for the kubelet and OS.
+ENGINE_PROCESS_GIB_PER_RANK = 16
+NODE_RESERVED_SHARE = 0.05
+SHM_GIB_PER_RANK = 8  # NCCL / torch IPC through /dev/shm, and the Mooncake local buffer
+
+
+def store_ranks(spec: StackSpec) -> int:
+    """Rank processes that lend a segment to the distributed store: those that run the prefix cache.
+
+    Decode receives each request's KV from prefill and keeps no prefix tier (see engine_args).
+    """
+    pools = spec.deployment.pools()
+    return sum(p.instances * p.gpus_per_instance() for r, p in pools.items() if r in ("prefill", "colocated"))
+
+
+def store_segment_gib_per_rank(spec: StackSpec) -> int:
+    """Each rank process mounts its own store segment: the spec's capacity split over all of them."""
+    return max(1, spec.deployment.cache.capacity_gib // max(1, store_ranks(spec)))
+
+
+def runs_prefix_cache(spec: StackSpec, role: str) -> bool:
+    return spec.deployment.cache.prefix_cache and role in ("prefill", "colocated")
+
+
+def pod_memory_gib(spec: StackSpec, role: str) -> dict[str, int]:
+    """Host memory one engine pod needs, by part, and what a node can give it (all GiB)."""
+    phase = spec.deployment.pools()[role]
+    hw = spec.hardware
+    ranks = min(phase.gpus_per_instance(), hw.gpus_per_node)
+    parts = {
+        "engine processes": ranks * ENGINE_PROCESS_GIB_PER_RANK,
+        "/dev/shm": ranks * SHM_GIB_PER_RANK,
+        "host cache tier": ranks * phase.host_cache_gib_per_rank if runs_prefix_cache(spec, role) else 0,
+        "store segments": ranks * store_segment_gib_per_rank(spec)
+        if runs_prefix_cache(spec, role) and spec.deployment.cache.store == "mooncake" else 0,
+    }
+    need = sum(parts.values())
+    share = ranks / hw.gpus_per_node
+    available = int(hw.node_memory_gib * (1 - NODE_RESERVED_SHARE) * share)
+    return {**parts, "total": need, "limit": max(need, int(need * 1.1)), "available": available}
+
+
+def hardware_problems(spec: StackSpec) -> list[str]:
+    """Images, fabric and memory against the hardware the spec names."""
+    hw, eng, dep = spec.hardware, spec.engine, spec.deployment
+    problems = []
+    if hw.gpu_type == "GB200" and hw.cpu_architecture != "arm64":
+        problems.append("hardware.cpu_architecture: GB200 nodes run Grace CPUs (arm64). Fix: arm64")
+    if hw.cpu_architecture not in eng.image_architectures:
+        problems.append(
+            f"engine.image_architectures: the engine image is built for {', '.join(eng.image_architectures)} but "
+            f"the nodes are {hw.cpu_architecture}. Fix: an image with a {hw.cpu_architecture} build (its manifest "
+            f"list), and list it here")
+    fab = hw.fabric
+    if fab is not None and len(fab.devices) > fab.per_node:
+        problems.append(f"hardware.fabric.devices: {len(fab.devices)} devices named but per_node is {fab.per_node}. "
+                        "Fix: name at most per_node devices")
+    if fab is not None and fab.kind == "efa" and fab.resource != "vpc.amazonaws.com/efa":
+        problems.append(f"hardware.fabric.resource: EFA's device plugin advertises vpc.amazonaws.com/efa, not "
+                        f"{fab.resource}. Fix: vpc.amazonaws.com/efa")
+    if fab is not None and fab.kind != "efa" and fab.resource == "vpc.amazonaws.com/efa":
+        problems.append(f"hardware.fabric.kind: {fab.kind} with the EFA resource. Fix: kind: efa, or the RDMA "
+                        "device plugin's resource (e.g. rdma/ib)")
+    for role, phase in dep.pools().items():
+        multi_node = phase.nodes_per_instance(hw.gpus_per_node) > 1
+        if eng.moe_a2a_backend == "deepep" and phase.expert_parallel > 1 and multi_node:
+            # DeepEP's internode kernels use NVSHMEM over IBGDA (mlx5 verbs); EFA has no IBGDA.
+            # Inside one NVLink domain (GB200 NVL72) NVSHMEM goes over multi-node NVLink instead.
+            wide_rule_fired = role in ("decode", "colocated")  # "needs a supernode" already says it
+            if hw.supernode is None and (fab is None or fab.kind == "efa") and not wide_rule_fired:
+                have = "no RDMA fabric" if fab is None else "EFA, which has no IBGDA"
+                problems.append(
+                    f"engine.moe_a2a_backend: deepep across nodes ({role}, EP {phase.expert_parallel}) needs "
+                    f"InfiniBand/RoCE with IBGDA or one NVLink domain, and this hardware has {have}. "
+                    f"Fix: moe_a2a_backend: none, keep deployment.{role}.expert_parallel within a node, or "
+                    "hardware.fabric.kind: infiniband")
+        if hw.fabric is None and dep.mode == "disaggregated" and eng.kv_transfer == "mooncake" and role == "prefill":
+            problems.append("hardware.fabric: PD disaggregation moves every prompt's KV between nodes and no RDMA "
+                            "fabric is named. Fix: describe the fabric (efa, infiniband or roce)")
+        mem = pod_memory_gib(spec, role)
+        if mem["limit"] > mem["available"]:
+            parts = ", ".join(f"{k} {v}" for k, v in mem.items() if k not in ("total", "limit", "available") and v)
+            problems.append(
+                f"deployment.{role}.host_cache_gib_per_rank: one {role} pod needs {mem['limit']} GiB of host memory "
+                f"({parts}, +10% headroom) but its share of a node is {mem['available']} GiB "
+                f"(hardware.node_memory_gib {hw.node_memory_gib}). Fix: lower host_cache_gib_per_rank or "
+                "deployment.cache.capacity_gib, or add prefill ranks")
+        if spec.model.num_dense_layers() and spec.model.dense_intermediate_size is None:
+            problems.append("model.dense_intermediate_size: the model has dense layers (num_layers > num_moe_layers) "
+                            "and their FFN width is needed to split them. Fix: set it from config.json "
+                            "intermediate_size")
+            break
     return problems
 
 
@@ -575,6 +722,7 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
 
     problems += engine_capability_problems(spec)
     problems += capacity_problems(spec)
+    problems += hardware_problems(spec)
 
     if dep.cache.store == "mooncake" and dep.cache.eviction_policy != "lru":
         problems.append(

@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+SUMS_NAME = "SHA256SUMS"
 MANIFEST_NAME = "SHA256SUMS.json"
 CHUNK = 8 * 1024 * 1024
 
@@ -109,6 +110,9 @@ def upload(s3, bucket: str, prefix: str, source: Path) -> dict[str, str]:
     manifest = build_manifest(source)
     for rel in manifest:
         s3.upload_file(str(source / rel), bucket, _key(prefix, rel))
+    # The same sums in `sha256sum -c` form, for fetchers that have coreutils but no Python.
+    sums = "".join(f"{digest}  {rel}\n" for rel, digest in sorted(manifest.items()))
+    s3.put_object(Bucket=bucket, Key=_key(prefix, SUMS_NAME), Body=sums.encode())
     s3.put_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME), Body=json.dumps(manifest, indent=1, sort_keys=True).encode())
     return manifest
 

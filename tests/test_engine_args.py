@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.render.engine_args import all_launches
+from infra.render.engine_check import variant_spec
 from infra.render.flagsets import flagset
 from infra.render.router_config import RoundRobinWarning, epp_config, router_launch
 from infra.spec import SpecError, load_spec, parse_spec, stack_spec_path
@@ -18,13 +19,7 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("PDSTACK_UPDATE_GOLDEN") == "1"
 
 
-def spec_for(stack: str, engine: str):
-    data = stack_data(stack)
-    data["engine"]["kind"] = engine
-    data["engine"]["version"] = {"sglang": "0.5.23", "vllm": "0.33.0"}[engine]
-    if engine == "vllm":
-        data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
-    return parse_spec(data)
+spec_for = variant_spec
 
 
 def rendered_configs(stack: str, engine: str) -> str:
@@ -80,7 +75,8 @@ def test_multi_node_instances_get_rank_arguments_from_lws():
     assert 'NODE_RANK="${LWS_WORKER_INDEX:-0}"' in decode.script()
     vllm_decode = all_launches(spec_for("prod", "vllm"))["decode"]
     assert "START_RANK=$((NODE_RANK * 4))" in vllm_decode.script()
-    assert vllm_decode.args[vllm_decode.args.index("--data-parallel-start-rank") + 1] == "${START_RANK}"
+    assert "--data-parallel-start-rank" not in vllm_decode.args  # only workers pass it (see test_engine_rules)
+    assert '--headless --data-parallel-start-rank "$START_RANK"' in vllm_decode.script()
 
 
 def test_phases_get_their_disaggregation_mode_and_transfer_backend():

@@ -62,9 +62,11 @@ def test_wide_ep_without_supernode_suggests_colocated():
     data = stack_data("prod")
     del data["hardware"]["supernode"]
     problems = problems_of(data)
-    assert len(problems) == 1
+    assert len(problems) == 2
     assert problems[0].startswith("deployment.decode.expert_parallel: wide EP (64 GPUs over 16 nodes) needs a supernode")
     assert "mode: colocated" in problems[0]
+    # Without the NVLink domain, prefill's two-node DeepEP would need IBGDA, which EFA lacks.
+    assert problems[1].startswith("engine.moe_a2a_backend: deepep across nodes (prefill, EP 8)")
 
 
 def test_timeouts_must_shrink_inwards():

@@ -103,7 +103,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
         "volumeMounts": [{"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10},
     }
-    pod = {"serviceAccountName": "engine", **gpu_scheduling("prefill"),
+    pod = {"serviceAccountName": "engine", **gpu_scheduling(ctx.spec, "prefill", lws_group=False),
            "initContainers": [weights_init_container(spec)], "containers": [container], "volumes": weights_volumes(spec)}
     return [
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {

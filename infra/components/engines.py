@@ -14,8 +14,9 @@ from infra.components.k8s import Layer, LayerContext, disruption_budget
 from infra.components.placement import group_annotations, gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
-from infra.render.kvcache_config import KVCachePlan
-from infra.spec import StackSpec
+from infra.render.fabric import fabric_env, fabric_resources
+from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
+from infra.spec import SHM_GIB_PER_RANK, StackSpec, pod_memory_gib
 
 ENGINE_SERVICE_ACCOUNT = "engine"
 EXPERT_PLACEMENT_CONFIGMAP = "expert-placement"
@@ -35,14 +36,14 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     mounts = [
         {"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True},
         {"name": "launch", "mountPath": LAUNCH_MOUNT, "readOnly": True},
-        {"name": "kvcache-config", "mountPath": "/etc/lmcache", "readOnly": True},
+        {"name": "kvcache-config", "mountPath": KVCACHE_CONFIG_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     volumes = [
         *weights_volumes(spec),
         {"name": "launch", "configMap": {"name": f"{naming.engine(role)}-launch", "defaultMode": 0o555}},
         {"name": "kvcache-config", "configMap": {"name": "kvcache-config"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB_PER_RANK * launch.gpus_per_pod}Gi"}},
     ]
     if spec.deployment.cache.disk_path:
         mounts.append({"name": "prefix-cache-disk", "mountPath": spec.deployment.cache.disk_path})
@@ -51,15 +52,20 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     if phase.expert_placement:
         mounts.append({"name": "expert-placement", "mountPath": PLACEMENT_MOUNT, "readOnly": True})
         volumes.append({"name": "expert-placement", "configMap": {"name": EXPERT_PLACEMENT_CONFIGMAP}})
+    memory = pod_memory_gib(spec, role)
+    devices = {"nvidia.com/gpu": str(launch.gpus_per_pod), **fabric_resources(spec, launch.gpus_per_pod)}
     container = {
         "name": "engine",
         "image": spec.engine.image,
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
-        "env": [{"name": k, "value": v} for k, v in sorted({**kv.engine_env, **launch.env}.items())],
+        "env": [{"name": k, "value": v}
+                for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())],
         "ports": [{"name": "http", "containerPort": launch.port}],
+        # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), the host
+        # cache tier and the store segments each rank lends (infra/spec.py, pod_memory_gib).
         "resources": {
-            "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(launch.gpus_per_pod)},
-            "limits": {"memory": "512Gi", "nvidia.com/gpu": str(launch.gpus_per_pod)},
+            "requests": {"cpu": "32", "memory": f"{memory['total']}Gi", **devices},
+            "limits": {"memory": f"{memory['limit']}Gi", **devices},
         },
         "volumeMounts": mounts,
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},  # RDMA memory registration
@@ -75,7 +81,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         }
     return {
         "serviceAccountName": ENGINE_SERVICE_ACCOUNT,
-        **gpu_scheduling(role),
+        **gpu_scheduling(spec, role),
         "initContainers": [weights_init_container(spec)],
         "containers": [container],
         "volumes": volumes,

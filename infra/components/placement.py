@@ -13,17 +13,43 @@ from infra import naming
 from infra.spec import StackSpec
 
 LWS_EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 
 
-def gpu_scheduling(role: str) -> dict:
-    """Pod spec fragment: select the role's pool and tolerate its taints."""
-    return {
-        "nodeSelector": {naming.ROLE_LABEL: role},
+def gpu_scheduling(spec: StackSpec, role: str, lws_group: bool = True) -> dict:
+    """Pod spec fragment: select the role's pool and the nodes' architecture, tolerate its taints.
+
+    A multi-node group whose all-to-all runs over NVLink (DeepEP on EFA, which has no IBGDA)
+    must keep all its pods in one NVLink domain. Decode gets that from LWS's exclusive
+    topology (one group per domain); any other such group gets a pod affinity on the domain
+    label, scoped to its own group by matchLabelKeys on LWS's per-group label (the scheduler
+    copies the key's value from the incoming pod: Kubernetes 1.33, MatchLabelKeysInPodAffinity).
+    """
+    fragment: dict = {
+        "nodeSelector": {naming.ROLE_LABEL: role, "kubernetes.io/arch": spec.hardware.cpu_architecture},
         "tolerations": [
             {"key": naming.ROLE_LABEL, "operator": "Equal", "value": role, "effect": naming.ROLE_TAINT_EFFECT},
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         ],
     }
+    if lws_group and needs_nvlink_domain(spec, role) and not needs_supernode(spec, role):
+        fragment["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {naming.ROLE_LABEL: role}},
+            "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+            "topologyKey": spec.hardware.supernode.topology_label,
+        }]}}
+    return fragment
+
+
+def needs_nvlink_domain(spec: StackSpec, role: str) -> bool:
+    """A multi-node instance whose expert all-to-all can only run over multi-node NVLink."""
+    phase = spec.deployment.pools().get(role)
+    if phase is None or spec.hardware.supernode is None:
+        return False
+    fabric = spec.hardware.fabric
+    multi_node = phase.nodes_per_instance(spec.hardware.gpus_per_node) > 1
+    return (multi_node and spec.engine.moe_a2a_backend == "deepep" and phase.expert_parallel > 1
+            and (fabric is None or fabric.kind == "efa"))
 
 
 def needs_supernode(spec: StackSpec, role: str) -> bool:

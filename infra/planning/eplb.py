@@ -148,13 +148,27 @@ class Placement:
     imbalance_before: np.ndarray  # per layer, the engine's default layout
     imbalance_after: np.ndarray
     num_gpus: int
+    fallback_layers: tuple[int, ...] = ()  # layers that kept the engine's default layout
 
-    def engine_file(self) -> dict:
-        return {"physical_to_logical_map": self.phy2log.tolist()}
+    def engine_file(self, num_layers: int | None = None) -> dict:
+        """SGLang's --init-expert-location JSON (sglang/srt/eplb/expert_location.py, init_by_mapping):
+        one row per hidden layer of the model (ModelConfigForExpertLocation.num_layers is
+        num_hidden_layers, dense layers included). Load files cover the MoE layers, which come
+        after the dense ones (DeepSeek's first_k_dense_replace), so dense rows get the default layout."""
+        rows = self.phy2log
+        if num_layers is not None and num_layers > rows.shape[0]:
+            dense = default_layout(int(rows.max()) + 1 if rows.size else 0, rows.shape[1])
+            rows = np.vstack([np.repeat(dense[None, :], num_layers - rows.shape[0], axis=0), rows])
+        return {"physical_to_logical_map": rows.tolist()}
 
     def report(self) -> dict:
+        policy = self.policy
+        if self.policy == "hierarchical" and self.fallback_layers:
+            policy = (f"hierarchical, except {len(self.fallback_layers)} layers that kept the engine's default layout "
+                      "(group locality broken there)")
         return {
-            "policy": self.policy,
+            "policy": policy,
+            "fallback_layers": list(self.fallback_layers),
             "gpus": self.num_gpus,
             "slots": int(self.phy2log.shape[1]),
             "imbalance_before": {"mean": float(self.imbalance_before.mean()), "worst": float(self.imbalance_before.max()),
@@ -169,8 +183,8 @@ def place_experts(weight: np.ndarray, num_redundant: int, num_nodes: int, num_gp
     weight = np.asarray(weight, dtype=np.float64)
     if weight.ndim != 2:
         raise PlacementError(f"loads must be [layers, experts], got shape {weight.shape}")
-    if (weight < 0).any():
-        raise PlacementError("loads must be non-negative token counts")
+    if not np.isfinite(weight).all() or (weight < 0).any():
+        raise PlacementError("loads must be finite, non-negative token counts (found NaN, Inf or a negative)")
     layers, num_logical = weight.shape
     num_physical = num_logical + num_redundant
     checks = [
@@ -197,7 +211,8 @@ def place_experts(weight: np.ndarray, num_redundant: int, num_nodes: int, num_gp
     if worse.any():
         phy2log[worse] = baseline
         after = imbalance(gpu_loads(weight, phy2log, num_gpus))
-    return Placement("hierarchical" if use_hierarchical else "global", phy2log, before, after, num_gpus)
+    return Placement("hierarchical" if use_hierarchical else "global", phy2log, before, after, num_gpus,
+                     fallback_layers=tuple(int(i) for i in np.flatnonzero(worse)))
 
 
 def load_loads(path: str | Path) -> np.ndarray:

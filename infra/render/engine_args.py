@@ -16,10 +16,11 @@ import json
 from dataclasses import dataclass, field
 
 from infra import naming
+from infra.render.fabric import device_names, mooncake_protocol, nixl_backends
 from infra.render.flagsets import flagset
 from infra.render.templating import render_template
 from infra.render.tracing import engine_trace_args
-from infra.spec import PhaseSpec, StackSpec
+from infra.spec import PhaseSpec, StackSpec, runs_prefix_cache
 
 ENGINE_PORT = {"sglang": 30000, "vllm": 8000}
 BOOTSTRAP_PORT = 8998  # SGLang PD: prefill's KV bootstrap server the decode side dials
@@ -88,11 +89,33 @@ def _rank_prelude(phase: PhaseSpec, gpus_per_node: int) -> list[str]:
     ]
 
 
+def attention_dp(phase: PhaseSpec) -> int:
+    """Attention data-parallel ranks of one instance (1 when attention is tensor-parallel)."""
+    return phase.expert_parallel if phase.dp_attention and phase.expert_parallel > 1 else 1
+
+
+def dense_mlp_fully_data_parallel(spec: StackSpec, phase: PhaseSpec) -> bool:
+    """Whether the dense (non-MoE) layers must be replicated per rank instead of split over TP.
+
+    SGLang splits a dense MLP over the whole TP group unless --moe-dense-tp-size 1
+    (sglang/srt/models/deepseek_v2.py: parallel_group "replicated" if is_dense_ffn_fully_dp()).
+    With block-wise FP8 weights every split must be a whole number of blocks
+    (sglang/srt/layers/quantization/fp8_utils.py, validate_fp8_block_shape): DeepSeek-V3's
+    18432-wide FFN over TP 64 is 288 columns, not a multiple of 128, so it cannot be split.
+    """
+    width, tp = spec.model.dense_intermediate_size, phase.expert_parallel
+    if not spec.model.num_dense_layers() or width is None or tp == 1 or attention_dp(phase) == 1:
+        return False
+    block = spec.model.fp8_block_size or 1
+    return width % tp != 0 or (width // tp) % block != 0
+
+
 def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str]]:
     """(args, prelude, notes) for `python3 -m sglang.launch_server` in one pool."""
     phase = spec.deployment.pools()[role]
     dep, eng, hw = spec.deployment, spec.engine, spec.hardware
     ep = phase.expert_parallel
+    dp = attention_dp(phase)
     nodes = phase.nodes_per_instance(hw.gpus_per_node)
     notes: list[str] = []
     args = [
@@ -108,24 +131,37 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
     ]
     if eng.trust_remote_code:
         args.append("--trust-remote-code")
-    if phase.dp_attention and ep > 1:
-        args += ["--dp-size", str(ep), "--enable-dp-attention"]
+    if dp > 1:
+        # 0.5.23 spells DP attention as its width (--enable-dp-attention is deprecated). The LM
+        # head then runs inside each attention-DP group instead of gathering across all ranks.
+        args += ["--attn-dp-size", str(dp), "--enable-dp-lm-head"]
+    if dense_mlp_fully_data_parallel(spec, phase):
+        args += ["--moe-dense-tp-size", "1"]
+        notes.append(f"dense layers replicated per rank: {spec.model.dense_intermediate_size} / TP {ep} is not "
+                     f"a whole number of {spec.model.fp8_block_size}-wide FP8 blocks")
     if eng.moe_a2a_backend == "deepep" and ep > 1:
-        args += ["--moe-a2a-backend", "deepep"]
+        # Throughput kernels for prompts, low-latency kernels (CUDA-graph friendly) for tokens.
+        mode = "low_latency" if role == "decode" else "normal"
+        args += ["--moe-a2a-backend", "deepep", "--deepep-mode", mode]
+        if role == "decode" and dp > 1:
+            args.append("--enable-two-batch-overlap")  # overlap one micro-batch's all-to-all with the other's compute
     if role in ("prefill", "decode"):
         args += [
             "--disaggregation-mode", role,
             "--disaggregation-transfer-backend", eng.kv_transfer,
         ]
-        if eng.rdma_devices:
-            args += ["--disaggregation-ib-device", ",".join(eng.rdma_devices)]
+        if device_names(spec):
+            args += ["--disaggregation-ib-device", ",".join(device_names(spec))]
         if role == "prefill":
             args += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     if not dep.cache.prefix_cache:
         args.append("--disable-radix-cache")
-    elif dep.cache.store == "mooncake":
-        # Prefix cache spills from GPU to host memory and on to the Mooncake store.
-        args += ["--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake"]
+    elif runs_prefix_cache(spec, role) and dep.cache.store == "mooncake":
+        # Prefix cache spills from GPU to host memory and on to the Mooncake store. Decode keeps
+        # none: prefill hands it each request's KV, and SGLang's PD decode mode turns the radix
+        # cache off (sglang/srt/arg_groups/pd_disaggregation_hook.py), which HiCache needs.
+        args += ["--enable-hierarchical-cache", "--hicache-size", str(phase.host_cache_gib_per_rank),
+                 "--hicache-storage-backend", "mooncake"]
     if phase.enable_eplb and ep > 1:
         args.append("--enable-eplb")
         if phase.redundant_experts:
@@ -135,10 +171,14 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
         notes.append(f"expert placement from {phase.expert_placement} (pdctl eplb)")
     elif phase.enable_eplb and ep > 1:
         notes.append("no placement file: SGLang's own EPLB places redundant experts at runtime")
-    if phase.chunked_prefill_size:
-        args += ["--chunked-prefill-size", str(phase.chunked_prefill_size)]
+    if phase.chunked_prefill_tokens_per_rank:
+        # SGLang divides --chunked-prefill-size over the attention-DP ranks.
+        args += ["--chunked-prefill-size", str(phase.chunked_prefill_tokens_per_rank * dp)]
     if phase.max_running_requests:
         args += ["--max-running-requests", str(phase.max_running_requests)]
+        if role == "decode":
+            # CUDA graphs for every batch a rank can run: the instance's cap shared over its DP ranks.
+            args += ["--cuda-graph-max-bs-decode", str(max(1, phase.max_running_requests // dp))]
     if role in ("prefill", "colocated"):
         args += encoder_args(spec)[0]
     args += engine_trace_args(spec, role)
@@ -151,6 +191,41 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
             "--dist-init-addr", f"${{LEADER}}:{DIST_INIT_PORT}",
         ]
     return args, prelude, notes
+
+
+def vllm_kv_transfer_config(spec: StackSpec, role: str) -> dict | None:
+    """vLLM's --kv-transfer-config: the P-to-D connector, and the shared store where the prefix cache runs.
+
+    vLLM 0.33.0: PD roles are kv_producer (prefill) and kv_consumer (decode)
+    (kv_connector/v1/mooncake/mooncake_connector.py reads kv_role); the Mooncake connector takes
+    its transport from kv_connector_extra_config mooncake_protocol / device_name, and its
+    bootstrap port from VLLM_MOONCAKE_BOOTSTRAP_PORT (vllm/envs.py). The store connector reads
+    the JSON file named by MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py).
+    """
+    eng, dep = spec.engine, spec.deployment
+    connectors = []
+    if role in ("prefill", "decode"):
+        transfer: dict = {"kv_connector": VLLM_TRANSFER_CONNECTOR[eng.kv_transfer],
+                          "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+        if eng.kv_transfer == "nixl":
+            # The prefill side holds KV for a decode peer this long (nixl/base_scheduler.py, default 30 s).
+            transfer["kv_connector_extra_config"] = {
+                "kv_lease_duration": int(spec.timeouts.prefill_to_decode_kv.timeout_seconds),
+                "backends": nixl_backends(spec)}
+        else:
+            extra = {"mooncake_protocol": mooncake_protocol(spec)}
+            if device_names(spec):
+                extra["device_name"] = ",".join(device_names(spec))
+            transfer["kv_connector_extra_config"] = extra
+        connectors.append(transfer)
+    if runs_prefix_cache(spec, role):
+        connectors.append({"kv_connector": VLLM_STORE_CONNECTOR[dep.cache.store], "kv_role": "kv_both"})
+    if not connectors:
+        return None
+    if len(connectors) == 1:
+        return connectors[0]
+    return {"kv_connector": "MultiConnector", "kv_role": connectors[0]["kv_role"],
+            "kv_connector_extra_config": {"connectors": connectors}}
 
 
 def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str]]:
@@ -180,44 +255,51 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
     args.append("--enable-prefix-caching" if dep.cache.prefix_cache else "--no-enable-prefix-caching")
     if phase.enable_eplb and ep > 1:
         args += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": phase.redundant_experts})]
-    connectors = []
-    if role in ("prefill", "decode"):
-        transfer = {"kv_connector": VLLM_TRANSFER_CONNECTOR[eng.kv_transfer], "kv_role": "kv_both"}
-        if eng.kv_transfer == "nixl":
-            # The prefill side holds KV for a decode peer this long (nixl/base_scheduler.py, default 30 s).
-            transfer["kv_connector_extra_config"] = {
-                "kv_lease_duration": int(spec.timeouts.prefill_to_decode_kv.timeout_seconds)}
-        connectors.append(transfer)
-    if dep.cache.prefix_cache:
-        connectors.append({"kv_connector": VLLM_STORE_CONNECTOR[dep.cache.store], "kv_role": "kv_both"})
-    if len(connectors) == 1:
-        args += ["--kv-transfer-config", json.dumps(connectors[0])]
-    elif connectors:
-        args += ["--kv-transfer-config", json.dumps({
-            "kv_connector": "MultiConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"connectors": connectors},
-        })]
+    kv_config = vllm_kv_transfer_config(spec, role)
+    if kv_config:
+        args += ["--kv-transfer-config", json.dumps(kv_config)]
+    batched_tokens = phase.chunked_prefill_tokens_per_rank
     if phase.max_running_requests:
         args += ["--max-num-seqs", str(phase.max_running_requests)]
-    if phase.chunked_prefill_size:
-        args += ["--max-num-batched-tokens", str(phase.chunked_prefill_size)]
-    if role in ("prefill", "colocated"):
-        args += encoder_args(spec)[0]
+        # A step must fit every running sequence's token: with DeepEP low-latency, EP and DP > 1
+        # vLLM defaults the budget to 256 (batched DP MoE), below the cap, and its
+        # SchedulerConfig refuses that (vllm/config/scheduler.py).
+        batched_tokens = max(batched_tokens or 0, phase.max_running_requests)
+    if batched_tokens:
+        args += ["--max-num-batched-tokens", str(batched_tokens)]
     args += engine_trace_args(spec, role)
     prelude: list[str] = []
+    leader_only = encoder_args(spec)[0] if role in ("prefill", "colocated") else []
     if nodes > 1:
         prelude = _rank_prelude(phase, hw.gpus_per_node) + [f"START_RANK=$((NODE_RANK * {local}))"]
         args += [
             "--data-parallel-size-local", str(local),
             "--data-parallel-address", "${LEADER}",
             "--data-parallel-rpc-port", str(VLLM_DP_RPC_PORT),
-            "--data-parallel-start-rank", "${START_RANK}",
         ]
+        # Workers run headless engines for their ranks. The leader serves HTTP for all ranks
+        # (internal load balancing): it must not pass --data-parallel-start-rank, which vLLM
+        # reads as hybrid LB, where the leader's API server would reach only its local ranks
+        # (vllm/entrypoints/cli/serve.py). --api-server-count is refused with --headless.
         notes.append("workers (NODE_RANK > 0) run headless: only the leader serves HTTP")
-        prelude.append('if [ "$NODE_RANK" -gt 0 ]; then set -- --headless; else set --; fi')
-    if eng.rdma_devices:
-        notes.append(f"RDMA devices for KV transfer: {', '.join(eng.rdma_devices)} (UCX_NET_DEVICES)")
+        worker = '--headless --data-parallel-start-rank "$START_RANK"'
+        prelude.append(f'if [ "$NODE_RANK" -gt 0 ]; then set -- {worker}; else set -- {" ".join(leader_only)}; fi')
+    else:
+        args += leader_only
     return args, prelude, notes
+
+
+def shell_set_flags(prelude: list[str]) -> list[str]:
+    """Flags a prelude's `set -- ...` adds per rank, for the flag-set check."""
+    import shlex
+
+    flags: list[str] = []
+    for line in prelude:
+        for part in line.split(";"):
+            words = shlex.split(part.strip().replace("then ", "").replace("else ", ""))
+            if words[:2] == ["set", "--"]:
+                flags += ["0" if w.startswith("$") else w for w in words[2:]]  # a rank variable
+    return flags
 
 
 def encoder_args(spec: StackSpec) -> tuple[list[str], str]:
@@ -271,7 +353,7 @@ def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
     if spec.engine.kind == "sglang":
         return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
     if spec.engine.kv_transfer == "mooncake":
-        return {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": seconds}
+        return {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": seconds, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(BOOTSTRAP_PORT)}
     return {}
 
 
@@ -283,6 +365,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     entrypoint = ["python3", "-m", "sglang.launch_server"] if kind == "sglang" else ["vllm", "serve"]
     flags = args[1:] if kind == "vllm" else args  # vllm takes the model path first
     flagset(kind).require(flags, f"{role} engine")
+    flagset(kind).require(shell_set_flags(prelude), f"{role} engine (per-rank flags)")
     env = kv_hop_env(spec, role)
     flagset(kind).require_env(env, f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)

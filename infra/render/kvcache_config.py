@@ -2,8 +2,12 @@
 the KV transfer bandwidth quota. Pure.
 
 - `mooncake`: a Mooncake master (object metadata, eviction, and the HTTP metadata server
-  the transfer engine uses to find peers). SGLang's HiCache and vLLM's
-  MooncakeStoreConnector read the MOONCAKE_* variables.
+  the transfer engine uses to find peers). SGLang's HiCache reads the MOONCAKE_* variables
+  (sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py, load_from_env); vLLM's
+  MooncakeStoreConnector reads only the JSON file MOONCAKE_CONFIG_PATH names
+  (vllm/distributed/mooncake_store.py), which this layer renders into its ConfigMap.
+  Every rank process that runs the prefix cache lends its own segment of host memory, so
+  the spec's capacity is split over those ranks (infra/spec.py, store_segment_gib_per_rank).
 - `lmcache`: an LMCache server as the shared tier, with an LMCache config file for vLLM.
   SGLang 0.5.23 has no LMCache backend; the spec check says so.
 
@@ -16,16 +20,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import json
+
 import yaml
 
 from infra import naming
-from infra.spec import StackSpec
+from infra.render.fabric import device_names, mooncake_protocol
+from infra.spec import StackSpec, store_ranks, store_segment_gib_per_rank
 
 MOONCAKE_RPC_PORT = 50051
 MOONCAKE_METADATA_PORT = 8080
 MOONCAKE_METRICS_PORT = 9003
 LMCACHE_PORT = 65432
-LMCACHE_CONFIG_PATH = "/etc/lmcache/lmcache.yaml"
+KVCACHE_CONFIG_MOUNT = "/etc/pdstack/kvcache"
+LMCACHE_CONFIG_PATH = f"{KVCACHE_CONFIG_MOUNT}/lmcache.yaml"
+MOONCAKE_CONFIG_PATH = f"{KVCACHE_CONFIG_MOUNT}/mooncake.json"
+MOONCAKE_LOCAL_BUFFER_GIB = 4
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,6 @@ class KVCachePlan:
     notes: list[str] = field(default_factory=list)
 
 
-def engine_nodes(spec: StackSpec) -> int:
-    gpn = spec.hardware.gpus_per_node
-    return sum(p.instances * p.nodes_per_instance(gpn) for p in spec.deployment.pools().values())
-
-
 def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
     cache, ns = spec.deployment.cache, spec.environment.namespace
     quota_gbps = spec.hardware.nic_gbps * cache.bandwidth_fraction()
@@ -54,8 +59,27 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
     policy = f"eviction {cache.eviction_policy}, capacity {cache.capacity_gib} GiB, prefix cache {'on' if cache.prefix_cache else 'off'}"
     if cache.store == "mooncake":
         host = naming.service_dns(naming.MOONCAKE_MASTER, ns)
-        # Each engine node lends an equal share of the store's capacity from host memory.
-        segment_gib = max(1, cache.capacity_gib // max(1, engine_nodes(spec)))
+        segment_gib = store_segment_gib_per_rank(spec)
+        master, metadata = f"{host}:{MOONCAKE_RPC_PORT}", f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata"
+        if spec.engine.kind == "sglang":
+            engine_env = {
+                "MOONCAKE_MASTER": master,
+                "MOONCAKE_TE_META_DATA_SERVER": metadata,
+                "MOONCAKE_PROTOCOL": mooncake_protocol(spec),
+                "MOONCAKE_DEVICE": ",".join(device_names(spec)),
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE": f"{segment_gib}gb",
+            }
+            files = {}
+        else:
+            engine_env = {"MOONCAKE_CONFIG_PATH": MOONCAKE_CONFIG_PATH}
+            files = {"mooncake.json": json.dumps({
+                "metadata_server": metadata,
+                "master_server_address": master,
+                "protocol": mooncake_protocol(spec),
+                "device_name": ",".join(device_names(spec)),
+                "global_segment_size": f"{segment_gib}GB",
+                "local_buffer_size": f"{MOONCAKE_LOCAL_BUFFER_GIB}GB",
+            }, indent=1, sort_keys=True) + "\n"}
         return KVCachePlan(
             store="mooncake",
             server_name=naming.MOONCAKE_MASTER,
@@ -72,22 +96,18 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
                 "--eviction_ratio=0.05",
             ],
             ports={"rpc": MOONCAKE_RPC_PORT, "metadata": MOONCAKE_METADATA_PORT, "metrics": MOONCAKE_METRICS_PORT},
-            engine_env={
-                "MOONCAKE_MASTER": f"{host}:{MOONCAKE_RPC_PORT}",
-                "MOONCAKE_TE_META_DATA_SERVER": f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata",
-                "MOONCAKE_PROTOCOL": "rdma" if spec.engine.rdma_devices else "tcp",
-                "MOONCAKE_DEVICE": ",".join(spec.engine.rdma_devices),
-                "MOONCAKE_GLOBAL_SEGMENT_SIZE": f"{segment_gib}gb",
-            },
+            engine_env=engine_env,
+            files=files,
             pod_annotations=annotations,
             quota_gbps=quota_gbps,
-            notes=[policy, f"{segment_gib} GiB of host memory per engine node lent to the store"],
+            notes=[policy, f"{segment_gib} GiB of host memory lent to the store by each of {store_ranks(spec)} "
+                           "prefix-cache ranks"],
         )
     host = naming.service_dns(naming.LMCACHE_SERVER, ns)
     config = {
         "chunk_size": 256,
         "local_cpu": True,
-        "max_local_cpu_size": max(1, cache.capacity_gib // max(1, engine_nodes(spec))),
+        "max_local_cpu_size": store_segment_gib_per_rank(spec),
         "remote_url": f"lm://{host}:{LMCACHE_PORT}",
         "remote_serde": "naive",
         "cache_policy": cache.eviction_policy.upper(),

@@ -90,7 +90,7 @@ class Expectations:
             driver_version=spec.hardware.driver_version,
             cuda_version=spec.hardware.cuda_version,
             gpus_per_node=spec.hardware.gpus_per_node,
-            rdma_devices=tuple(spec.engine.rdma_devices),
+            rdma_devices=tuple(spec.hardware.fabric.devices if spec.hardware.fabric else ()),
             cache_path=spec.model.weights.node_cache_path,
             min_free_disk_gib=inventory.min_free_disk_gib,
             max_clock_offset_ms=inventory.max_clock_offset_ms,

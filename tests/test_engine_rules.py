@@ -1,0 +1,261 @@
+"""The engines' own rules, each encoded as a test that names where the engine states it.
+
+The engine check (scripts/check_engine_args.py) ran every rendered command through the
+pinned engines' real validation; these tests keep the reasons visible and fail fast here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.components.storage import aws_cli_fetch_script
+from infra.render.engine_args import all_launches, dense_mlp_fully_data_parallel
+from infra.render.engine_check import (
+    committed_commands, launch_argv, load_verdicts, unverified, variant_spec)
+from infra.render.kvcache_config import kv_cache_plan
+from infra.spec import parse_spec, pod_memory_gib, store_segment_gib_per_rank
+from tests.conftest import problems_of, stack_data
+
+
+def test_every_rendered_command_passed_the_engines_own_validation():
+    """Verdicts in infra/render/engine_check/verdicts.json come from probe.py runs of sglang 0.5.23
+    (prepare_server_args, resolve_once, check_server_args, and the FP8 dense-MLP block check) and
+    vllm 0.33.0 (`vllm serve` validate + cmd through create_engine_config)."""
+    assert unverified(committed_commands(), load_verdicts()) == []
+
+
+def test_the_check_bites_on_known_bad_commands():
+    """Two commands recorded from real runs that the engines refuse: decode with HiCache
+    (sglang/srt/arg_groups/kv_cache_hook.py, handle_cache_compatibility) and vLLM decode without a
+    batched-token budget (vllm/config/scheduler.py). And a changed command is unverified."""
+    bad = {v["label"]: v for v in load_verdicts().values() if "known-bad" in v["label"]}
+    assert "mutually exclusive" in bad["prod/sglang/known-bad-decode-hicache"]["detail"]
+    assert bad["prod/sglang/known-bad-decode-hicache"]["verdict"] == "fail"
+    assert "max_num_batched_tokens (256)" in bad["prod/vllm/known-bad-decode-batched-tokens"]["detail"]
+    command = committed_commands()[0]
+    changed = type(command)(**{**command.__dict__, "argv": (*command.argv, "--page-size", "64")})
+    assert unverified([changed], load_verdicts()) == [f"{command.label}: never checked. Fix: run scripts/check_engine_args.py"]
+
+
+def test_sglang_decode_keeps_no_hierarchical_cache():
+    """sglang/srt/arg_groups/pd_disaggregation_hook.py turns the radix cache off in PD decode mode,
+    and kv_cache_hook.py refuses HiCache without it. Prefill keeps HiCache and the store."""
+    launches = all_launches(variant_spec("prod", "sglang"))
+    assert "--enable-hierarchical-cache" not in launches["decode"].args
+    assert "--enable-hierarchical-cache" in launches["prefill"].args
+
+
+def test_dense_mlp_is_replicated_when_its_tp_split_breaks_fp8_blocks():
+    """sglang/srt/layers/quantization/fp8_utils.py validate_fp8_block_shape: 18432 / 64 = 288 is not a
+    multiple of 128, so prod decode gets --moe-dense-tp-size 1; prefill's 18432 / 8 = 2304 = 18 x 128."""
+    spec = variant_spec("prod", "sglang")
+    pools = spec.deployment.pools()
+    assert dense_mlp_fully_data_parallel(spec, pools["decode"])
+    assert not dense_mlp_fully_data_parallel(spec, pools["prefill"])
+    launches = all_launches(spec)
+    assert "--moe-dense-tp-size" in launches["decode"].args and "--enable-dp-lm-head" in launches["decode"].args
+    # Qwen3-30B-A3B has no dense layers: nothing to split.
+    dev = variant_spec("dev", "sglang")
+    assert not dense_mlp_fully_data_parallel(dev, dev.deployment.pools()["decode"])
+
+
+def test_sglang_chunked_prefill_is_rendered_per_rank_times_dp():
+    """sglang divides --chunked-prefill-size over attention-DP ranks; the spec gives tokens per rank."""
+    spec = variant_spec("prod", "sglang")
+    args = all_launches(spec)["prefill"].args
+    assert args[args.index("--chunked-prefill-size") + 1] == str(16384 * 8)
+    vargs = all_launches(variant_spec("prod", "vllm"))["prefill"].args
+    assert vargs[vargs.index("--max-num-batched-tokens") + 1] == "16384"
+
+
+def test_vllm_workers_are_headless_without_api_servers_and_the_leader_balances_all_ranks():
+    """vllm/entrypoints/cli/serve.py: --api-server-count with --headless is refused, and
+    --data-parallel-start-rank on the leader means hybrid LB (its API server would reach only its
+    local ranks)."""
+    prefill = all_launches(variant_spec("prod", "vllm"))["prefill"]
+    leader, worker = launch_argv(prefill, 0), launch_argv(prefill, 1)
+    assert "--api-server-count" in leader and "--data-parallel-start-rank" not in leader
+    assert "--headless" in worker and "--api-server-count" not in worker
+    assert worker[worker.index("--data-parallel-start-rank") + 1] == "4"
+
+
+def test_vllm_decode_budget_covers_its_running_sequences():
+    """vllm/config/scheduler.py: max_num_batched_tokens >= max_num_seqs; batched DP MoE would default it to 256."""
+    args = all_launches(variant_spec("prod", "vllm"))["decode"].args
+    assert int(args[args.index("--max-num-batched-tokens") + 1]) >= int(args[args.index("--max-num-seqs") + 1])
+
+
+def test_vllm_mooncake_roles_transport_and_store_config_file():
+    """vLLM 0.33.0: kv_producer / kv_consumer (mooncake_connector.py), mooncake_protocol and device_name in
+    kv_connector_extra_config, VLLM_MOONCAKE_BOOTSTRAP_PORT (envs.py), and the store's JSON file from
+    MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py, from_file keys)."""
+    spec = variant_spec("prod", "vllm")
+    launches = all_launches(spec)
+    configs = {r: json.loads(l.args[l.args.index("--kv-transfer-config") + 1]) for r, l in launches.items()}
+    assert configs["prefill"]["kv_role"] == "kv_producer"
+    assert configs["decode"] == {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer",
+                                 "kv_connector_extra_config": {"mooncake_protocol": "efa",
+                                                               "device_name": "rdmap0s0,rdmap1s0,rdmap2s0,rdmap3s0"}}
+    assert launches["prefill"].env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+    plan = kv_cache_plan(spec)
+    assert plan.engine_env == {"MOONCAKE_CONFIG_PATH": "/etc/pdstack/kvcache/mooncake.json"}
+    store = json.loads(plan.files["mooncake.json"])
+    assert {"metadata_server", "master_server_address", "protocol", "device_name", "global_segment_size"} <= set(store)
+    assert store["protocol"] == "efa"
+
+
+def test_store_capacity_is_split_over_the_ranks_that_mount_segments():
+    """Each rank process of SGLang HiCache / vLLM's store connector mounts its own segment
+    (MOONCAKE_GLOBAL_SEGMENT_SIZE per client): 2048 GiB over 8 prefill instances x 8 ranks is 32 each."""
+    spec = variant_spec("prod", "sglang")
+    assert store_segment_gib_per_rank(spec) == 2048 // 64
+    assert kv_cache_plan(spec).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == "32gb"
+    mem = pod_memory_gib(spec, "prefill")
+    assert mem["store segments"] == 4 * 32 and mem["host cache tier"] == 4 * 32
+
+
+def test_pod_memory_that_no_node_can_hold_is_rejected():
+    data = stack_data("prod")
+    data["deployment"]["prefill"]["host_cache_gib_per_rank"] = 256
+    (line,) = [p for p in problems_of(data) if "host_cache_gib_per_rank" in p]
+    assert "needs 1372 GiB" in line and "share of a node is 912 GiB" in line
+
+
+def test_engine_pods_request_their_memory_and_fabric(run_prod):
+    (decode,) = [g for g in run_prod.by_kind("LeaderWorkerSet") if g["metadata"]["name"].endswith("decode")]
+    pod = decode["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["vpc.amazonaws.com/efa"] == "4" and res["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_prefill_groups_stay_in_one_nvlink_domain_on_efa(run_prod):
+    """DeepEP across nodes on EFA (no IBGDA) needs multi-node NVLink: prefill's two-node groups get a
+    pod affinity on the clique label scoped to their LWS group (matchLabelKeys on
+    leaderworkerset.sigs.k8s.io/group-key, kubernetes/enhancements KEP-3633)."""
+    (prefill,) = [g for g in run_prod.by_kind("LeaderWorkerSet") if g["metadata"]["name"].endswith("prefill")]
+    term = prefill["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["matchLabelKeys"] == ["leaderworkerset.sigs.k8s.io/group-key"]
+    assert term["topologyKey"] == "nvidia.com/gpu.clique"
+
+
+def h100_infiniband(data: dict) -> dict:
+    data["hardware"].update(gpu_type="H100", cpu_architecture="amd64", gpus_per_node=8, gpu_memory_gib=80,
+                            node_memory_gib=2048, instance_types=["nd96isr-h100-v5"], fabric={
+                                "kind": "infiniband", "resource": "rdma/ib", "per_node": 8,
+                                "devices": [f"mlx5_{i}" for i in range(8)]})
+    return data
+
+
+def test_h100_infiniband_profile_renders_rdma_devices_and_ibgda():
+    from infra.render.fabric import fabric_env, fabric_resources, mooncake_protocol
+
+    spec = parse_spec(h100_infiniband(stack_data("dev")))
+    assert fabric_resources(spec, 8) == {"rdma/ib": "8"}
+    env = fabric_env(spec)
+    assert env["NCCL_IB_HCA"].startswith("mlx5_0,") and env["NVSHMEM_IB_ENABLE_IBGDA"] == "1"
+    assert mooncake_protocol(spec) == "rdma"
+
+
+def test_mixed_hardware_profiles_are_rejected_with_field_and_fix():
+    data = stack_data("prod")
+    data["hardware"]["cpu_architecture"] = "amd64"
+    assert any(p.startswith("hardware.cpu_architecture: GB200") for p in problems_of(data))
+    data = stack_data("prod")
+    data["engine"]["image_architectures"] = ["amd64"]
+    assert any(p.startswith("engine.image_architectures:") and "arm64" in p for p in problems_of(data))
+    data = stack_data("prod")
+    data["hardware"]["fabric"]["resource"] = "rdma/ib"
+    assert any(p.startswith("hardware.fabric.resource:") for p in problems_of(data))
+    # H100 over EFA with DeepEP across two nodes and no NVLink domain: no IBGDA.
+    data = stack_data("dev")
+    data["engine"]["moe_a2a_backend"] = "deepep"
+    data["deployment"]["prefill"]["expert_parallel"] = 16
+    data["deployment"]["decode"]["expert_parallel"] = 16
+    data["hardware"]["max_gpus"] = 32
+    assert any(p.startswith("engine.moe_a2a_backend: deepep across nodes (prefill") for p in problems_of(data))
+
+
+def test_gpu_limit_smaller_than_one_node_is_rejected():
+    data = stack_data("dev")
+    for role in ("prefill", "decode"):
+        data["deployment"][role]["expert_parallel"] = 4
+    assert any("Karpenter can never launch one" in p for p in problems_of(data))
+
+
+def test_aws_cli_fetcher_verifies_and_repairs_with_real_sha256sum(tmp_path):
+    """amazon/aws-cli ships `aws` and coreutils, not python3/boto3. The script runs under the real
+    /bin/sh and sha256sum; `aws` is a stand-in copying from a folder (what `aws s3 cp/sync` do)."""
+    spec = variant_spec("dev", "sglang")
+    bucket = tmp_path / "bucket"
+    (bucket / "qwen3-30b-a3b").mkdir(parents=True)
+    (bucket / "qwen3-30b-a3b" / "model.safetensors").write_bytes(b"weights" * 1000)
+    sums = subprocess.run(["sha256sum", "model.safetensors"], cwd=bucket / "qwen3-30b-a3b",
+                          capture_output=True, text=True, check=True).stdout
+    (bucket / "qwen3-30b-a3b" / "SHA256SUMS").write_text(sums)
+    fake_aws = tmp_path / "bin" / "aws"
+    fake_aws.parent.mkdir()
+    fake_aws.write_text(f"""#!/bin/sh
+# aws --only-show-errors --endpoint-url E --region R s3 (cp SRC DST | sync [--exclude X]... SRC DST)
+while [ "$1" != s3 ]; do shift; done; shift; op=$1; shift
+while [ "$1" = --exclude ]; do shift 2; done
+src=$(echo "$1" | sed 's#^s3://[^/]*#{bucket}#'); dst=$2
+if [ "$op" = cp ]; then cp "$src" "$dst"; else
+  for f in "$src"/*; do n=$(basename "$f"); [ "$n" = SHA256SUMS ] && continue; [ -e "$dst/$n" ] || cp "$f" "$dst/$n"; done
+fi
+""")
+    fake_aws.chmod(0o755)
+    cache = tmp_path / "cache"
+    script = aws_cli_fetch_script(spec).replace(spec.model.weights.node_cache_path, str(cache))
+    env = {"PATH": f"{fake_aws.parent}:/usr/bin:/bin"}
+    subprocess.run(["/bin/sh", "-c", script], env=env, check=True, capture_output=True)
+    target = cache / "qwen3-30b-a3b" / "model.safetensors"
+    assert target.read_bytes() == b"weights" * 1000
+    target.write_bytes(b"corrupt" * 1000)  # same size: `sync` alone would keep it
+    subprocess.run(["/bin/sh", "-c", script], env=env, check=True, capture_output=True)
+    assert target.read_bytes() == b"weights" * 1000
+    (bucket / "qwen3-30b-a3b" / "model.safetensors").write_bytes(b"tampered" * 1000)
+    target.unlink()
+    failed = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True)
+    assert failed.returncode != 0
+
+
+@pytest.fixture(scope="module")
+def run_prod():
+    from tests.conftest import shipped_run
+
+    return shipped_run("prod")
+
+
+def test_verdict_file_is_in_the_package():
+    assert (Path(__file__).parent.parent / "infra/render/engine_check/verdicts.json").exists()
+
+
+def test_placement_file_has_a_row_per_hidden_layer_and_says_when_it_fell_back():
+    """sglang/srt/eplb/expert_location.py: init_by_mapping takes physical_to_logical_map with one row per
+    ModelConfigForExpertLocation.num_layers, which DeepseekV2ForCausalLM sets to num_hidden_layers (61),
+    dense layers included, and num_logical_experts + ep_num_redundant_experts columns."""
+    import numpy as np
+
+    from infra.planning.eplb import place_experts
+
+    rng = np.random.default_rng(0)
+    loads = rng.pareto(1.5, (58, 256)) * 100
+    loads[5] = 1.0  # a perfectly even layer: any replication is no better than the default
+    placement = place_experts(loads, 64, 16, 64, 8)
+    rows = placement.engine_file(61)["physical_to_logical_map"]
+    assert len(rows) == 61 and all(len(r) == 256 + 64 for r in rows)
+    assert sorted(set(rows[0])) == list(range(256))
+    from dataclasses import replace
+
+    hier = replace(placement, policy="hierarchical", fallback_layers=(3, 7))
+    assert hier.report()["policy"].startswith("hierarchical, except 2 layers") and \
+        "group locality broken" in hier.report()["policy"]
+    assert hier.report()["fallback_layers"] == [3, 7]
