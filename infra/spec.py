@@ -83,7 +83,6 @@ class ModelSpec(Strict):
     fp8_block_size: PositiveInt | None = Field(
         None, description="Block size of block-wise FP8 weights (config.json quantization_config."
                           "weight_block_size, 128 for DeepSeek-V3); none for BF16 weights.")
-    weights_gib: PositiveInt | None = Field(None, description="Size of the weights, for memory checks.")
     weights: WeightsSpec
 
     def num_dense_layers(self) -> int:
@@ -549,8 +548,9 @@ def capacity_problems(spec: StackSpec) -> list[str]:
 
 
 # Host memory an engine pod needs besides its caches: the engine processes (one per rank),
-# pinned staging buffers, the tokenizer workers. Measured SGLang/vLLM DeepSeek-V3 ranks sit
-# at 10-14 GiB resident each; 16 leaves headroom. Nodes keep a share for the kubelet and OS.
+# pinned staging buffers, the tokenizer workers. 16 GiB a rank is an estimate, not measured
+# here (no GPU): replace it with a node's measured RSS per rank. Nodes keep a share for the
+# kubelet and OS.
 ENGINE_PROCESS_GIB_PER_RANK = 16
 NODE_RESERVED_SHARE = 0.05
 SHM_GIB_PER_RANK = 8  # NCCL / torch IPC through /dev/shm, and the Mooncake local buffer

@@ -16,7 +16,7 @@ from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
-from infra.spec import SHM_GIB_PER_RANK, StackSpec, pod_memory_gib
+from infra.spec import StackSpec, pod_memory_gib
 
 ENGINE_SERVICE_ACCOUNT = "engine"
 EXPERT_PLACEMENT_CONFIGMAP = "expert-placement"
@@ -33,6 +33,7 @@ def pod_labels(spec: StackSpec, role: str, base: dict[str, str]) -> dict[str, st
 def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, leader: bool) -> dict:
     role = launch.role
     phase = spec.deployment.pools()[role]
+    memory = pod_memory_gib(spec, role)
     mounts = [
         {"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True},
         {"name": "launch", "mountPath": LAUNCH_MOUNT, "readOnly": True},
@@ -43,7 +44,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         *weights_volumes(spec),
         {"name": "launch", "configMap": {"name": f"{naming.engine(role)}-launch", "defaultMode": 0o555}},
         {"name": "kvcache-config", "configMap": {"name": "kvcache-config"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB_PER_RANK * launch.gpus_per_pod}Gi"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory['/dev/shm']}Gi"}},
     ]
     if spec.deployment.cache.disk_path:
         mounts.append({"name": "prefix-cache-disk", "mountPath": spec.deployment.cache.disk_path})
@@ -52,7 +53,6 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     if phase.expert_placement:
         mounts.append({"name": "expert-placement", "mountPath": PLACEMENT_MOUNT, "readOnly": True})
         volumes.append({"name": "expert-placement", "configMap": {"name": EXPERT_PLACEMENT_CONFIGMAP}})
-    memory = pod_memory_gib(spec, role)
     devices = {"nvidia.com/gpu": str(launch.gpus_per_pod), **fabric_resources(spec, launch.gpus_per_pod)}
     container = {
         "name": "engine",
