@@ -592,6 +592,19 @@ def pod_memory_gib(spec: StackSpec, role: str) -> dict[str, int]:
     return {**parts, "total": need, "limit": max(need, int(need * 1.1)), "available": available}
 
 
+def all_to_all_needs_nvlink_domain(spec: StackSpec, phase: PhaseSpec) -> bool:
+    """A multi-node instance whose DeepEP all-to-all can only run over multi-node NVLink.
+
+    DeepEP's internode kernels use NVSHMEM over IBGDA (mlx5 verbs); EFA has no IBGDA. Inside
+    one NVLink domain (GB200 NVL72) NVSHMEM goes over multi-node NVLink instead. So the spec
+    rejects such an instance without a supernode, and placement keeps it inside one.
+    """
+    fab = spec.hardware.fabric
+    multi_node = phase.nodes_per_instance(spec.hardware.gpus_per_node) > 1
+    return (multi_node and spec.engine.moe_a2a_backend == "deepep" and phase.expert_parallel > 1
+            and (fab is None or fab.kind == "efa"))
+
+
 def hardware_problems(spec: StackSpec) -> list[str]:
     """Images, fabric and memory against the hardware the spec names."""
     hw, eng, dep = spec.hardware, spec.engine, spec.deployment
@@ -614,12 +627,9 @@ def hardware_problems(spec: StackSpec) -> list[str]:
         problems.append(f"hardware.fabric.kind: {fab.kind} with the EFA resource. Fix: kind: efa, or the RDMA "
                         "device plugin's resource (e.g. rdma/ib)")
     for role, phase in dep.pools().items():
-        multi_node = phase.nodes_per_instance(hw.gpus_per_node) > 1
-        if eng.moe_a2a_backend == "deepep" and phase.expert_parallel > 1 and multi_node:
-            # DeepEP's internode kernels use NVSHMEM over IBGDA (mlx5 verbs); EFA has no IBGDA.
-            # Inside one NVLink domain (GB200 NVL72) NVSHMEM goes over multi-node NVLink instead.
+        if all_to_all_needs_nvlink_domain(spec, phase):
             wide_rule_fired = role in ("decode", "colocated")  # "needs a supernode" already says it
-            if hw.supernode is None and (fab is None or fab.kind == "efa") and not wide_rule_fired:
+            if hw.supernode is None and not wide_rule_fired:
                 have = "no RDMA fabric" if fab is None else "EFA, which has no IBGDA"
                 problems.append(
                     f"engine.moe_a2a_backend: deepep across nodes ({role}, EP {phase.expert_parallel}) needs "

@@ -10,7 +10,7 @@ publishes for the NVLink domain (`nvidia.com/gpu.clique`), and one group per dom
 from __future__ import annotations
 
 from infra import naming
-from infra.spec import StackSpec
+from infra.spec import StackSpec, all_to_all_needs_nvlink_domain
 
 LWS_EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
@@ -32,7 +32,10 @@ def gpu_scheduling(spec: StackSpec, role: str, lws_group: bool = True) -> dict:
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
         ],
     }
-    if lws_group and needs_nvlink_domain(spec, role) and not needs_supernode(spec, role):
+    phase = spec.deployment.pools().get(role)
+    in_one_domain = (phase is not None and spec.hardware.supernode is not None
+                     and all_to_all_needs_nvlink_domain(spec, phase))
+    if lws_group and in_one_domain and not needs_supernode(spec, role):
         fragment["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {naming.ROLE_LABEL: role}},
             "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
@@ -41,22 +44,12 @@ def gpu_scheduling(spec: StackSpec, role: str, lws_group: bool = True) -> dict:
     return fragment
 
 
-def needs_nvlink_domain(spec: StackSpec, role: str) -> bool:
-    """A multi-node instance whose expert all-to-all can only run over multi-node NVLink."""
-    phase = spec.deployment.pools().get(role)
-    if phase is None or spec.hardware.supernode is None:
-        return False
-    fabric = spec.hardware.fabric
-    multi_node = phase.nodes_per_instance(spec.hardware.gpus_per_node) > 1
-    return (multi_node and spec.engine.moe_a2a_backend == "deepep" and phase.expert_parallel > 1
-            and (fabric is None or fabric.kind == "efa"))
-
-
 def needs_supernode(spec: StackSpec, role: str) -> bool:
-    """Only a multi-node decode (or colocated) instance must sit in one NVLink domain.
+    """Only a multi-node decode (or colocated) instance gets an NVLink domain to itself.
 
-    Prefill's medium EP tolerates the inter-node fabric: its all-to-all runs once per
-    prompt, not once per token.
+    Prefill's medium EP tolerates the inter-node fabric where DeepEP can use it (IBGDA):
+    its all-to-all runs once per prompt, not once per token. Where it cannot (EFA), prefill
+    groups share domains but each stays inside one (gpu_scheduling).
     """
     phase = spec.deployment.pools()[role]
     multi_node = phase.nodes_per_instance(spec.hardware.gpus_per_node) > 1
