@@ -110,8 +110,11 @@ def dense_mlp_fully_data_parallel(spec: StackSpec, phase: PhaseSpec) -> bool:
     return width % tp != 0 or (width // tp) % block != 0
 
 
-def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str]]:
-    """(args, prelude, notes) for `python3 -m sglang.launch_server` in one pool."""
+def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(args, prelude, notes, rank flags) for `python3 -m sglang.launch_server` in one pool.
+
+    Rank flags: flags the prelude adds for some ranks only (none for SGLang), for the flag check.
+    """
     phase = spec.deployment.pools()[role]
     dep, eng, hw = spec.deployment, spec.engine, spec.hardware
     ep = phase.expert_parallel
@@ -190,7 +193,7 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
             "--node-rank", "${NODE_RANK}",
             "--dist-init-addr", f"${{LEADER}}:{DIST_INIT_PORT}",
         ]
-    return args, prelude, notes
+    return args, prelude, notes, []
 
 
 def vllm_kv_transfer_config(spec: StackSpec, role: str) -> dict | None:
@@ -228,8 +231,8 @@ def vllm_kv_transfer_config(spec: StackSpec, role: str) -> dict | None:
             "kv_connector_extra_config": {"connectors": connectors}}
 
 
-def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str]]:
-    """(args, prelude, notes) for `vllm serve <weights>` in one pool."""
+def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(args, prelude, notes, rank flags) for `vllm serve <weights>` in one pool (see sglang_args)."""
     phase = spec.deployment.pools()[role]
     dep, eng, hw = spec.deployment, spec.engine, spec.hardware
     ep = phase.expert_parallel
@@ -282,24 +285,14 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         # reads as hybrid LB, where the leader's API server would reach only its local ranks
         # (vllm/entrypoints/cli/serve.py). --api-server-count is refused with --headless.
         notes.append("workers (NODE_RANK > 0) run headless: only the leader serves HTTP")
-        worker = '--headless --data-parallel-start-rank "$START_RANK"'
+        worker_only = ["--headless", "--data-parallel-start-rank", "$START_RANK"]
+        worker = " ".join(f'"{w}"' if w.startswith("$") else w for w in worker_only)
         prelude.append(f'if [ "$NODE_RANK" -gt 0 ]; then set -- {worker}; else set -- {" ".join(leader_only)}; fi')
+        rank_flags = [*leader_only, *("0" if w.startswith("$") else w for w in worker_only)]
     else:
         args += leader_only
-    return args, prelude, notes
-
-
-def shell_set_flags(prelude: list[str]) -> list[str]:
-    """Flags a prelude's `set -- ...` adds per rank, for the flag-set check."""
-    import shlex
-
-    flags: list[str] = []
-    for line in prelude:
-        for part in line.split(";"):
-            words = shlex.split(part.strip().replace("then ", "").replace("else ", ""))
-            if words[:2] == ["set", "--"]:
-                flags += ["0" if w.startswith("$") else w for w in words[2:]]  # a rank variable
-    return flags
+        rank_flags = []
+    return args, prelude, notes, rank_flags
 
 
 def encoder_args(spec: StackSpec) -> tuple[list[str], str]:
@@ -361,11 +354,11 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     """The full, checked launch of one pool's engine."""
     kind = spec.engine.kind
     phase = spec.deployment.pools()[role]
-    args, prelude, notes = (sglang_args if kind == "sglang" else vllm_args)(spec, role)
+    args, prelude, notes, rank_flags = (sglang_args if kind == "sglang" else vllm_args)(spec, role)
     entrypoint = ["python3", "-m", "sglang.launch_server"] if kind == "sglang" else ["vllm", "serve"]
     flags = args[1:] if kind == "vllm" else args  # vllm takes the model path first
     flagset(kind).require(flags, f"{role} engine")
-    flagset(kind).require(shell_set_flags(prelude), f"{role} engine (per-rank flags)")
+    flagset(kind).require(rank_flags, f"{role} engine (per-rank flags)")
     env = kv_hop_env(spec, role)
     flagset(kind).require_env(env, f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)
