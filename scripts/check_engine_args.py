@@ -29,10 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.render.engine_check import (  # noqa: E402
-    HERE, MODEL_CONFIGS, MODELS, RenderedCommand, committed_commands, load_verdicts, write_verdicts)
 from infra.render.engine_args import weights_path  # noqa: E402
-from infra.render.engine_check import variant_spec  # noqa: E402
+from infra.render.engine_check import (  # noqa: E402
+    ENGINES, HERE, MODEL_CONFIGS, MODELS, STACKS, RenderedCommand, committed_commands, load_verdicts,
+    variant_spec, write_verdicts)
+
+PROBE_TIMEOUT_SECONDS = 600
 
 GPU_CAP = {"H100": "9.0", "H200": "9.0", "B200": "10.0", "GB200": "10.0"}
 GPU_MEM_MIB = {"H100": 81559, "H200": 143771, "B200": 183359, "GB200": 190464}
@@ -56,8 +58,12 @@ def run_probe(venv: Path, command: RenderedCommand, argv: list[str]) -> dict:
            "STANDIN_GPU_CAP": GPU_CAP[command.gpu_type], "STANDIN_GPU_MEM_MIB": str(GPU_MEM_MIB[command.gpu_type]),
            "VLLM_LOGGING_LEVEL": "ERROR"}
     started = time.monotonic()
-    out = subprocess.run([str(venv / "bin" / "python"), str(HERE / "probe.py"), json.dumps(profile), "--", *argv],
-                         env=env, capture_output=True, text=True, timeout=600)
+    try:
+        out = subprocess.run([str(venv / "bin" / "python"), str(HERE / "probe.py"), json.dumps(profile), "--", *argv],
+                             env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"verdict": "fail", "detail": f"no verdict within {PROBE_TIMEOUT_SECONDS} s",
+                "seconds": round(time.monotonic() - started, 1)}
     lines = [line for line in out.stdout.splitlines() if line.startswith('{"verdict"')]
     result = json.loads(lines[-1]) if lines else {"verdict": "fail", "detail": (out.stderr.strip().splitlines() or ["no output"])[-1]}
     result["seconds"] = round(time.monotonic() - started, 1)
@@ -71,14 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra", action="append", default=[],
                    help="LABEL=JSON_ARGV: also check (and record) a hand-written command, e.g. a known-bad one")
     args = p.parse_args(argv)
+    if not (args.venv / "bin" / "python").is_file():
+        p.error(f"--venv {args.venv}: no bin/python there. Fix: build the scratch virtualenv (see this script's "
+                "docstring) and name its folder")
     verdicts = load_verdicts()
     commands = committed_commands()
     for item in args.extra:
         label, _, raw = item.partition("=")
-        stack, engine = label.split("/")[:2]
-        base = next(c for c in commands if c.label.startswith(f"{stack}/{engine}/"))
+        parts = label.split("/")
+        try:
+            extra_argv = json.loads(raw)
+        except json.JSONDecodeError:
+            extra_argv = None
+        if len(parts) < 3 or parts[0] not in STACKS or parts[1] not in ENGINES or not isinstance(extra_argv, list):
+            p.error(f"--extra {item[:80]!r}: expected STACK/ENGINE/NAME=JSON_ARGV, e.g. "
+                    'prod/sglang/known-bad-x=["--tp-size", "8"], with STACK in '
+                    f"{', '.join(STACKS)} and ENGINE in {', '.join(ENGINES)}")
+        base = next(c for c in commands if c.label.startswith(f"{parts[0]}/{parts[1]}/"))
         commands.append(RenderedCommand(label=label, engine=base.engine, version=base.version, gpu_type=base.gpu_type,
-                                        gpus_per_node=base.gpus_per_node, argv=tuple(json.loads(raw)),
+                                        gpus_per_node=base.gpus_per_node, argv=tuple(str(a) for a in extra_argv),
                                         probes=base.probes, rdma_devices=base.rdma_devices))
     with tempfile.TemporaryDirectory() as tmp:
         dirs = model_dirs(Path(tmp))
