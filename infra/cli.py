@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -70,7 +71,7 @@ def _print_validation(report) -> None:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(report.unchecked_kinds.items()))
         console.print(f"[yellow]not schema-checked (custom resources, no schema shipped):[/yellow] {kinds}")
     for line in report.errors:
-        err_console.print(f"[red]schema error[/red] {line}")
+        err_console.print(f"[red]schema error[/red] {escape(line)}")
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
@@ -144,7 +145,7 @@ def cmd_eplb(args: argparse.Namespace) -> int:
         result = place_experts(loads, phase.redundant_experts, phase.nodes_per_instance(gpn),
                                phase.gpus_per_instance(), spec.model.num_expert_groups, policy=args.policy)
     except (PlacementError, OSError, ValueError) as exc:
-        err_console.print(f"[red]eplb: {exc}[/red]")
+        err_console.print(f"[red]eplb: {escape(str(exc))}[/red]")
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -178,10 +179,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                       current=(dep.prefill.instances, dep.decode.instances))
     except (PlanError, OSError) as exc:
-        err_console.print(f"[red]plan: {exc}[/red]")
+        err_console.print(f"[red]plan: {escape(str(exc))}[/red]")
         return 2
     except ValueError as exc:  # pydantic: the workload file's field and problem
-        err_console.print(f"[red]plan: {args.workload}: {exc}[/red]")
+        err_console.print(f"[red]plan: {escape(str(args.workload))}: {escape(str(exc))}[/red]")
         return 2
     table = Table(title=f"PD plan for {spec.environment.name} (TPOT target {result.tpot_target_ms:g} ms)")
     for col in ("phase", "now", "recommended", "GPUs", "utilisation", "headroom"):
@@ -247,10 +248,10 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
         action(store, cluster)
         return 0
     except (CanaryFailed, StepFailed) as exc:
-        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
         return EXIT_FAILED
     except ReleaseError as exc:
-        err_console.print(f"[red]{exc}[/red]", highlight=False)
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
         return EXIT_REFUSED
     finally:
         if args.sim:
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SpecError as exc:
-        err_console.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return 2
 
 
