@@ -171,10 +171,16 @@ class HardwareSpec(Strict):
     fabric: FabricSpec | None = Field(None, description="RDMA fabric; without it KV moves over TCP.")
     instance_types: list[str] = Field(min_length=1)
     supernode: SupernodeSpec | None = None
+    capacity_type: Literal["on-demand", "reserved"] = Field(
+        "on-demand", description="Karpenter capacity type of the GPU nodes. reserved: On-Demand Capacity "
+                                 "Reservations or EC2 Capacity Blocks for ML (how NVL72 UltraServers are sold), "
+                                 "selected by the node class's capacityReservationSelectorTerms.")
     driver_version: str = Field(description="NVIDIA driver version the preflight expects.")
     cuda_version: str
     nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
-    node_class: NodeClassRef = NodeClassRef()
+    node_class: NodeClassRef = Field(
+        NodeClassRef(), description="The Karpenter node class the GPU pools launch from (owned by the platform); "
+                                    "with capacity_type reserved it selects the reservations.")
     max_gpus: PositiveInt | None = Field(
         None, description="GPU quota of the environment: the pools' limits together may not exceed it.")
     disruption_budget: str = Field("10%", description="Karpenter: nodes that may be disrupted at once.")
@@ -256,6 +262,10 @@ class PhaseSpec(Strict):
         32, description="Host-memory tier of the prefix cache (SGLang HiCache --hicache-size) per rank, in GiB, "
                         "where a prefix cache runs on this pool. Counted in the pod's memory limit.")
     scaling: ScalingSpec | None = None
+    rollout_surge_instances: Annotated[int, Field(ge=0)] = Field(
+        1, description="Instances a rolling update starts beyond the pool's maximum before stopping old ones; "
+                       "the node pool (and NVLink domains) reserve room for them. 0: replace one instance at a "
+                       "time in place, serving one fewer meanwhile.")
     expert_placement: str | None = Field(
         None, description="Placement JSON written by `pdctl eplb`, relative to the project root."
     )
@@ -404,7 +414,9 @@ class AccessSpec(Strict):
 class EnvironmentSpec(Strict):
     name: str
     namespace: str
-    kubernetes_version: str = "1.33"
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.\d+$")] = Field(
+        "1.33", description="Kubernetes minor version of the cluster, e.g. '1.34' (manifests are checked "
+                            "against its schemas).")
 
     _dns = field_validator("name", "namespace")(classmethod(lambda cls, v: _dns_label(v)))
 
@@ -497,33 +509,13 @@ def engine_capability_problems(spec: StackSpec) -> list[str]:
 
 def capacity_problems(spec: StackSpec) -> list[str]:
     """Can the scaling maximums be placed, and can the ratio bounds hold at every count?"""
-    dep, hw = spec.deployment, spec.hardware
+    dep = spec.deployment
     problems = []
-    pools = dep.pools()
-    if hw.max_gpus is not None:
-        want = sum(p.max_gpus() for p in pools.values())
-        if want > hw.max_gpus:
-            parts = ", ".join(f"{r} {p.bounds()[1]}x{p.gpus_per_instance()}" for r, p in pools.items())
-            problems.append(
-                f"hardware.max_gpus: the pools may grow to {want} GPUs ({parts}) but the quota is {hw.max_gpus}. "
-                "Fix: lower deployment.<role>.scaling.max_instances, or raise hardware.max_gpus")
-    for role, phase in pools.items():
-        if phase.max_gpus() < hw.gpus_per_node:
-            problems.append(
-                f"deployment.{role}.scaling.max_instances: the {role} node pool may hold {phase.max_gpus()} GPUs "
-                f"but its nodes ({', '.join(hw.instance_types)}) have {hw.gpus_per_node} each, so Karpenter can "
-                f"never launch one. Fix: let the pool reach at least {hw.gpus_per_node} GPUs (more instances, or "
-                "wider expert_parallel)")
-    for role in ("decode", "colocated"):
-        phase = pools.get(role)
-        if phase is None or hw.supernode is None or phase.nodes_per_instance(hw.gpus_per_node) <= 1:
-            continue
-        most = phase.bounds()[1]
-        if most > hw.supernode.count:  # LWS exclusive topology: one group per NVLink domain
-            problems.append(
-                f"deployment.{role}.scaling.max_instances: {most} wide-EP groups need {most} NVLink domains, "
-                f"one each, but hardware.supernode.count is {hw.supernode.count}. "
-                f"Fix: at most {hw.supernode.count}, or raise hardware.supernode.count")
+    # Quota, NVLink domains and rollout surge: infra/planning/capacity.py (imported here, not at
+    # the top, because it builds on this module's types).
+    from infra.planning.capacity import capacity_problems as reserved_capacity_problems
+
+    problems += reserved_capacity_problems(spec)
     bounds = dep.autoscaling.pd_ratio_bounds
     lo, hi = bounds.low(), bounds.high()
     if lo > hi:
@@ -616,6 +608,17 @@ def hardware_problems(spec: StackSpec) -> list[str]:
             f"engine.image_architectures: the engine image is built for {', '.join(eng.image_architectures)} but "
             f"the nodes are {hw.cpu_architecture}. Fix: an image with a {hw.cpu_architecture} build (its manifest "
             f"list), and list it here")
+    if hw.supernode is not None and hw.gpu_type != "GB200":
+        problems.append(
+            f"hardware.supernode: {hw.gpu_type} nodes share no NVLink domain across nodes (multi-node NVLink is "
+            "GB200 NVL72's). Fix: remove supernode (wide EP then runs colocated or over the fabric), or gpu_type: GB200")
+    if hw.supernode is not None and any(p.nodes_per_instance(hw.gpus_per_node) > 1 for p in dep.pools().values()):
+        major, minor = (int(x) for x in spec.environment.kubernetes_version.split(".")[:2])
+        if (major, minor) < (1, 34):
+            problems.append(
+                f"environment.kubernetes_version: groups spanning nodes of an NVLink domain claim an IMEX channel "
+                f"through NVIDIA's DRA driver (ComputeDomain), and DRA is on by default from Kubernetes 1.34 "
+                f"(resource.k8s.io/v1); {spec.environment.kubernetes_version} is older. Fix: 1.34 or later")
     fab = hw.fabric
     if fab is not None and len(fab.devices) > fab.per_node:
         problems.append(f"hardware.fabric.devices: {len(fab.devices)} devices named but per_node is {fab.per_node}. "

@@ -96,38 +96,11 @@ def test_hpa_mode_renders_hpas_on_external_metrics():
     assert report.checked >= 2
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_pool_limits_match_the_maximum_instance_counts(stack):
-    from infra.spec import load_spec, stack_spec_path
-
-    spec = load_spec(stack_spec_path(stack))
-    limits = {p["metadata"]["labels"]["pdstack.io/role"]: int(p["spec"]["limits"]["nvidia.com/gpu"])
-              for p in shipped_run(stack).by_kind("NodePool")}
-    assert limits == {role: phase.bounds()[1] * phase.gpus_per_instance()
-                      for role, phase in spec.deployment.pools().items()}
-    if stack == "prod":
-        assert limits == {"prefill": 12 * 8, "decode": 2 * 64}
-
-
-# --- capacity checks in the spec ------------------------------------------------------------------
+# --- capacity checks in the spec (quota and NVLink domains: tests/test_capacity.py) --------------
 
 
 def problems(data) -> str:
     return "\n".join(problems_of(data))
-
-
-def test_maximums_beyond_the_gpu_quota_are_rejected():
-    data = stack_data("prod")
-    data["hardware"]["max_gpus"] = 200
-    text = problems(data)
-    assert "hardware.max_gpus: the pools may grow to 224 GPUs (prefill 12x8, decode 2x64) but the quota is 200" in text
-
-
-def test_more_wide_groups_than_supernodes_are_rejected():
-    data = stack_data("prod")
-    data["deployment"]["decode"]["scaling"]["max_instances"] = 3
-    data["hardware"]["max_gpus"] = 1000
-    assert "deployment.decode.scaling.max_instances: 3 wide-EP groups need 3 NVLink domains" in problems(data)
 
 
 def test_ratio_bounds_that_a_maximum_cannot_follow_are_rejected():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infra import naming
-from infra.components.nodepools import pool_gpu_limit
+from infra.planning.capacity import pool_capacity
 from infra.offline import is_secret, run_spec
 from infra.render.manifests import manifests, unwrap
 
@@ -25,7 +25,11 @@ def test_node_pools_are_labelled_and_tainted_by_role(run, spec):
         template = pool["spec"]["template"]
         assert template["metadata"]["labels"][naming.ROLE_LABEL] == role
         assert {"key": naming.ROLE_LABEL, "value": role, "effect": "NoSchedule"} in template["spec"]["taints"]
-        assert pool["spec"]["limits"]["nvidia.com/gpu"] == str(pool_gpu_limit(spec, role))
+        capacity = pool_capacity(spec, role)
+        if capacity.static:
+            assert pool["spec"]["replicas"] == capacity.static_nodes
+        else:
+            assert pool["spec"]["limits"]["nvidia.com/gpu"] == str(capacity.gpus)
         assert pool["spec"]["disruption"]["budgets"] == [{"nodes": spec.hardware.disruption_budget}]
 
 
@@ -44,16 +48,14 @@ def test_every_gpu_pod_selects_and_tolerates_its_pool(run):
     assert gpu_pods >= 2
 
 
-def test_prod_decode_group_is_pinned_to_one_nvlink_domain():
+def test_prod_group_shapes():
     from tests.conftest import shipped_run
 
     run = shipped_run("prod")
     groups = {g["metadata"]["name"]: g for g in run.by_kind("LeaderWorkerSet")}
     decode, prefill = groups["engine-decode"], groups["engine-prefill"]
-    assert decode["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique"}
     assert decode["spec"]["leaderWorkerTemplate"]["size"] == 16
     assert decode["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
-    assert prefill["metadata"]["annotations"] == {}  # medium EP needs no supernode
     assert prefill["spec"]["replicas"] == 8 and prefill["spec"]["leaderWorkerTemplate"]["size"] == 2
 
 
@@ -61,7 +63,7 @@ def test_colocated_mode_has_one_pool_and_no_supernode_placement(colocated_spec):
     run = run_spec(colocated_spec)
     assert [p["metadata"]["name"] for p in run.by_kind("NodePool")] == ["pdstack-dev-colocated"]
     (group,) = run.by_kind("LeaderWorkerSet")
-    assert group["metadata"]["annotations"] == {}
+    assert "affinity" not in group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
     assert "--disaggregation-mode" not in str(run.by_kind("ConfigMap"))
 
 

@@ -26,8 +26,8 @@ def test_tracks_share_capacity_and_the_newest_starts_small():
     stable, canary = prod_tracks()
     assert (stable.namespace, canary.namespace) == ("pdstack-prod-r7", "pdstack-prod-r8")
     assert canary.spec.deployment.prefill.instances == 4 and canary.spec.deployment.decode.instances == 1
-    # Prefill may reach 12 and decode 2 in all: each track gets the rest after the other's minimum.
-    assert stable.spec.deployment.prefill.bounds() == (4, 8)
+    # Prefill may reach 8 and decode 2 in all: each track gets the rest after the other's minimum.
+    assert stable.spec.deployment.prefill.bounds() == (4, 4)
     assert stable.spec.deployment.decode.bounds() == (1, 1)
     assert canary.spec.deployment.decode.bounds() == (1, 1)
     assert canary.spec.deployment.pd_ratio == "1:2"
@@ -65,12 +65,12 @@ def test_each_track_runs_its_own_engines_router_and_scalers(tracked_run):
     pods = groups[("pdstack-prod-r8", "engine-decode")]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
     assert pods["labels"]["pdstack.io/release"] == "8"
     scalers = {(s["metadata"]["namespace"], s["metadata"]["name"]): s["spec"] for s in tracked_run.by_kind("ScaledObject")}
-    assert scalers[("pdstack-prod-r7", "engine-prefill")]["maxReplicaCount"] == 8
+    assert scalers[("pdstack-prod-r7", "engine-prefill")]["maxReplicaCount"] == 4
     launch = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in tracked_run.by_kind("ConfigMap")}
     router = launch[("pdstack-prod-r8", "router-launch")]["data"]["launch.sh"]
     assert "--service-discovery-namespace pdstack-prod-r8" in router and "--cache-threshold 0.6" in router
-    limits = {p["metadata"]["name"]: p["spec"]["limits"]["nvidia.com/gpu"] for p in tracked_run.by_kind("NodePool")}
-    assert limits == {"pdstack-prod-prefill": "96", "pdstack-prod-decode": "128"}  # shared, not doubled
+    nodes = {p["metadata"]["name"]: p["spec"]["replicas"] for p in tracked_run.by_kind("NodePool")}
+    assert nodes == {"pdstack-prod-prefill": 18, "pdstack-prod-decode": 54}  # shared, not doubled
 
 
 def test_tracked_stack_passes_the_schemas_and_the_policy_pack(tracked_run):

@@ -18,7 +18,7 @@ import yaml
 
 from infra import naming
 from infra.components.k8s import Layer, LayerContext
-from infra.components.placement import needs_supernode
+from infra.planning.capacity import claims_whole_domain
 from infra.planning.autoscaling import Signal, scale_up_policies, signals
 from infra.spec import StackSpec
 
@@ -29,7 +29,7 @@ def behavior(spec: StackSpec, role: str) -> dict:
     auto = spec.deployment.autoscaling
     return {
         "scaleUp": {"stabilizationWindowSeconds": auto.scale_up_stabilization_seconds, "selectPolicy": "Max",
-                    "policies": scale_up_policies(needs_supernode(spec, role))},
+                    "policies": scale_up_policies(claims_whole_domain(spec, role))},
         "scaleDown": {"stabilizationWindowSeconds": auto.scale_down_stabilization_seconds, "selectPolicy": "Min",
                       # One instance per period, and a period outlasts the drain of the last one.
                       "policies": [{"type": "Pods", "value": 1, "periodSeconds": max(300, auto.drain_seconds + 60)}]},

@@ -11,7 +11,8 @@ import pulumi
 
 from infra import naming
 from infra.components.k8s import Layer, LayerContext, disruption_budget
-from infra.components.placement import group_annotations, gpu_scheduling
+from infra.components.placement import gpu_scheduling
+from infra.planning.capacity import pool_capacity
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
 from infra.render.fabric import fabric_env, fabric_resources
@@ -19,8 +20,38 @@ from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
 from infra.spec import StackSpec, pod_memory_gib
 
 ENGINE_SERVICE_ACCOUNT = "engine"
+IMEX_CLAIM = "imex-channel"
 EXPERT_PLACEMENT_CONFIGMAP = "expert-placement"
 LAUNCH_MOUNT = "/etc/pdstack/launch"
+
+
+def compute_domain_name(role: str) -> str:
+    return f"{naming.engine(role)}-nvlink"
+
+
+def imex_channel_template(role: str) -> str:
+    """The ResourceClaimTemplate the ComputeDomain's controller creates for its channel."""
+    return f"{naming.engine(role)}-imex-channel"
+
+
+def uses_multi_node_nvlink(spec: StackSpec, role: str) -> bool:
+    """Groups placed inside an NVLink domain talk over multi-node NVLink between their nodes."""
+    return pool_capacity(spec, role).placement != "none"
+
+
+def compute_domain_manifest(ctx: LayerContext, role: str) -> dict:
+    """An IMEX domain for one pool's groups (NVIDIA/k8s-dra-driver-gpu v25.12.0,
+    api/nvidia.com/resource/v1beta1/computedomain.go). Cross-node NVLink memory (NCCL's MNNVL,
+    NVSHMEM inside the rack) needs an IMEX channel in every pod; the driver's controller makes
+    the claim template named here and starts IMEX daemons on the nodes the pods land on.
+    numNodes 0: with IMEXDaemonsWithDNSNames (on by default in v25.12) it gates nothing and is
+    only a status hint, and the spec is immutable, so a fixed count would break scaling."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": ctx.metadata(compute_domain_name(role), "engine", **{naming.ROLE_LABEL: role}),
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": imex_channel_template(role)}}},
+    }
 
 
 def pod_labels(spec: StackSpec, role: str, base: dict[str, str]) -> dict[str, str]:
@@ -70,6 +101,10 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "volumeMounts": mounts,
         "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},  # RDMA memory registration
     }
+    claims = []
+    if uses_multi_node_nvlink(spec, role):
+        claims = [{"name": IMEX_CLAIM, "resourceClaimTemplateName": imex_channel_template(role)}]
+        container["resources"]["claims"] = [{"name": IMEX_CLAIM}]
     drain = spec.deployment.autoscaling.drain_seconds
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
     if leader:
@@ -84,6 +119,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         **gpu_scheduling(spec, role),
         "initContainers": [weights_init_container(spec)],
         "containers": [container],
+        **({"resourceClaims": claims} if claims else {}),
         "volumes": volumes,
         # A stopping pod leaves the Services (so routers stop picking it) and then keeps
         # serving what it has for drain_seconds before the engine gets SIGTERM.
@@ -104,7 +140,6 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan) -> di
                 "spec": engine_pod_spec(spec, launch, kv, leader)}
 
     meta = ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role})
-    meta["annotations"] = group_annotations(spec, role)
     group = {"size": launch.nodes, "workerTemplate": template(leader=launch.nodes == 1)}
     if launch.nodes > 1:
         group = {"size": launch.nodes, "restartPolicy": "RecreateGroupOnPodRestart",
@@ -116,8 +151,9 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan) -> di
         "spec": {
             "replicas": phase.instances,
             "startupPolicy": "LeaderCreated",
-            # Replace one whole group at a time and never drop below the serving count.
-            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}},
+            # Replace whole groups inside the capacity the pool reserves (infra/planning/capacity.py).
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": pool_capacity(spec, role).rollout()},
             "leaderWorkerTemplate": group,
         },
     }
@@ -143,7 +179,10 @@ class Engines(Layer):
             })
             # With autoscaling on, the scaler owns the group count after the first apply.
             scaled = ["spec.replicas"] if ctx.spec.deployment.autoscaling.enabled else None
-            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=[script], ignore_changes=scaled)
+            needs = [script]
+            if uses_multi_node_nvlink(ctx.spec, role):
+                needs.append(self.add(compute_domain_manifest(ctx, role)))
+            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=needs, ignore_changes=scaled)
             self.services[role] = self.add({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),

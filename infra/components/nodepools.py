@@ -1,4 +1,8 @@
-"""GPU node pools: one Karpenter NodePool per role, labelled and tainted by role."""
+"""GPU node pools: one Karpenter NodePool per role, labelled and tainted by role.
+
+How much each pool holds and whether Karpenter launches its nodes on demand or keeps a fixed
+set (a static pool, for pods placed by NVLink domain) is infra/planning/capacity.py's call.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +10,47 @@ import pulumi
 
 from infra import naming
 from infra.components.k8s import Layer, LayerContext
+from infra.planning.capacity import pool_capacity
 from infra.spec import StackSpec
-
-
-def pool_gpu_limit(spec: StackSpec, role: str) -> int:
-    """GPUs the pool may grow to: the largest instance count times GPUs per instance."""
-    return spec.deployment.pools()[role].max_gpus()
 
 
 def nodepool_manifest(spec: StackSpec, role: str, labels: dict[str, str]) -> dict:
     hw = spec.hardware
+    capacity = pool_capacity(spec, role)
+    pool = {
+        "template": {
+            "metadata": {"labels": {naming.ROLE_LABEL: role, "pdstack.io/environment": spec.environment.name}},
+            "spec": {
+                "nodeClassRef": hw.node_class.model_dump(),
+                "requirements": [
+                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(hw.instance_types)},
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [hw.capacity_type]},
+                    {"key": "kubernetes.io/arch", "operator": "In", "values": [hw.cpu_architecture]},
+                ],
+                "taints": [
+                    {"key": naming.ROLE_LABEL, "value": role, "effect": naming.ROLE_TAINT_EFFECT},
+                    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                ],
+                # GPU nodes hold weights and warm caches: never expire them on a timer.
+                "expireAfter": "Never",
+            },
+        },
+        "disruption": {"budgets": [{"nodes": hw.disruption_budget}]},
+    }
+    if capacity.static:
+        # Karpenter keeps this many nodes whatever is pending (StaticCapacity feature gate);
+        # a static pool accepts only a node limit, and ignores consolidation.
+        pool["replicas"] = capacity.static_nodes
+        pool["limits"] = {"nodes": str(capacity.static_nodes)}
+        pool["disruption"]["consolidateAfter"] = "Never"
+    else:
+        pool["limits"] = {"nvidia.com/gpu": str(capacity.gpus)}
+        pool["disruption"].update({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m"})
     return {
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodePool",
         "metadata": {"name": f"{spec.environment.namespace}-{role}", "labels": {**labels, naming.ROLE_LABEL: role}},
-        "spec": {
-            "template": {
-                "metadata": {"labels": {naming.ROLE_LABEL: role, "pdstack.io/environment": spec.environment.name}},
-                "spec": {
-                    "nodeClassRef": hw.node_class.model_dump(),
-                    "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(hw.instance_types)},
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                    ],
-                    "taints": [
-                        {"key": naming.ROLE_LABEL, "value": role, "effect": naming.ROLE_TAINT_EFFECT},
-                        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-                    ],
-                    # GPU nodes hold weights and warm caches: never expire them on a timer.
-                    "expireAfter": "Never",
-                },
-            },
-            "limits": {"nvidia.com/gpu": str(pool_gpu_limit(spec, role))},
-            "disruption": {
-                "consolidationPolicy": "WhenEmpty",
-                "consolidateAfter": "10m",
-                "budgets": [{"nodes": hw.disruption_budget}],
-            },
-        },
+        "spec": pool,
     }
 
 

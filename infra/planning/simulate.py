@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infra.components.placement import needs_supernode
+from infra.planning.capacity import claims_whole_domain
 from infra.planning.autoscaling import desired_counts, max_scale_up, ratio_in_bounds
 from infra.planning.pd_ratio import Capacity, Workload
 from infra.spec import StackSpec
@@ -126,7 +126,7 @@ def simulate_day(spec: StackSpec, workload: Workload, curve: list[float], startu
         want = desired_counts(spec, served.observed, asked)
         history.append(want)
         for role in pools:
-            up_step = max_scale_up(needs_supernode(spec, role), asked[role])
+            up_step = max_scale_up(claims_whole_domain(spec, role), asked[role])
             if want[role] > asked[role]:
                 add = min(up_step, want[role] - asked[role])
                 asked[role] += add
