@@ -102,6 +102,12 @@ class EngineSpec(Strict):
     kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
     moe_a2a_backend: Literal["deepep", "none"] = "deepep"
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
+    kv_page_size: PositiveInt = Field(
+        64, description="Tokens per KV-cache page (SGLang --page-size, vLLM --block-size), the same on every "
+                        "pool: KV moves from prefill to decode page by page. Each engine otherwise picks it per "
+                        "attention backend, and prefill and decode may pick different backends. 64 is what "
+                        "SGLang forces for MLA (FlashMLA, TensorRT-LLM MLA) and what every backend here accepts; "
+                        "`scripts/check_engine_args.py` records the size each engine resolves.")
     trust_remote_code: bool = True
 
     @field_validator("image")

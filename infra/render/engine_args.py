@@ -130,6 +130,7 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
         "--ep-size", str(ep),
         "--mem-fraction-static", str(eng.mem_fraction_static),
         "--context-length", str(spec.model.context_length),
+        "--page-size", str(eng.kv_page_size),
         "--enable-metrics",
     ]
     if eng.trust_remote_code:
@@ -248,6 +249,7 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         "--data-parallel-size", str(ep),
         "--gpu-memory-utilization", str(eng.mem_fraction_static),
         "--max-model-len", str(spec.model.context_length),
+        "--block-size", str(eng.kv_page_size),
     ]
     if eng.trust_remote_code:
         args.append("--trust-remote-code")

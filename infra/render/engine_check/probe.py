@@ -160,9 +160,12 @@ def stand_in_torch_ops(namespaces) -> None:
         setattr(lib, attr, tolerate(getattr(lib, attr)))
 
 
-def check_sglang(argv: list[str], probes: dict) -> None:
+def check_sglang(argv: list[str], probes: dict) -> dict:
+    """SGLang's own resolution and checks; returns what it resolved that pdstack relies on."""
     stand_in_extensions("sgl_kernel")
     from sglang.srt.server_args import prepare_server_args
+
+    from sglang.srt.arg_groups.overrides import resolution_result
 
     server_args = prepare_server_args(argv)
     server_args.resolve_once()
@@ -170,6 +173,7 @@ def check_sglang(argv: list[str], probes: dict) -> None:
     dense = probes.get("dense_mlp")
     if dense:
         check_sglang_dense_mlp(server_args, dense)
+    return {"kv_page_size": resolution_result(server_args, "page_size")}
 
 
 def check_sglang_dense_mlp(server_args, dense: dict) -> None:
@@ -187,7 +191,8 @@ def check_sglang_dense_mlp(server_args, dense: dict) -> None:
     validate_fp8_block_shape(layer, width, hidden, width // split, [hidden], [block, block])
 
 
-def check_vllm(argv: list[str]) -> None:
+def check_vllm(argv: list[str]) -> dict:
+    """`vllm serve`'s validation through create_engine_config; returns what it resolved."""
     stand_in_extensions(*VLLM_EXTENSIONS)
     stand_in_torch_ops(TORCH_OP_NAMESPACES)
     import vllm.platforms as platforms
@@ -198,6 +203,17 @@ def check_vllm(argv: list[str]) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    resolved: dict = {}
+    create_engine_config = AsyncEngineArgs.create_engine_config
+
+    def recording_create_engine_config(self, *a, **k):
+        # Both paths build the config here: the API server's, and run_headless's for workers.
+        config = create_engine_config(self, *a, **k)
+        resolved["kv_page_size"] = config.cache_config.block_size
+        return config
+
+    AsyncEngineArgs.create_engine_config = recording_create_engine_config
 
     def build_config_then_stop(args, headless=False):
         AsyncEngineArgs.from_cli_args(args).create_engine_config(
@@ -221,7 +237,7 @@ def check_vllm(argv: list[str]) -> None:
     try:
         command.cmd(args)
     except Stop:
-        return
+        return resolved
     raise RuntimeError("vllm serve returned without building an engine config")
 
 
@@ -232,15 +248,15 @@ def main() -> int:
     answer_rdma_sysfs(profile.get("rdma_devices", []))
     try:
         if profile["engine"] == "sglang":
-            check_sglang(argv, profile.get("probes", {}))
+            resolved = check_sglang(argv, profile.get("probes", {}))
         else:
-            check_vllm(argv)
+            resolved = check_vllm(argv)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the verdict is what failed, reported
         lines = [line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines()
                  if line.strip() and "errors.pydantic.dev" not in line]
         print(json.dumps({"verdict": "fail", "detail": lines[-1][:500] if lines else type(exc).__name__}))
         return 0
-    print(json.dumps({"verdict": "pass", "detail": ""}))
+    print(json.dumps({"verdict": "pass", "detail": "", "resolved": resolved}))
     return 0
 
 
