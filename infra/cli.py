@@ -66,10 +66,17 @@ def _render_run(spec: StackSpec):
 
 
 def _print_validation(report) -> None:
-    console.print(f"schema-checked {report.checked} manifests against the Kubernetes schemas")
+    custom = sum(report.custom_checked.values())
+    console.print(f"schema-checked {report.checked} manifests: {report.checked - custom} against the Kubernetes "
+                  f"schemas, {custom} custom resources against their CRDs (unknown fields are errors)")
+    for kind, n in sorted(report.custom_checked.items()):
+        console.print(f"  {escape(kind)} x{n}")
+    if sum(report.cel_rules.values()):
+        console.print(f"[yellow]not evaluated:[/yellow] {sum(report.cel_rules.values())} CEL rules "
+                      "(x-kubernetes-validations) of those CRDs; the API server runs them at apply")
     if report.unchecked_kinds:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(report.unchecked_kinds.items()))
-        console.print(f"[yellow]not schema-checked (custom resources, no schema shipped):[/yellow] {kinds}")
+        console.print(f"[yellow]not schema-checked (no schema vendored):[/yellow] {escape(kinds)}")
     for line in report.errors:
         err_console.print(f"[red]schema error[/red] {escape(line)}")
 

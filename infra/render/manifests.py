@@ -1,8 +1,9 @@
 """Kubernetes manifests from an offline run: extract, redact secrets, validate, write.
 
 Validation uses `kubernetes-validate`, which carries the real OpenAPI schemas of each
-Kubernetes release, in strict mode (unknown fields are errors). Custom resources have no
-schema there; they are listed as unchecked, by kind, rather than silently passed.
+Kubernetes release, in strict mode (unknown fields are errors), and for custom resources the
+upstream CRD schemas vendored in infra/render/crds/ (infra/render/crd_schemas.py). A kind with
+neither is listed as unchecked, by kind, rather than silently passed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from infra.offline import SECRET_PLACEHOLDER, OfflineRun, RegisteredResource, is_secret
+from infra.render.crd_schemas import crd_schema
 
 
 def redact(value: Any) -> Any:
@@ -58,6 +60,8 @@ class ValidationReport:
     checked: int = 0
     errors: list[str] = field(default_factory=list)
     unchecked_kinds: dict[str, int] = field(default_factory=dict)
+    custom_checked: dict[str, int] = field(default_factory=dict)  # "Kind (schema source)" -> count
+    cel_rules: dict[str, int] = field(default_factory=dict)  # CEL rules in each schema used (not evaluated)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +109,12 @@ def validate_manifests(items: list[dict], kubernetes_version: str) -> Validation
         plain = unwrap(manifest)
         validator = _validator(plain["kind"], plain["apiVersion"], kubernetes_version)
         name = f"{plain['kind']}/{plain['metadata']['name']}"
+        custom = crd_schema(plain["apiVersion"], plain["kind"]) if validator is None else None
+        if custom is not None:
+            validator = custom.validator
+            key = f"{plain['kind']} ({custom.source})"
+            report.custom_checked[key] = report.custom_checked.get(key, 0) + 1
+            report.cel_rules[key] = custom.cel_rules
         if validator is None:
             key = f"{plain['kind']} ({plain['apiVersion']})"
             report.unchecked_kinds[key] = report.unchecked_kinds.get(key, 0) + 1
