@@ -17,8 +17,16 @@ OTEL_COLLECTOR = "otel-collector"
 
 
 def engine(role: str) -> str:
-    """Name of a pool's LeaderWorkerSet, and of the headless Service over its leaders."""
+    """Name of a pool's LeaderWorkerSet. LWS also names its own headless Service (the pods' DNS
+    subdomain, through which workers find their leader) after it: pdstack never uses this name
+    for a Service of its own."""
     return f"engine-{role}"
+
+
+def engine_http(role: str) -> str:
+    """The Service over a pool's leaders, which serve HTTP (for operators and port-forwards;
+    routers find engines through the Kubernetes API by label)."""
+    return f"engine-{role}-http"
 
 
 def service_dns(service: str, namespace: str) -> str:

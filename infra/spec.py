@@ -36,6 +36,17 @@ def _dns_label(v: str) -> str:
     return v
 
 
+def _cidr_list(v: list[str], example: str) -> list[str]:
+    for cidr in v:
+        try:
+            ipaddress.ip_network(cidr, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"{cidr!r} is not a CIDR ({exc}). Fix: e.g. '{example}'") from None
+        if ipaddress.ip_network(cidr).prefixlen == 0:
+            raise ValueError(f"{cidr!r} allows the whole internet. Fix: name the address ranges")
+    return v
+
+
 class SpecError(ValueError):
     """A spec that cannot be deployed. `problems` holds one line per field: path, what, fix."""
 
@@ -404,17 +415,7 @@ class AccessSpec(Strict):
     allowlist_cidrs: list[str] = Field(min_length=1)
     api_keys: list[ApiKeySpec] = Field(min_length=1)
 
-    @field_validator("allowlist_cidrs")
-    @classmethod
-    def _cidrs(cls, v: list[str]) -> list[str]:
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr, strict=True)
-            except ValueError as exc:
-                raise ValueError(f"{cidr!r} is not a CIDR ({exc}). Fix: e.g. '10.0.0.0/8'") from None
-            if ipaddress.ip_network(cidr).prefixlen == 0:
-                raise ValueError(f"{cidr!r} allows the whole internet. Fix: name the client ranges")
-        return v
+    _cidrs = field_validator("allowlist_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.0/8")))
 
 
 class EnvironmentSpec(Strict):
@@ -423,6 +424,12 @@ class EnvironmentSpec(Strict):
     kubernetes_version: Annotated[str, Field(pattern=r"^1\.\d+$")] = Field(
         "1.33", description="Kubernetes minor version of the cluster, e.g. '1.34' (manifests are checked "
                             "against its schemas).")
+    api_server_cidrs: list[str] = Field(
+        [], description="Addresses of the Kubernetes API server's endpoints (`kubectl get endpoints kubernetes`), "
+                        "which the router or endpoint picker reach for service discovery. Empty: the "
+                        "NetworkPolicy lets them reach ports 443 and 6443 anywhere.")
+
+    _api_cidrs = field_validator("api_server_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.12/32")))
 
     _dns = field_validator("name", "namespace")(classmethod(lambda cls, v: _dns_label(v)))
 

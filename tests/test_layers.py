@@ -117,7 +117,7 @@ def test_router_engine_and_cache_are_wired_to_services_the_program_made(run, spe
     launch = next(m for m in run.by_kind("ConfigMap") if m["metadata"]["name"] == "router-launch")["data"]["launch.sh"]
     for role in spec.deployment.pools():
         assert f"{naming.ROLE_LABEL}={role}" in launch
-        svc = services[naming.engine(role)]
+        svc = services[naming.engine_http(role)]
         group = next(g for g in run.by_kind("LeaderWorkerSet") if g["metadata"]["name"] == naming.engine(role))
         tmpl = group["spec"]["leaderWorkerTemplate"].get("leaderTemplate") or group["spec"]["leaderWorkerTemplate"]["workerTemplate"]
         labels = {**tmpl["metadata"]["labels"], naming.LWS_WORKER_INDEX_LABEL: "0"}  # LWS adds the index

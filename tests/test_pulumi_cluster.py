@@ -77,7 +77,7 @@ def test_a_step_targets_its_revisions_resources_and_keeps_secrets_out_of_logs(cl
     (up,) = cluster._stack.ups
     assert json.loads(up["config"]["pdstack:tracks"]) == [{"revision": 1, "weight": 100}, {"revision": 2, "weight": 0}]
     names = {urn.rsplit("::", 1)[1] for urn in up["target"]}
-    assert names == {"r2-leaderworkerset-engine-decode", "r2-service-engine-decode", "r2-configmap-engine-decode-launch",
+    assert names == {"r2-leaderworkerset-engine-decode", "r2-service-engine-decode-http", "r2-configmap-engine-decode-launch",
                      "r2-poddisruptionbudget-engine-decode", "r2-computedomain-engine-decode-nvlink"}
     assert all(urn.startswith("urn:pulumi:prod::pdstack::") for urn in up["target"])
     assert up["show_secrets"] is False and up["policy_packs"][0].endswith("/policy")

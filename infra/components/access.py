@@ -19,11 +19,27 @@ from infra import naming
 from infra.components.balancers import ROUTER_LABELS
 from infra.components.k8s import Layer, LayerContext
 from infra.render import tracing
+from infra.render.engine_args import ENGINE_PORT
 from infra.render.router_config import RouterLaunch
 
 API_KEYS_SECRET = "api-keys"
 GATEWAY_TELEMETRY = "gateway-telemetry"
 CLIENT_ID_HEADER = "x-pdstack-client"
+
+
+def gateway_to_engines(ctx: LayerContext) -> list[dict]:
+    """Routing to an InferencePool, the gateway's proxies connect straight to the engine
+    leader the endpoint picker chose (the pool's targetPorts), not through the router."""
+    if ctx.spec.deployment.load_balancer.implementation != "gateway_epp":
+        return []
+    gateway_ns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ctx.spec.access.gateway_namespace}}}
+    return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": ctx.metadata("allow-gateway-to-engines", "access"),
+             "spec": {"podSelector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "Exists"}],
+                                      "matchLabels": {naming.LWS_WORKER_INDEX_LABEL: "0"}},
+                      "policyTypes": ["Ingress"],
+                      "ingress": [{"from": [gateway_ns],
+                                   "ports": [{"protocol": "TCP", "port": ENGINE_PORT[ctx.spec.engine.kind]}]}]}}]
 
 
 def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
@@ -52,6 +68,15 @@ def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
                       "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.access.gateway_namespace}}},
                                *({"ipBlock": {"cidr": c}} for c in spec.access.allowlist_cidrs)],
                       "ports": [{"protocol": "TCP", "port": router_port}]}]}},
+        # Service discovery: the SGLang router and the endpoint picker watch pods (and pools) through
+        # the API server, whose endpoints are outside the pod network; a policy sees the
+        # endpoint's address and port after the Service's DNAT (443 on EKS, 6443 on kubeadm).
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("allow-router-to-kubernetes-api"),
+         "spec": {"podSelector": {"matchLabels": ROUTER_LABELS}, "policyTypes": ["Egress"],
+                  "egress": [{**({"to": [{"ipBlock": {"cidr": c}} for c in spec.environment.api_server_cidrs]}
+                                 if spec.environment.api_server_cidrs else {}),
+                              "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}]}},
+        *gateway_to_engines(ctx),
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("allow-monitoring-scrape"),
          "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}]}},

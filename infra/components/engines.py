@@ -2,7 +2,8 @@
 
 A pool (prefill, decode, or the one colocated pool) is a LeaderWorkerSet whose replicas
 are instances and whose group size is the nodes one instance spans. The group leader
-serves HTTP; a headless Service over the leaders is what routers discover.
+serves HTTP; routers find the leaders by label through the Kubernetes API, and a Service
+over them (`engine-<role>-http`) gives operators a stable name. LWS owns `engine-<role>`.
 """
 
 from __future__ import annotations
@@ -183,9 +184,13 @@ class Engines(Layer):
             if uses_multi_node_nvlink(ctx.spec, role):
                 needs.append(self.add(compute_domain_manifest(ctx, role)))
             self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=needs, ignore_changes=scaled)
+            # Not named after the LWS: LWS creates a headless Service of that name if none exists
+            # (selecting the whole group, publishing not-ready addresses), and workers resolve
+            # their leader through it before anything is Ready (kubernetes-sigs/lws v0.10.0,
+            # pkg/utils/controller/controller_utils.go CreateHeadlessServiceIfNotExists).
             self.services[role] = self.add({
                 "apiVersion": "v1", "kind": "Service",
-                "metadata": ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role}),
+                "metadata": ctx.metadata(naming.engine_http(role), "engine", **{naming.ROLE_LABEL: role}),
                 "spec": {
                     "clusterIP": "None",
                     "selector": {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"},
