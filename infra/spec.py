@@ -414,6 +414,11 @@ class AccessSpec(Strict):
     gateway_namespace: str = Field("envoy-gateway-system", description="Where the gateway's proxy pods run.")
     allowlist_cidrs: list[str] = Field(min_length=1)
     api_keys: list[ApiKeySpec] = Field(min_length=1)
+    gateway_replicas: PositiveInt = Field(2, description="Envoy proxy replicas of this environment's Gateway.")
+    rate_limit_scope: Literal["local", "global"] = Field(
+        "local", description="local: each Envoy replica counts on its own, so each gets its share of a key's "
+                             "limit (requests_per_minute / gateway_replicas, rounded up). global: Envoy Gateway's "
+                             "rate-limit service counts across replicas (needs its Redis backend enabled).")
 
     _cidrs = field_validator("allowlist_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.0/8")))
 

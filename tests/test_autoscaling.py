@@ -4,6 +4,7 @@ pure scaling rules, and a day of load through them."""
 from __future__ import annotations
 
 import math
+import subprocess
 
 import pytest
 import yaml
@@ -184,3 +185,45 @@ def test_no_collector_without_a_trace_backend():
     run = shipped_run("dev")
     assert "otel-collector" not in by_name(run, "Deployment")
     assert "--otlp-traces-endpoint" not in str(run.by_kind("ConfigMap"))
+
+
+def test_hpa_signals_of_two_release_tracks_stay_apart(tmp_path):
+    """Both tracks record `pdstack:<role>:<signal>`; each recorded series carries its track's
+    namespace, and the adapter's namespaced rule (kubernetes-sigs/prometheus-adapter
+    docs/externalmetrics.md: a namespace resource override puts the HPA's namespace into
+    <<.LabelMatchers>>) reads one track's value. Evaluated by promtool's rule unit tests on
+    series of both tracks."""
+    from infra.offline import run_offline
+    from infra.program import build_stack
+    from infra.tracks import plan_tracks
+    from tests.servers import require_binary
+
+    data = stack_data("prod")
+    data["deployment"]["autoscaling"]["scaler"] = "hpa"
+    run = run_offline(lambda: build_stack(parse_spec(data), release="8",
+                                          tracks=plan_tracks([(7, 95, data), (8, 5, data)])), stack="prod")
+    files = []
+    for rule in run.by_kind("PrometheusRule"):
+        if rule["metadata"]["name"] == "pdstack-scaling-signals":
+            path = tmp_path / f"{rule['metadata']['namespace']}.yaml"
+            path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+            files.append(path.name)
+    assert len(files) == 2
+    adapters = {c["data"]["rules.yaml"] for c in run.by_kind("ConfigMap")
+                if c["metadata"]["name"] == "prometheus-adapter-pdstack-rules"}
+    assert len(adapters) == 1  # the same rules in every track: one adapter configuration serves all
+    adapter = yaml.safe_load(adapters.pop())
+    rule = next(r for r in adapter["externalRules"] if r["name"]["as"] == "pdstack_decode_kv_cache_usage")
+    usage = {"pdstack-prod-r7": 0.5, "pdstack-prod-r8": 0.9}
+    series = [{"series": f'sglang:token_usage{{namespace="{ns}",pdstack_io_role="decode",pod="{ns}-0"}}',
+               "values": f"{value}x10"} for ns, value in usage.items()]
+    tests = [{"interval": "15s", "input_series": series, "promql_expr_test": [
+        {"expr": rule["metricsQuery"].replace("<<.Series>>", "pdstack:decode:kv_cache_usage")
+                                     .replace("<<.LabelMatchers>>", f'namespace="{ns}"'),
+         "eval_time": "1m", "exp_samples": [{"labels": "{}", "value": value}]}
+        for ns, value in usage.items()]}]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": files, "evaluation_interval": "15s",
+                                                        "tests": tests}))
+    out = subprocess.run([require_binary("promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

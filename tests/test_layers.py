@@ -92,7 +92,38 @@ def test_default_deny_plus_allowlist(run, spec):
     assert auth["spec"]["authorization"]["defaultAction"] == "Deny"
     (limits,) = run.by_kind("BackendTrafficPolicy")
     rules = limits["spec"]["rateLimit"]["local"]["rules"]
-    assert [r["limit"]["requests"] for r in rules] == [k.requests_per_minute for k in spec.access.api_keys]
+    # Local limits count in each Envoy replica (envoyproxy/gateway docs, "Local Rate Limit"):
+    # each replica enforces its share of the key's limit.
+    replicas = spec.access.gateway_replicas
+    assert [r["limit"]["requests"] for r in rules] == [-(-k.requests_per_minute // replicas) for k in spec.access.api_keys]
+    assert "type" not in limits["spec"]["rateLimit"]  # deprecated in Envoy Gateway v1.9: local/global say it
+    (proxy,) = run.by_kind("EnvoyProxy")
+    assert gateway["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
+    # Unset, a Gateway's EnvoyProxy replaces the GatewayClass's settings whole
+    # (envoyproxy/gateway v1.9.0, EnvoyProxySpec.mergeType).
+    assert proxy["spec"]["mergeType"] == "StrategicMerge"
+    assert proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["replicas"] == replicas
+
+
+def test_global_rate_limits_count_across_replicas():
+    from tests.conftest import stack_data
+    from infra.spec import parse_spec
+
+    data = stack_data("prod")
+    data["access"]["rate_limit_scope"] = "global"
+    (limits,) = run_spec(parse_spec(data)).by_kind("BackendTrafficPolicy")
+    rules = limits["spec"]["rateLimit"]["global"]["rules"]
+    assert [r["limit"]["requests"] for r in rules] == [6000, 600]
+
+
+def test_only_group_leaders_are_scraped():
+    """In a multi-node group only rank 0 serves HTTP and /metrics; a PodMonitor over workers
+    would report them down (prometheus-operator v0.93.0 PodMonitor: every selected pod's port
+    is a target)."""
+    from tests.conftest import shipped_run
+
+    (monitor,) = [m for m in shipped_run("prod").by_kind("PodMonitor") if m["metadata"]["name"] == "engines"]
+    assert monitor["spec"]["selector"]["matchLabels"] == {naming.LWS_WORKER_INDEX_LABEL: "0"}
 
 
 def _services(run) -> dict[str, dict]:

@@ -21,9 +21,10 @@ from infra.components.k8s import Layer, LayerContext
 from infra.render import tracing
 from infra.render.engine_args import ENGINE_PORT
 from infra.render.router_config import RouterLaunch
+from infra.spec import StackSpec
 
 API_KEYS_SECRET = "api-keys"
-GATEWAY_TELEMETRY = "gateway-telemetry"
+GATEWAY_PROXY = "gateway-proxy"
 CLIENT_ID_HEADER = "x-pdstack-client"
 
 
@@ -111,24 +112,35 @@ def reference_grant(track_ctx: LayerContext, route_namespace: str) -> dict:
                        {"group": "inference.networking.k8s.io", "kind": "InferencePool"}]}}
 
 
+def requests_per_replica(spec: StackSpec, requests_per_minute: int) -> int:
+    """A key's limit as one Envoy replica enforces it: local limits count per replica
+    (envoyproxy/gateway docs, "Local Rate Limit": each Envoy instance has its own bucket)."""
+    acc = spec.access
+    if acc.rate_limit_scope == "global":
+        return requests_per_minute
+    return -(-requests_per_minute // acc.gateway_replicas)
+
+
 def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
     spec, acc = ctx.spec, ctx.spec.access
     gw_meta = ctx.metadata(naming.GATEWAY, "access")
     route_meta = ctx.metadata(naming.GATEWAY, "access")
     route_ref = [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": naming.GATEWAY}]
     # The cloud load balancer in front admits only the allowlist.
-    infrastructure: dict = {"annotations": {
-        "service.beta.kubernetes.io/load-balancer-source-ranges": ",".join(acc.allowlist_cidrs)}}
-    telemetry: list[dict] = []
+    infrastructure: dict = {
+        "annotations": {"service.beta.kubernetes.io/load-balancer-source-ranges": ",".join(acc.allowlist_cidrs)},
+        "parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": GATEWAY_PROXY}}
+    proxy: dict = {
+        # Merged into the GatewayClass's EnvoyProxy: unset, this one would replace it whole
+        # (envoyproxy/gateway v1.9.0, EnvoyProxySpec.mergeType).
+        "mergeType": "StrategicMerge",
+        "provider": {"type": "Kubernetes", "kubernetes": {"envoyDeployment": {"replicas": acc.gateway_replicas}}}}
     if tracing.enabled(spec):
         # The gateway starts each trace (every request; the collector samples whole traces).
-        infrastructure["parametersRef"] = {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": GATEWAY_TELEMETRY}
-        telemetry.append({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyProxy",
-                          "metadata": ctx.metadata(GATEWAY_TELEMETRY, "access"), "spec": {"telemetry": {"tracing": {
-                              "samplingRate": 100,
-                              "provider": {"type": "OpenTelemetry", "backendRefs": [
-                                  {"name": naming.OTEL_COLLECTOR, "namespace": ctx.namespace, "port": tracing.OTLP_GRPC_PORT}]},
-                          }}}})
+        proxy["telemetry"] = {"tracing": {"samplingRate": 100, "provider": {"type": "OpenTelemetry", "backendRefs": [
+            {"name": naming.OTEL_COLLECTOR, "namespace": ctx.namespace, "port": tracing.OTLP_GRPC_PORT}]}}}
+    telemetry = [{"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyProxy",
+                  "metadata": ctx.metadata(GATEWAY_PROXY, "access"), "spec": proxy}]
     return [
         *telemetry,
         {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": gw_meta, "spec": {
@@ -160,9 +172,9 @@ def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
         {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy", "metadata": ctx.metadata("rate-limits", "access"),
          "spec": {
              "targetRefs": route_ref,
-             "rateLimit": {"type": "Local", "local": {"rules": [
+             "rateLimit": {acc.rate_limit_scope: {"rules": [
                  {"clientSelectors": [{"headers": [{"name": CLIENT_ID_HEADER, "value": key.name}]}],
-                  "limit": {"requests": key.requests_per_minute, "unit": "Minute"}}
+                  "limit": {"requests": requests_per_replica(spec, key.requests_per_minute), "unit": "Minute"}}
                  for key in acc.api_keys]}},
              "retry": {"numRetries": spec.timeouts.gateway_to_router.retries},
          }},

@@ -6,6 +6,11 @@ instance is added or removed as a whole group, never pod by pod).
 - scaler: hpa  -> an autoscaling/v2 HPA on External metrics, fed by recording rules
   (`pdstack:<role>:<signal>`) that prometheus-adapter serves under the names in
   `external_metric_name` (its rules are rendered into a ConfigMap for the adapter to load).
+  Release tracks record the same names, so every recorded series carries its namespace and
+  the adapter's rules are namespaced: an HPA reads only its own namespace's value
+  (kubernetes-sigs/prometheus-adapter docs/externalmetrics.md: with a namespace resource
+  override, <<.LabelMatchers>> holds the HPA's namespace). The rules are the same in every
+  namespace, so one adapter configuration serves all tracks.
 
 Scale-down is slow and gentle: a stabilisation window, one instance per period, and each
 stopping engine pod drains for `drain_seconds` first (see infra/components/engines.py).
@@ -89,11 +94,14 @@ def horizontal_pod_autoscaler(ctx: LayerContext, role: str) -> dict:
 def hpa_support(ctx: LayerContext) -> list[dict]:
     """Recording rules for every signal, and prometheus-adapter rules that serve them."""
     pools = list(ctx.spec.deployment.pools())
-    rules = [{"record": recorded_series(role, s), "expr": s.query} for role in pools for s in signals(ctx.spec, role)]
+    rules = [{"record": recorded_series(role, s),
+              "expr": f'label_replace({s.query}, "namespace", "{ctx.namespace}", "", "")'}
+             for role in pools for s in signals(ctx.spec, role)]
     adapter = {"externalRules": [
-        {"seriesQuery": f'{{__name__="{recorded_series(role, s)}"}}',
+        {"seriesQuery": f'{{__name__="{recorded_series(role, s)}",namespace!=""}}',
+         "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
          "name": {"matches": f"^{recorded_series(role, s)}$", "as": external_metric_name(role, s)},
-         "metricsQuery": recorded_series(role, s)}
+         "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>})"}
         for role in pools for s in signals(ctx.spec, role)]}
     return [
         {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",

@@ -58,7 +58,9 @@ class Monitoring(Layer):
             "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": ctx.metadata("engines", "monitoring"),
             "spec": {
-                "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}]},
+                # Group leaders only: in a multi-node group only rank 0 serves HTTP and /metrics.
+                "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}],
+                             "matchLabels": {naming.LWS_WORKER_INDEX_LABEL: "0"}},
                 "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}],
                 "podTargetLabels": [naming.ROLE_LABEL, naming.RELEASE_LABEL],
             },
