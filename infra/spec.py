@@ -143,11 +143,18 @@ class ImagesSpec(Strict):
         "aws-cli", description="aws-cli: the image has `aws` and `sha256sum` (amazon/aws-cli does); "
                                "python-boto3: it has python3 with boto3.")
     otel_collector: str
+    endpoint_picker: str | None = Field(
+        None, description="llm-d-inference-scheduler's endpoint picker (gateway_epp), e.g. "
+                          "ghcr.io/llm-d/llm-d-inference-scheduler@sha256:... of v0.8.0.")
+    routing_sidecar: str | None = Field(
+        None, description="llm-d's routing sidecar for decode pods (gateway_epp, disaggregated), e.g. "
+                          "ghcr.io/llm-d/llm-d-routing-sidecar@sha256:... of v0.8.0.")
 
-    @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector")
+    @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector",
+                     "endpoint_picker", "routing_sidecar")
     @classmethod
-    def _by_digest(cls, v: str) -> str:
-        return EngineSpec._image_by_digest(v)
+    def _by_digest(cls, v: str | None) -> str | None:
+        return v if v is None else EngineSpec._image_by_digest(v)
 
 
 class NodeClassRef(Strict):
@@ -513,6 +520,21 @@ def engine_capability_problems(spec: StackSpec) -> list[str]:
                 f"deployment.{role}.expert_placement: vllm {eng.version} has no flag to load a static "
                 "expert placement (its EPLB rebalances at runtime). Fix: remove it, or engine.kind: sglang"
             )
+    if dep.load_balancer.implementation == "gateway_epp":
+        if spec.images.endpoint_picker is None:
+            problems.append("images.endpoint_picker: gateway_epp runs llm-d-inference-scheduler's endpoint picker, and "
+                            "no image is named. Fix: its image of v0.8.0, pinned by digest")
+        if dep.mode == "disaggregated":
+            if spec.images.routing_sidecar is None:
+                problems.append("images.routing_sidecar: gateway_epp in PD mode needs llm-d's routing sidecar on decode "
+                                "pods. Fix: its image of v0.8.0, pinned by digest")
+            # The sidecar's KV connectors: nixlv2 (vLLM's NixlConnector) and sglang (SGLang's own
+            # bootstrap, whatever its transfer backend) (llm-d-inference-scheduler v0.8.0,
+            # pkg/sidecar/proxy/options.go): none for vLLM's MooncakeConnector.
+            if eng.kind == "vllm" and eng.kv_transfer != "nixl":
+                problems.append(
+                    f"engine.kv_transfer: llm-d's routing sidecar runs vLLM's prefill hop only over NIXL (its "
+                    f"connectors: nixlv2, shared-storage, sglang), not {eng.kv_transfer}. Fix: kv_transfer: nixl")
     if dep.cache.disk_path and dep.cache.store != "lmcache":
         problems.append(
             f"deployment.cache.disk_path: a disk tier needs the LMCache store (local_disk); the {dep.cache.store} "

@@ -67,6 +67,14 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
         raise SpecError([f"pdstack:{CONFIG_KEY}: revision listed twice in {revisions}"])
     newest = max(revisions)
     recorded = {revision: _parse(revision, data) for revision, _, data in entries}
+    serving = [r for r, w, _ in entries if w > 0]
+    if len(serving) > 1 and recorded[newest].deployment.load_balancer.implementation == "gateway_epp":
+        # Envoy AI Gateway v1.1.0's extension server accepts one InferencePool per route rule
+        # (envoyproxy/ai-gateway, internal/extensionserver/post_route_modify.go).
+        raise SpecError([
+            f"pdstack:{CONFIG_KEY}: revisions {serving} would split traffic by weight between InferencePools, which "
+            "the gateway routes one per rule. Fix: with gateway_epp, move traffic whole (stages 100: a blue/green "
+            "switch with the old revision kept at weight 0), or use implementation: sglang_router for canaries"])
     tracks = []
     for revision, weight, _ in entries:
         data = recorded[revision].model_dump(mode="json")

@@ -34,6 +34,14 @@ def stack_data(stack: str) -> dict:
     return copy.deepcopy(_stack_data(stack))
 
 
+def vllm_with_epp(data: dict) -> dict:
+    """A spec switched to vLLM, with the balancer and the KV connector it can use (llm-d's
+    endpoint picker; NIXL, which llm-d's routing sidecar drives)."""
+    data["engine"].update(kind="vllm", version="0.33.0", kv_transfer="nixl")
+    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    return data
+
+
 @functools.cache
 def shipped_run(stack: str) -> OfflineRun:
     return run_spec(load_spec(stack_spec_path(stack)))

@@ -16,7 +16,7 @@ from infra.prometheus import PrometheusAPI
 from infra.reports.cost import CacheEntry, cost_report, scan_caches, stale_entries
 from infra.rollout.preflight import load_inventory
 from infra.spec import parse_spec
-from tests.conftest import stack_data
+from tests.conftest import stack_data, vllm_with_epp
 from tests.servers import free_port, require_binary, running
 from tests.ssh_hosts import inventory
 
@@ -120,8 +120,7 @@ def test_scan_finds_stale_cache_folders_over_ssh(tmp_path, client_key, hosts):
         os.utime(folder / name, (now - age_h * 3600, now - age_h * 3600))
     data = stack_data("dev")
     data["model"]["weights"]["node_cache_path"] = str(weights)
-    data["engine"].update(kind="vllm", version="0.33.0")
-    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    vllm_with_epp(data)
     data["deployment"]["cache"].update(store="lmcache", disk_path=str(prefix), retention_hours=24)
     spec = parse_spec(data)
     port, key = hosts["good"]

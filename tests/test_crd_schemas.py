@@ -18,7 +18,7 @@ from infra.program import build_stack
 from infra.render.crd_schemas import CRD_DIR, crd_schema, vendored_crds
 from infra.render.manifests import manifests, unwrap, validate_manifests
 from infra.spec import parse_spec
-from tests.conftest import stack_data
+from tests.conftest import stack_data, vllm_with_epp
 from tests.test_tracks import prod_tracks
 
 
@@ -29,8 +29,7 @@ def prod_variant(change) -> dict:
 
 
 def epp_vllm(data):
-    data["engine"].update(kind="vllm", version="0.33.0")
-    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    vllm_with_epp(data)
 
 
 def hpa(data):
@@ -79,7 +78,7 @@ def first(items: list[dict], kind: str) -> dict:
 
 @pytest.mark.parametrize("kind, break_it, expected", [
     ("NodePool", lambda m: m["spec"].update(replica=3),
-     "NodePool/pdstack-prod-prefill: spec: Additional properties are not allowed ('replica' was unexpected)"),
+     ": spec: Additional properties are not allowed ('replica' was unexpected)"),
     ("LeaderWorkerSet", lambda m: m["spec"]["leaderWorkerTemplate"].update(size="16"),
      ": spec.leaderWorkerTemplate.size: '16' is not of type 'integer'"),
     ("HTTPRoute", lambda m: m["spec"]["rules"][0].update(weight=3),

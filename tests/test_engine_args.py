@@ -13,7 +13,7 @@ from infra.render.engine_check import variant_spec
 from infra.render.flagsets import flagset
 from infra.render.router_config import RoundRobinWarning, epp_config, router_launch
 from infra.spec import SpecError, load_spec, parse_spec, stack_spec_path
-from tests.conftest import stack_data
+from tests.conftest import stack_data, vllm_with_epp
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("PDSTACK_UPDATE_GOLDEN") == "1"
@@ -97,7 +97,8 @@ def test_vllm_kv_connector_and_expert_parallel():
     args = launches["prefill"].args
     config = json.loads(args[args.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "MultiConnector"
-    assert [c["kv_connector"] for c in config["kv_connector_extra_config"]["connectors"]] == ["MooncakeConnector", "MooncakeStoreConnector"]
+    # NIXL for the P-to-D hop (what llm-d's routing sidecar drives), the Mooncake store for the prefix cache.
+    assert [c["kv_connector"] for c in config["kv_connector_extra_config"]["connectors"]] == ["NixlConnector", "MooncakeStoreConnector"]
     assert "--enable-expert-parallel" in args and "--enable-eplb" in args
 
 
@@ -136,7 +137,8 @@ def test_epp_has_prefix_queue_and_kv_scorers_with_spec_weights_and_pd_profiles()
     spec = spec_for("prod", "vllm")
     config = epp_config(spec)
     types = {p["type"] for p in config["plugins"]}
-    assert {"prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer", "pd-profile-handler"} <= types
+    assert {"prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer", "disagg-profile-handler",
+            "prefix-based-pd-decider"} <= types
     profiles = {p["name"]: p["plugins"] for p in config["schedulingProfiles"]}
     assert set(profiles) == {"prefill", "decode"}
     weights = {p["pluginRef"]: p.get("weight") for p in profiles["decode"]}
@@ -149,6 +151,7 @@ def test_pdctl_render_both_engines_on_one_spec(tmp_path):
     assert main(["render", "--stack", "dev", "--engine", "sglang", "--out", str(tmp_path / "s")]) == 0
     data = stack_data("dev")
     data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    data["engine"]["kv_transfer"] = "nixl"  # what both engines can use behind llm-d's routing sidecar
     spec_file = tmp_path / "epp.yaml"
     import yaml
 
@@ -167,8 +170,7 @@ def test_kv_hop_timeout_reaches_both_engines():
                                     "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30"}
         assert set(sglang[role].env) <= flagset("sglang").env_vars
     data = stack_data("prod")
-    data["engine"].update(kind="vllm", version="0.33.0", kv_transfer="nixl")
-    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    vllm_with_epp(data)
     vllm = all_launches(parse_spec(data))
     config = vllm["decode"].args[vllm["decode"].args.index("--kv-transfer-config") + 1]
     assert '"kv_lease_duration": 30' in config

@@ -120,18 +120,16 @@ def test_vllm_decode_budget_covers_its_running_sequences():
     assert int(args[args.index("--max-num-batched-tokens") + 1]) >= int(args[args.index("--max-num-seqs") + 1])
 
 
-def test_vllm_mooncake_roles_transport_and_store_config_file():
-    """vLLM 0.33.0: kv_producer / kv_consumer (mooncake_connector.py), mooncake_protocol and device_name in
-    kv_connector_extra_config, VLLM_MOONCAKE_BOOTSTRAP_PORT (envs.py), and the store's JSON file from
-    MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py, from_file keys)."""
+def test_vllm_pd_roles_nixl_transport_and_store_config_file():
+    """vLLM 0.33.0: kv_producer / kv_consumer, NIXL's backend plugin from the fabric (LIBFABRIC on EFA;
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py "backends"), and the store's JSON file
+    from MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py, from_file keys)."""
     spec = variant_spec("prod", "vllm")
     launches = all_launches(spec)
     configs = {r: json.loads(l.args[l.args.index("--kv-transfer-config") + 1]) for r, l in launches.items()}
     assert configs["prefill"]["kv_role"] == "kv_producer"
-    assert configs["decode"] == {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer",
-                                 "kv_connector_extra_config": {"mooncake_protocol": "efa",
-                                                               "device_name": "rdmap0s0,rdmap1s0,rdmap2s0,rdmap3s0"}}
-    assert launches["prefill"].env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+    assert configs["decode"] == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                 "kv_connector_extra_config": {"kv_lease_duration": 30, "backends": ["LIBFABRIC"]}}
     plan = kv_cache_plan(spec)
     assert plan.engine_env == {"MOONCAKE_CONFIG_PATH": "/etc/pdstack/kvcache/mooncake.json"}
     store = json.loads(plan.files["mooncake.json"])

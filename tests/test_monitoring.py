@@ -15,11 +15,10 @@ from infra.spec import parse_spec
 
 
 def specs_for_both_engines():
-    for engine, version in (("sglang", "0.5.23"), ("vllm", "0.33.0")):
-        data = stack_data("prod")
-        data["engine"].update(kind=engine, version=version)
-        data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
-        yield parse_spec(data)
+    from infra.render.engine_check import variant_spec
+
+    for engine in ("sglang", "vllm"):
+        yield variant_spec("prod", engine)
 
 
 def known(engine: str, name: str) -> bool:

@@ -12,7 +12,7 @@ from infra import naming
 from infra.offline import run_spec
 from infra.render.engine_args import ENGINE_PORT
 from infra.spec import parse_spec
-from tests.conftest import shipped_run, stack_data
+from tests.conftest import shipped_run, stack_data, vllm_with_epp
 from tests.netpol import Endpoint, connection_allowed
 
 
@@ -85,8 +85,7 @@ def test_the_gateway_reaches_what_it_routes_to(implementation):
     router only."""
     data = stack_data("prod")
     if implementation == "gateway_epp":
-        data["engine"].update(kind="vllm", version="0.33.0")
-        data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+        vllm_with_epp(data)
     spec = parse_spec(data)
     run = run_spec(spec)
     ns = "pdstack-prod"

@@ -80,6 +80,7 @@ def valid_specs(draw):
     data["engine"]["version"] = {"sglang": "0.5.23", "vllm": "0.33.0"}[data["engine"]["kind"]]
     if data["engine"]["kind"] == "vllm":
         dep["load_balancer"]["implementation"] = "gateway_epp"
+        data["engine"]["kv_transfer"] = "nixl"  # what llm-d's routing sidecar drives for vLLM
     else:
         dep["load_balancer"]["implementation"] = draw(st.sampled_from(["sglang_router", "gateway_epp"]))
     dep["cache"]["store"] = "lmcache" if data["engine"]["kind"] == "vllm" and draw(st.booleans()) else "mooncake"

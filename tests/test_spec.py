@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.spec import SpecError, parse_spec
-from tests.conftest import problems_of, stack_data
+from tests.conftest import problems_of, stack_data, vllm_with_epp
 
 
 def test_shipped_stacks_parse(spec):
@@ -129,8 +129,7 @@ def test_a_prefix_cache_disk_tier_needs_lmcache():
     data["deployment"]["cache"]["disk_path"] = "/mnt/kvdisk"
     with pytest.raises(SpecError, match="deployment.cache.disk_path: a disk tier needs the LMCache store"):
         parse_spec(data)
-    data["engine"].update(kind="vllm", version="0.33.0")
-    data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+    vllm_with_epp(data)
     data["deployment"]["cache"]["store"] = "lmcache"
     spec = parse_spec(data)
     from infra.render.kvcache_config import kv_cache_plan

@@ -157,7 +157,10 @@ def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
             "hostnames": list(acc.domains),
             "rules": [{
                 "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
-                "backendRefs": [backend_ref(ctx, b) for b in backends],
+                # A track at weight 0 (a warm standby, or a canary before its first stage) is left
+                # out: it takes no traffic either way, and an InferencePool reference counts even
+                # at weight 0 where the gateway allows one per rule.
+                "backendRefs": [backend_ref(ctx, b) for b in backends if b.weight > 0],
                 "timeouts": {"request": f"{int(spec.timeouts.gateway_to_router.timeout_seconds)}s"},
             }]}},
         {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "SecurityPolicy", "metadata": ctx.metadata("api-auth", "access"),

@@ -46,7 +46,8 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch) -> dict:
         mounts.append({"name": "epp-config", "mountPath": "/etc/epp", "readOnly": True})
     container = {
         "name": naming.ROUTER,
-        "image": spec.images.router,
+        # The SGLang router, or the endpoint picker: two programs, two images.
+        "image": spec.images.router if launch.implementation == "sglang_router" else spec.images.endpoint_picker,
         "ports": [{"name": "http", "containerPort": launch.port}, {"name": "metrics", "containerPort": launch.metrics_port}],
         "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "8", "memory": "16Gi"}},
         "volumeMounts": mounts,

@@ -15,12 +15,15 @@ from infra.components.k8s import Layer, LayerContext, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import pool_capacity
 from infra.components.storage import weights_init_container, weights_volumes
-from infra.render.engine_args import BOOTSTRAP_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches
+from infra.render.engine_args import (
+    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
+from infra.render.router_config import routing_sidecar_container
 from infra.spec import StackSpec, pod_memory_gib
 
 ENGINE_SERVICE_ACCOUNT = "engine"
+ENGINE_PORT_NAME = "engine"  # the engine's own HTTP port (and /metrics), behind a sidecar or not
 IMEX_CLAIM = "imex-channel"
 EXPERT_PLACEMENT_CONFIGMAP = "expert-placement"
 LAUNCH_MOUNT = "/etc/pdstack/launch"
@@ -92,7 +95,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
         "env": [{"name": k, "value": v}
                 for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())],
-        "ports": [{"name": "http", "containerPort": launch.port}],
+        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
         # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), the host
         # cache tier and the store segments each rank lends (infra/spec.py, pod_memory_gib).
         "resources": {
@@ -115,10 +118,13 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
             "periodSeconds": 10,
             "failureThreshold": 180,  # large MoE models take up to 30 minutes to load
         }
+    init_containers = [weights_init_container(spec)]
+    if leader and routes_through_sidecar(spec, role):
+        init_containers.append(routing_sidecar_container(spec))
     return {
         "serviceAccountName": ENGINE_SERVICE_ACCOUNT,
         **gpu_scheduling(spec, role),
-        "initContainers": [weights_init_container(spec)],
+        "initContainers": init_containers,
         "containers": [container],
         **({"resourceClaims": claims} if claims else {}),
         "volumes": volumes,
@@ -194,7 +200,8 @@ class Engines(Layer):
                 "spec": {
                     "clusterIP": "None",
                     "selector": {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"},
-                    "ports": [{"name": "http", "port": launch.port, "targetPort": launch.port}],
+                    "ports": [{"name": "http", "port": ENGINE_PORT[ctx.spec.engine.kind],
+                               "targetPort": ENGINE_PORT[ctx.spec.engine.kind]}],
                 },
             })
             # A multi-node group dies with any of its pods: allow no voluntary eviction, so a

@@ -8,6 +8,7 @@ import pulumi
 
 from infra import naming
 from infra.components.balancers import ROUTER_LABELS
+from infra.components.engines import ENGINE_PORT_NAME
 from infra.components.k8s import Layer, LayerContext
 from infra.render.metrics import ENGINE_METRICS, alert_rules, p99
 
@@ -61,7 +62,7 @@ class Monitoring(Layer):
                 # Group leaders only: in a multi-node group only rank 0 serves HTTP and /metrics.
                 "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}],
                              "matchLabels": {naming.LWS_WORKER_INDEX_LABEL: "0"}},
-                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}],
+                "podMetricsEndpoints": [{"port": ENGINE_PORT_NAME, "path": "/metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}],
                 "podTargetLabels": [naming.ROLE_LABEL, naming.RELEASE_LABEL],
             },
         })

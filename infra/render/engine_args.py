@@ -16,20 +16,20 @@ import json
 from dataclasses import dataclass, field
 
 from infra import naming
-from infra.render.fabric import device_names, mooncake_protocol, nixl_backends
+from infra.render.fabric import device_names, nixl_backends
 from infra.render.flagsets import flagset
 from infra.render.templating import render_template
 from infra.render.tracing import engine_trace_args
 from infra.spec import PhaseSpec, StackSpec, runs_prefix_cache
 
-ENGINE_PORT = {"sglang": 30000, "vllm": 8000}
+ENGINE_PORT = {"sglang": 30000, "vllm": 8000}  # what a pool's pods serve on
+SIDECAR_ENGINE_PORT = 8200  # the engine's own port behind llm-d's routing sidecar
 BOOTSTRAP_PORT = 8998  # SGLang PD: prefill's KV bootstrap server the decode side dials
 DIST_INIT_PORT = 20000  # SGLang torch.distributed rendezvous on the group leader
 VLLM_DP_RPC_PORT = 13345  # vLLM data-parallel coordinator on the group leader
 PLACEMENT_MOUNT = "/etc/pdstack/expert-placement"
 
 # vLLM 0.33.0 KV connector names, from vllm/distributed/kv_transfer/kv_connector/factory.py.
-VLLM_TRANSFER_CONNECTOR = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector"}
 VLLM_STORE_CONNECTOR = {"lmcache": "LMCacheConnectorV1", "mooncake": "MooncakeStoreConnector"}
 # DeepEP kernels by phase: throughput-oriented for prefill, low-latency for decode.
 VLLM_ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency", "colocated": "deepep_high_throughput"}
@@ -125,7 +125,7 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
         "--model-path", weights_path(spec),
         "--served-model-name", spec.model.name,
         "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT["sglang"]),
+        "--port", str(engine_listen_port(spec, role)),
         "--tp-size", str(ep),
         "--ep-size", str(ep),
         "--mem-fraction-static", str(eng.mem_fraction_static),
@@ -200,28 +200,20 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
 def vllm_kv_transfer_config(spec: StackSpec, role: str) -> dict | None:
     """vLLM's --kv-transfer-config: the P-to-D connector, and the shared store where the prefix cache runs.
 
-    vLLM 0.33.0: PD roles are kv_producer (prefill) and kv_consumer (decode)
-    (kv_connector/v1/mooncake/mooncake_connector.py reads kv_role); the Mooncake connector takes
-    its transport from kv_connector_extra_config mooncake_protocol / device_name, and its
-    bootstrap port from VLLM_MOONCAKE_BOOTSTRAP_PORT (vllm/envs.py). The store connector reads
-    the JSON file named by MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py).
+    vLLM 0.33.0: PD roles are kv_producer (prefill) and kv_consumer (decode). The P-to-D hop is
+    NIXL: vLLM serves PD only behind llm-d's endpoint picker, whose routing sidecar drives
+    vLLM's NixlConnector (the spec check refuses Mooncake there). The store connector reads the
+    JSON file named by MOONCAKE_CONFIG_PATH (vllm/distributed/mooncake_store.py).
     """
-    eng, dep = spec.engine, spec.deployment
+    dep = spec.deployment
     connectors = []
     if role in ("prefill", "decode"):
-        transfer: dict = {"kv_connector": VLLM_TRANSFER_CONNECTOR[eng.kv_transfer],
-                          "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
-        if eng.kv_transfer == "nixl":
-            # The prefill side holds KV for a decode peer this long (nixl/base_scheduler.py, default 30 s).
-            transfer["kv_connector_extra_config"] = {
-                "kv_lease_duration": int(spec.timeouts.prefill_to_decode_kv.timeout_seconds),
-                "backends": nixl_backends(spec)}
-        else:
-            extra = {"mooncake_protocol": mooncake_protocol(spec)}
-            if device_names(spec):
-                extra["device_name"] = ",".join(device_names(spec))
-            transfer["kv_connector_extra_config"] = extra
-        connectors.append(transfer)
+        # The prefill side holds KV for a decode peer this long (nixl/base_scheduler.py, default 30 s).
+        connectors.append({"kv_connector": "NixlConnector",
+                           "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                           "kv_connector_extra_config": {
+                               "kv_lease_duration": int(spec.timeouts.prefill_to_decode_kv.timeout_seconds),
+                               "backends": nixl_backends(spec)}})
     if runs_prefix_cache(spec, role):
         connectors.append({"kv_connector": VLLM_STORE_CONNECTOR[dep.cache.store], "kv_role": "kv_both"})
     if not connectors:
@@ -244,7 +236,7 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         weights_path(spec),
         "--served-model-name", spec.model.name,
         "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT["vllm"]),
+        "--port", str(engine_listen_port(spec, role)),
         "--tensor-parallel-size", "1",
         "--data-parallel-size", str(ep),
         "--gpu-memory-utilization", str(eng.mem_fraction_static),
@@ -338,18 +330,24 @@ def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
 
     SGLang 0.5.23 (sglang/srt/environ.py): the prefill side gives up on a decode peer that
     has not bootstrapped the request, and the decode side on KV that has not arrived, after
-    these many seconds (both default to 300). vLLM's Mooncake connector frees KV a decode
-    peer never read after VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vllm/envs.py, default 480);
-    its NIXL connector takes a lease in the connector config instead (see vllm_args).
+    these many seconds (both default to 300). vLLM's NIXL connector takes a lease in the
+    connector config instead (see vllm_kv_transfer_config).
     """
-    if role not in ("prefill", "decode"):
+    if role not in ("prefill", "decode") or spec.engine.kind != "sglang":
         return {}
     seconds = str(int(spec.timeouts.prefill_to_decode_kv.timeout_seconds))
-    if spec.engine.kind == "sglang":
-        return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
-    if spec.engine.kv_transfer == "mooncake":
-        return {"VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT": seconds, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(BOOTSTRAP_PORT)}
-    return {}
+    return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
+
+
+def routes_through_sidecar(spec: StackSpec, role: str) -> bool:
+    """With the endpoint picker, a PD request reaches the decode pod first: llm-d's routing
+    sidecar there sends the prompt to the prefill pod the picker chose, then to its own engine
+    (llm-d-inference-scheduler v0.8.0, pkg/sidecar/proxy)."""
+    return spec.deployment.load_balancer.implementation == "gateway_epp" and role == "decode"
+
+
+def engine_listen_port(spec: StackSpec, role: str) -> int:
+    return SIDECAR_ENGINE_PORT if routes_through_sidecar(spec, role) else ENGINE_PORT[spec.engine.kind]
 
 
 def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
@@ -372,7 +370,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
         version=spec.engine.version,
         entrypoint=entrypoint,
         args=args,
-        port=ENGINE_PORT[kind],
+        port=engine_listen_port(spec, role),
         multi_node=nodes > 1,
         nodes=nodes,
         gpus_per_pod=min(phase.gpus_per_instance(), spec.hardware.gpus_per_node),

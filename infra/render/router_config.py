@@ -6,8 +6,9 @@ Prefill and decode instances are picked by live load with prefix-cache affinity:
   passes the balance thresholds); decode uses `power_of_two` (two random workers, the
   less loaded wins), both on live load. Workers are found by Kubernetes service discovery
   on the pool labels, so scaling needs no router restart.
-- `gateway_epp`: the Gateway API Inference Extension's endpoint picker (llm-d scheduler)
-  with prefix-cache, queue and KV-cache-utilisation scorers and a PD profile handler.
+- `gateway_epp`: the endpoint picker of llm-d-inference-scheduler (built on the Gateway API
+  Inference Extension) with prefix-cache, queue and KV-cache-utilisation scorers and its
+  disaggregation profile handler; llm-d's routing sidecar on decode pods runs the prefill hop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from infra import naming
-from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT
+from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT, SIDECAR_ENGINE_PORT
+from infra.render.epp_contract import config_problems, contract, flag_problems, require
 from infra.render.flagsets import flagset
 from infra.render.tracing import router_trace_args
 from infra.spec import StackSpec
@@ -103,8 +105,19 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
     )
 
 
+PREFIX_BLOCKS_TO_MATCH = 256  # prefix blocks the picker hashes per request (its default)
+
+
 def epp_config(spec: StackSpec) -> dict:
-    """EndpointPickerConfig for the inference extension's endpoint picker (llm-d scheduler)."""
+    """EndpointPickerConfig of the pinned endpoint picker (llm-d-inference-scheduler v0.8.0).
+
+    The prefix-cache scorer hashes prompts in blocks of the engines' KV page size
+    (blockSizeTokens; the older blockSize counted characters and is deprecated), so its
+    affinity matches the engines' own prefix cache. In PD mode the disaggregation profile
+    handler runs the decode profile, and the prefill profile when its decider says so: the
+    prefix-based decider sends a request through prefill when more than nonCachedTokens of its
+    prompt are not cached on the chosen decode pod (0: every request).
+    """
     w = spec.deployment.load_balancer.weights
     scorers = [
         {"pluginRef": "prefix-cache-scorer", "weight": w.prefix_cache},
@@ -114,18 +127,21 @@ def epp_config(spec: StackSpec) -> dict:
     if spec.deployment.load_balancer.strategy == "round_robin":
         scorers = []  # no scoring: the picker falls back to random among the filtered
     plugins = [
-        {"type": "prefix-cache-scorer", "parameters": {"blockSize": 64, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}},
+        {"type": "prefix-cache-scorer", "parameters": {"blockSizeTokens": spec.engine.kv_page_size,
+                                                       "maxPrefixBlocksToMatch": PREFIX_BLOCKS_TO_MATCH}},
         {"type": "queue-scorer"},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "max-score-picker"},
     ]
     if spec.deployment.mode == "disaggregated":
         plugins += [
-            {"type": "prefill-header-handler"},
+            {"type": "disagg-headers-handler"},  # tells the decode pod's sidecar which prefill pod to use
             {"type": "prefill-filter"},
             {"type": "decode-filter"},
-            # Requests whose uncached prompt is shorter than the threshold skip prefill.
-            {"type": "pd-profile-handler", "parameters": {"threshold": 0, "blockSize": 64}},
+            {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": 0}},
+            {"type": "disagg-profile-handler", "parameters": {
+                "profiles": {"prefill": "prefill", "decode": "decode"},
+                "deciders": {"prefill": "prefix-based-pd-decider"}}},
         ]
         profiles = [
             {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, *scorers, {"pluginRef": "max-score-picker"}]},
@@ -135,30 +151,58 @@ def epp_config(spec: StackSpec) -> dict:
         plugins.append({"type": "single-profile-handler"})
         profiles = [{"name": "default", "plugins": [*scorers, {"pluginRef": "max-score-picker"}]}]
     return {
-        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "apiVersion": contract()["config"]["apiVersion"],
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "schedulingProfiles": profiles,
     }
 
 
+EPP_GRPC_PORT = 9002  # ext-proc, which the gateway calls
+
+
 def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
-    config = yaml.safe_dump(epp_config(spec), sort_keys=False)
+    config = epp_config(spec)
+    require(config_problems(config), "EndpointPickerConfig")
+    args = [
+        f"--pool-name={naming.INFERENCE_POOL}",
+        f"--pool-namespace={spec.environment.namespace}",
+        "--config-file=/etc/epp/config.yaml",
+        f"--grpc-port={EPP_GRPC_PORT}",
+        f"--metrics-port={ROUTER_METRICS_PORT}",
+    ]
+    require(flag_problems(args, "epp"), "endpoint picker flags")
     return RouterLaunch(
         implementation="gateway_epp",
         entrypoint=["/app/epp"],
-        args=[
-            "--pool-name", naming.INFERENCE_POOL,
-            "--pool-namespace", spec.environment.namespace,
-            "--config-file", "/etc/epp/config.yaml",
-            "--grpc-port", "9002",
-            "--metrics-port", str(ROUTER_METRICS_PORT),
-        ],
-        port=9002,
+        args=args,
+        port=EPP_GRPC_PORT,
         metrics_port=ROUTER_METRICS_PORT,
-        files={"config.yaml": config},
-        notes=["endpoint picker flags are not in a pinned flag set (Go binary): checked by review only"],
+        files={"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+        notes=[f"endpoint picker: llm-d-inference-scheduler {contract()['epp']['tag']}; config and flags checked "
+               "against its source (infra/render/epp_contract.py)"],
     )
+
+
+SIDECAR_KV_CONNECTOR = {"vllm": "nixlv2", "sglang": "sglang"}  # vLLM's NixlConnector; SGLang's bootstrap
+
+
+def routing_sidecar_container(spec: StackSpec) -> dict:
+    """The sidecar on decode leaders: it takes the pod's serving port, the engine moves behind it."""
+    connector = SIDECAR_KV_CONNECTOR[spec.engine.kind]
+    args = [f"--port={ENGINE_PORT[spec.engine.kind]}", f"--vllm-port={SIDECAR_ENGINE_PORT}",
+            f"--kv-connector={connector}", "--secure-proxy=false"]
+    require(flag_problems(args, "sidecar"), "routing sidecar flags")
+    return {
+        "name": "routing-sidecar",
+        "image": spec.images.routing_sidecar,
+        "args": args,
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT[spec.engine.kind]}],
+        # A native sidecar (an init container that keeps running): up before the engine, and
+        # stopped after it.
+        "restartPolicy": "Always",
+        "resources": {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+    }
 
 
 def router_launch(spec: StackSpec) -> RouterLaunch:

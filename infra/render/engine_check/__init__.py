@@ -43,7 +43,9 @@ def variant_spec(stack: str, engine: str) -> StackSpec:
     data["engine"]["kind"] = engine
     data["engine"]["version"] = PINNED_ENGINE_VERSIONS[engine]
     if engine == "vllm":
+        # The balancer vLLM can use, and the KV connector llm-d's routing sidecar drives for it.
         data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
+        data["engine"]["kv_transfer"] = "nixl"
     return parse_spec(data)
 
 
