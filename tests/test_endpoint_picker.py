@@ -139,3 +139,15 @@ def test_tracks_behind_an_inference_pool_switch_whole():
     (route,) = run.by_kind("HTTPRoute")
     (ref,) = route["spec"]["rules"][0]["backendRefs"]
     assert (ref["kind"], ref["namespace"], ref["weight"]) == ("InferencePool", "pdstack-prod-r8", 100)
+
+
+def test_a_weighted_canary_behind_inference_pools_is_refused_before_anything_changes(tmp_path):
+    from infra.rollout.cluster import InMemoryCluster
+    from infra.rollout.releases import ReleaseStore
+    from infra.rollout.rollout import RolloutOptions, RolloutRefused, rollout
+
+    store, cluster = ReleaseStore("prod", tmp_path / "releases"), InMemoryCluster()
+    with pytest.raises(RolloutRefused, match="Fix: --stages 100"):
+        rollout(epp_spec(), store, cluster, observe=lambda rev: None, options=RolloutOptions(stages=(5, 100)))
+    folder = tmp_path / "releases"
+    assert (list(folder.rglob("*")) if folder.exists() else []) == []  # no revision, no lock, no audit

@@ -23,6 +23,10 @@ class StepFailed(ReleaseError):
     pass
 
 
+class RolloutRefused(ReleaseError):
+    """The rollout cannot run as asked; checked before anything changed."""
+
+
 class CanaryFailed(ReleaseError):
     pass
 
@@ -82,6 +86,12 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
             options: RolloutOptions = RolloutOptions(), message: str = "", console: Console | None = None) -> Release:
     """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
     console = console or Console()
+    if spec.deployment.load_balancer.implementation == "gateway_epp" and tuple(options.stages) != (100,):
+        # Checked before anything changes: behind InferencePools traffic cannot be split by
+        # weight (infra/tracks.py, plan_tracks), so a canary stage would fail half-way.
+        raise RolloutRefused(f"stages {','.join(map(str, options.stages))}: with load_balancer.implementation gateway_epp "
+                         "the gateway routes one InferencePool per rule, so revisions cannot share traffic. "
+                         "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
     steps = steps_for(spec)
     with store.lock("rollout"):
         release = store.create(spec, message)
