@@ -300,7 +300,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.inventory and not _preflight(spec, args.inventory):
         err_console.print("rollout stopped before any change: fix the hosts above")
         return EXIT_FAILED
-    options = RolloutOptions(stages=tuple(int(x) for x in args.stages.split(",")), bake_seconds=args.bake)
+    try:
+        options = RolloutOptions(stages=tuple(int(x) for x in args.stages.split(",")), bake_seconds=args.bake)
+    except ValueError as exc:  # checked before anything changes
+        raise UsageError(f"--stages {args.stages} / --bake {args.bake}: {exc}".replace(
+            "invalid literal for int() with base 10", "not a whole number")) from None
     return _changing(args, spec, lambda store, cluster: rollout(
         spec, store, cluster, _observer(spec, args), options, args.message, console))
 
@@ -399,6 +403,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_spec(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -471,13 +476,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(ValueError):
+    """An option or input a command cannot use; nothing was changed."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """One boundary: expected failures become a message and an exit code (2 input, 1 a check
+    failed, 3 refused); anything else a short line, and the traceback only with --debug."""
+    from infra.prometheus import PrometheusError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except SpecError as exc:
+    except (SpecError, UsageError) as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return 2
+    except PrometheusError as exc:
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the boundary: no traceback reaches a user without --debug
+        if args.debug:
+            raise
+        err_console.print(f"[red]unexpected error: {type(exc).__name__}: {escape(str(exc))}[/red] "
+                          "(run again with --debug for the traceback)", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

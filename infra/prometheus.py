@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 
 class PrometheusError(RuntimeError):
-    pass
+    """Prometheus could not answer a query: unreachable, an HTTP error, or not a query result."""
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("error") or body[:200])
+    except (ValueError, AttributeError):
+        return body[:200].decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -22,18 +30,32 @@ class PrometheusAPI:
     def vector(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query: (labels, value) for every series it yields, at `at` (unix seconds) or now."""
         params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
+        if urllib.parse.urlparse(self.url).scheme not in ("http", "https"):
+            raise PrometheusError(f"Prometheus URL {self.url!r} has no http:// or https:// scheme. "
+                                  "Fix: e.g. http://prometheus.monitoring.svc:9090")
         endpoint = f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(endpoint, timeout=self.timeout_seconds) as resp:
-                body = json.load(resp)
-        except OSError as exc:
-            raise PrometheusError(f"Prometheus at {self.url} did not answer: {exc}") from exc
-        if body.get("status") != "success":
-            raise PrometheusError(f"query failed: {body.get('error')} ({promql})")
-        data = body["data"]
-        if data["resultType"] == "scalar":
-            return [({}, float(data["result"][1]))]
-        return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            # Prometheus puts the PromQL error in the body of its 4xx/5xx answers.
+            raise PrometheusError(f"Prometheus at {self.url} answered HTTP {exc.code}: "
+                                  f"{_error_text(exc.read())} ({promql})") from None
+        except (OSError, ValueError) as exc:  # refused, reset, timed out, unreadable URL
+            raise PrometheusError(f"Prometheus at {self.url} did not answer: {exc}") from None
+        try:
+            body = json.loads(raw)
+            if body.get("status") != "success":
+                raise PrometheusError(f"query failed: {body.get('error')} ({promql})")
+            data = body["data"]
+            if data["resultType"] == "scalar":
+                return [({}, float(data["result"][1]))]
+            return [(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
+        except PrometheusError:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise PrometheusError(f"Prometheus at {self.url} answered something that is not a query result: "
+                                  f"{raw[:120]!r}") from None
 
     def query(self, promql: str, at: float | None = None) -> float:
         """An instant query that yields one number (NaN when it yields no series)."""

@@ -17,18 +17,16 @@ from tests.conftest import stack_data
 
 
 class RecordingStack:
-    """Stands in for pulumi.automation.Stack (get_config, set_config, up)."""
+    """Stands in for pulumi.automation.Stack (get_all_config, set_config, up)."""
 
     def __init__(self):
         self.config: dict[str, str] = {}
         self.ups: list[dict] = []
 
-    def get_config(self, key):
+    def get_all_config(self):
         from pulumi import automation as auto
 
-        if key not in self.config:
-            raise KeyError(key)
-        return auto.ConfigValue(self.config[key])
+        return {key: auto.ConfigValue(value) for key, value in self.config.items()}
 
     def set_config(self, key, value):
         self.config[key] = value.value

@@ -93,10 +93,10 @@ class PulumiCluster:
         return self._stack
 
     def _entries(self) -> list[dict]:
-        try:
-            raw = self.stack.get_config(f"pdstack:{CONFIG_KEY}").value
-        except Exception:  # noqa: BLE001  the key is absent before the first rollout
-            return []
+        # get_all_config: the key is absent before the first rollout, and that is not an error
+        # (a missing CLI or a broken stack is, and reaches the operator as itself).
+        value = self.stack.get_all_config().get(f"pdstack:{CONFIG_KEY}")
+        raw = getattr(value, "value", None)
         return json.loads(raw) if raw else []
 
     def _up(self, entries: list[dict], targets: list[str] | None) -> None:

@@ -5,6 +5,7 @@ back) the serving revision at 100% of traffic, on its own, and says why.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -12,7 +13,8 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from infra.rollout.canary import DEFAULT_STAGES, GatePolicy, Observation, Verdict, judge
+from infra.prometheus import PrometheusError
+from infra.rollout.canary import DEFAULT_STAGES, Gate, GatePolicy, Observation, Verdict, judge
 from infra.rollout.cluster import Cluster
 from infra.rollout.releases import Release, ReleaseError, ReleaseStore
 from infra.rollout.steps import Step, plan_steps
@@ -42,6 +44,11 @@ class RolloutOptions:
     def __post_init__(self):
         if not self.stages or list(self.stages) != sorted(set(self.stages)) or self.stages[-1] != 100 or self.stages[0] <= 0:
             raise ValueError(f"stages {self.stages}: must rise strictly from above 0 and end at 100. Fix: e.g. 1,5,25,50,100")
+        for name in ("bake_seconds", "poll_seconds", "timeout_scale"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "bake_seconds"):
+                raise ValueError(f"{name} {value:g}: must be a finite number of seconds above 0 (bake may be 0). "
+                                 "Fix: e.g. --bake 300")
 
 
 def steps_for(spec: StackSpec) -> list[Step]:
@@ -94,12 +101,18 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
                          "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
     steps = steps_for(spec)
     with store.lock("rollout"):
+        # The cluster is the truth for traffic, and reading it first proves the cluster answers
+        # (a missing Pulumi CLI, say) before a revision is created.
+        serving = cluster.traffic()
+        recorded = store.traffic()
+        if serving != recorded:
+            console.print(f"[yellow]the cluster serves {serving}, the release store says {recorded}: "
+                          "acting on the cluster's[/yellow]")
         release = store.create(spec, message)
         rev = release.revision
         store.record(status={rev: "candidate"})
-        serving = store.traffic()
         baseline = max(serving, key=serving.get) if serving else None
-        store.audit("rollout", rev, "started", serving=serving, message=message)
+        store.audit("rollout", rev, "started", serving=serving, recorded=recorded, message=message)
         try:
             apply_steps(cluster, store, rev, [s for s in steps if s.name != "verify"], options, console)
             if not cluster.healthy(rev):
@@ -112,7 +125,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
             _route(cluster, store, weights)
             console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
             time.sleep(options.bake_seconds)
-            verdict = judge(observe(rev), observe(baseline) if baseline is not None else None, spec.slo, options.policy)
+            verdict = observed_verdict(observe, rev, baseline, spec, options)
             store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
             console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
             if not verdict.passed and baseline is not None:
@@ -131,6 +144,25 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         store.audit("rollout", rev, "succeeded", standby=baseline)
         console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
         return release
+
+
+OBSERVE_ATTEMPTS = 3  # tries per stage before an unanswered query fails the gate
+
+
+def observed_verdict(observe: Callable[[int], Observation], rev: int, baseline: int | None, spec: StackSpec,
+                     options: RolloutOptions) -> Verdict:
+    """The stage's verdict. Prometheus failing to answer (after bounded retries inside the
+    stage) is a failed gate, never an exception: traffic must not stay on a revision nobody
+    judged."""
+    error = ""
+    for attempt in range(OBSERVE_ATTEMPTS):
+        try:
+            canary = observe(rev)
+            return judge(canary, observe(baseline) if baseline is not None else None, spec.slo, options.policy)
+        except PrometheusError as exc:
+            error = str(exc)
+            time.sleep(options.poll_seconds * (attempt + 1))
+    return Verdict((Gate("metrics", False, f"no answer after {OBSERVE_ATTEMPTS} tries: {error}"),))
 
 
 def _gates(verdict: Verdict) -> list[dict]:

@@ -1,0 +1,111 @@
+"""A rollout whose dependencies fail: Prometheus answering 503, hanging, answering junk or not
+listening (real HTTP servers on 127.0.0.1), bad options, no Pulumi CLI. Each must end with
+traffic on a judged revision, the cluster and the release store agreeing, and an outcome in
+the audit log; a refused command changes nothing."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+from rich.console import Console
+
+from infra.prometheus import PrometheusAPI
+from infra.rollout.canary import Observation, observe
+from infra.rollout.cluster import InMemoryCluster
+from infra.rollout.releases import ReleaseStore
+from infra.rollout.rollout import CanaryFailed, RolloutOptions, rollout
+from infra.spec import parse_spec
+from tests.conftest import stack_data
+from tests.servers import free_port
+
+GOOD = Observation(ttft_p99_s=0.2, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0.0)
+OPTIONS = RolloutOptions(stages=(5, 50, 100), bake_seconds=0, poll_seconds=0.01, timeout_scale=0.001)
+
+
+@contextmanager
+def misbehaving_prometheus(mode: str):
+    """A server on 127.0.0.1 that answers every query the way `mode` says."""
+    if mode == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if mode == "hang":
+                time.sleep(2)
+            if mode == "503":
+                body, status = b'{"status":"error","errorType":"unavailable","error":"tsdb is closing"}', 503
+            else:
+                body, status = b"<html>maintenance</html>", 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("mode, says", [("503", "HTTP 503: tsdb is closing"), ("hang", "did not answer"),
+                                        ("junk", "not a query result"), ("refused", "did not answer")])
+def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode, says):
+    spec = parse_spec(stack_data("dev"))
+    store, cluster = ReleaseStore("dev", tmp_path / "releases"), InMemoryCluster()
+    quiet = Console(file=open(tmp_path / "out.txt", "w"))
+    rollout(spec, store, cluster, observe=lambda rev: GOOD, options=OPTIONS, console=quiet)  # r1 serves 100%
+    with misbehaving_prometheus(mode) as url:
+        api = PrometheusAPI(url, timeout_seconds=0.3)
+
+        def observe_r2(rev: int) -> Observation:
+            return GOOD if rev == 1 else observe(api, "sglang", spec.environment.namespace, rev, "5m")
+
+        with pytest.raises(CanaryFailed, match=says):
+            rollout(spec, store, cluster, observe=observe_r2, options=OPTIONS, console=quiet)
+    assert cluster.traffic() == store.traffic() == {1: 100}
+    assert store.status(2) == "failed" and store.status(1) == "good"
+    outcomes = [(e["action"], e["revision"], e["outcome"]) for e in store.audit_entries()]
+    assert ("canary", 2, "failed") in outcomes and outcomes[-1] == ("rollout", 2, "failed")
+
+
+def test_options_are_checked_before_anything_changes(tmp_path, capsys):
+    from infra.cli import main
+
+    sim = tmp_path / "cluster.json"
+    for bad in (["--bake", "-1"], ["--bake", "nan"], ["--stages", "5,x,100"], ["--stages", "50,5,100"]):
+        code = main(["rollout", "--stack", "dev", "--sim", str(sim), "--releases", str(tmp_path / "releases"),
+                     "--prometheus", "http://127.0.0.1:9", *bad])
+        assert code == 2, bad
+        assert "Traceback" not in capsys.readouterr().err
+    assert not sim.exists() and not (tmp_path / "releases").exists()
+
+
+def test_a_missing_pulumi_cli_is_said_plainly_and_creates_no_revision(tmp_path, capsys):
+    """This machine has no Pulumi CLI: the Automation API cannot select the stack."""
+    from infra.cli import main
+
+    code = main(["rollout", "--stack", "dev", "--pulumi-stack", "dev", "--releases", str(tmp_path / "releases"),
+                 "--prometheus", "http://127.0.0.1:9", "--stages", "100", "--bake", "0"])
+    err = capsys.readouterr().err
+    assert code == 3 and "the Pulumi CLI is not installed here" in err and "weights" not in err
+    store = ReleaseStore("dev", tmp_path / "releases")
+    assert store.traffic() == {} and store.status(1) is None
+
+
+def test_the_prometheus_client_says_what_went_wrong():
+    from infra.prometheus import PrometheusError
+
+    with pytest.raises(PrometheusError, match="no http:// or https:// scheme"):
+        PrometheusAPI("prometheus:9090").query("up")
