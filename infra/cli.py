@@ -297,6 +297,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from infra.rollout.rollout import RolloutOptions, rollout
 
     spec = _spec_from_args(args)
+    if args.abort:
+        from infra.rollout.rollback import rollback
+
+        return _changing(args, spec, lambda store, cluster: rollback(store, cluster, console=console, abort=True,
+                                                                     force=args.force))
+    if not args.prometheus:
+        raise UsageError("rollout: --prometheus is required (the canary gates read it). Fix: e.g. "
+                         "--prometheus http://prometheus.monitoring.svc:9090")
     if args.inventory and not _preflight(spec, args.inventory):
         err_console.print("rollout stopped before any change: fix the hosts above")
         return EXIT_FAILED
@@ -325,7 +333,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from infra.rollout.rollback import rollback
 
     spec = _spec_from_args(args)
-    return _changing(args, spec, lambda store, cluster: rollback(store, cluster, to=args.to, console=console))
+    return _changing(args, spec, lambda store, cluster: rollback(store, cluster, to=args.to, console=console,
+                                                                 force=args.force))
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
@@ -440,19 +449,23 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument("--sim", help="simulated cluster state file (created if missing)")
         return p
 
-    def gated(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+    def gated(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
+        p.add_argument("--prometheus", required=required, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
         p.add_argument("--window", default="5m", help="PromQL range each gate looks back over (default 5m)")
         return p
 
     p = with_spec(sub.add_parser("preflight", help="check every GPU host over SSH"))
     p.add_argument("--inventory", required=True, help="inventory YAML (see stacks/inventory/)")
     p.set_defaults(func=cmd_preflight)
-    p = gated(changing(sub.add_parser("rollout", help="deploy the spec as a new revision and canary it")))
+    p = gated(changing(sub.add_parser("rollout", help="deploy the spec as a new revision and canary it")),
+              required=False)  # not needed for --abort; checked in cmd_rollout
     p.add_argument("--inventory", help="run the SSH preflight on these hosts first")
     p.add_argument("--stages", default="1,5,25,50,100", help="canary traffic shares in percent")
     p.add_argument("--bake", type=float, default=300.0, help="seconds at each stage before judging")
     p.add_argument("--message", default="", help="why this release (kept in its record)")
+    p.add_argument("--abort", action="store_true",
+                   help="end an unfinished rollout: traffic back to what served before it, its revision taken down")
+    p.add_argument("--force", action="store_true", help="with --abort: take over a live lease (audited)")
     p.set_defaults(func=cmd_rollout)
     p = gated(with_spec(sub.add_parser("canary", help="judge a revision's gates once, from Prometheus")))
     p.add_argument("--revision", type=int, required=True)
@@ -460,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_canary)
     p = changing(sub.add_parser("rollback", help="send all traffic back to the previous good revision"))
     p.add_argument("--to", type=int, help="roll back to this revision instead")
+    p.add_argument("--force", action="store_true", help="take over a live lease (says whose it was; audited)")
     p.set_defaults(func=cmd_rollback)
     p = with_spec(sub.add_parser("cost", help="GPU-hours, idle share and stale caches"))
     p.add_argument("--prometheus", required=True, help="Prometheus base URL")

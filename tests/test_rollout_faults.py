@@ -109,3 +109,37 @@ def test_the_prometheus_client_says_what_went_wrong():
 
     with pytest.raises(PrometheusError, match="no http:// or https:// scheme"):
         PrometheusAPI("prometheus:9090").query("up")
+
+
+def test_a_lease_that_expired_or_whose_process_is_gone_is_taken_over_and_audited(tmp_path):
+    import json
+    import socket
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    store.dir.mkdir(parents=True)
+    store.lock_path.write_text("")  # what a full disk left behind under the old lock
+    with store.lock("rollback"):
+        pass
+    dead = {"operation": "rollout", "actor": "ci@runner", "pid": 2 ** 22 + 7, "host": socket.gethostname(),
+            "since": "2026-12-03T00:00:00+00:00", "expires": "2999-01-01T00:00:00+00:00", "token": "ab"}
+    store.lock_path.write_text(json.dumps(dead))
+    with store.lock("rollback"):
+        pass
+    taken = [e for e in store.audit_entries() if e["action"] == "lease"]
+    assert [t["previous"]["why"] for t in taken] == [
+        "its lock file is unreadable", f"its process {dead['pid']} on {dead['host']} is gone"]
+    assert not store.lock_path.exists()
+
+
+def test_force_takes_a_live_lease_and_the_old_holder_stops_at_its_next_write(tmp_path):
+    from infra.rollout.releases import LeaseLost, LockHeld
+
+    store, other = ReleaseStore("dev", tmp_path / "r"), ReleaseStore("dev", tmp_path / "r")
+    with store.lock("rollout"):
+        with pytest.raises(LockHeld, match="locked by rollout"):
+            with other.lock("rollback"):
+                pass
+        with other.lock("rollback", force=True):
+            with pytest.raises(LeaseLost, match="taken over"):
+                store.record(traffic={1: 100})
+    assert any(e["action"] == "lease" and e["previous"]["why"] == "forced" for e in store.audit_entries())

@@ -9,7 +9,8 @@ pull request shows what changed):
     state.json            what serves now: traffic per revision, and each revision's status
                           (candidate, good, failed, retired). Replaced atomically.
     audit.jsonl           who did what, when, to which revision, and how it ended. Append-only.
-    lock                  held by the one rollout or rollback that may change this environment.
+    lock                  the lease of the one rollout or rollback that may change this environment:
+                          holder, operation, expiry and a token that state writes must still hold.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import getpass
 import hashlib
 import json
 import os
+import secrets
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,6 +44,10 @@ class LockHeld(ReleaseError):
 
 class RevisionNotFound(ReleaseError):
     pass
+
+
+class LeaseLost(ReleaseError):
+    """Another operation took this one's lease; this one must stop changing anything."""
 
 
 def actor() -> str:
@@ -149,12 +155,33 @@ class ReleaseStore:
         return self.state()["status"].get(str(revision))
 
     def record(self, *, traffic: dict[int, int] | None = None, status: dict[int, str] | None = None) -> None:
+        self._check_fence()
         state = self.state()
         if traffic is not None:
             state["traffic"] = {str(k): v for k, v in traffic.items() if v}
         for rev, value in (status or {}).items():
             state["status"][str(rev)] = value
         self._write_state(state)
+
+    # --- the operation in progress --------------------------------------------------------------
+
+    def operation(self) -> dict[str, Any] | None:
+        """The rollout recorded as started and not finished (its process stopped half-way)."""
+        return self.state().get("operation")
+
+    def begin_operation(self, kind: str, revision: int, serving: dict[int, int]) -> None:
+        """Record, before the first cluster change, what is about to change and what served before."""
+        self._check_fence()
+        state = self.state()
+        state["operation"] = {"kind": kind, "revision": revision, "actor": actor(), "started": _now(),
+                              "serving_before": {str(k): v for k, v in serving.items()}}
+        self._write_state(state)
+
+    def end_operation(self) -> None:
+        self._check_fence()
+        state = self.state()
+        if state.pop("operation", None) is not None:
+            self._write_state(state)
 
     def good_revisions(self) -> list[int]:
         return sorted(int(k) for k, v in self.state()["status"].items() if v == "good")
@@ -180,27 +207,102 @@ class ReleaseStore:
             return []
         return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line]
 
-    # --- lock ------------------------------------------------------------------------------------
+    # --- lease -----------------------------------------------------------------------------------
+
+    def lease(self) -> dict[str, Any] | None:
+        """The lease as recorded, or None. An unreadable one (e.g. written by an older version on
+        a full disk) reads as expired, so it can be taken over."""
+        try:
+            held = json.loads(self.lock_path.read_text())
+            return held if isinstance(held, dict) and "token" in held else {"unreadable": True}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {"unreadable": True}
+
+    @staticmethod
+    def _lease_dead(held: dict[str, Any]) -> str:
+        """Why a lease no longer protects anything: '' while it does."""
+        if held.get("unreadable"):
+            return "its lock file is unreadable"
+        if datetime.fromisoformat(held["expires"]) < datetime.now(timezone.utc):
+            return f"it expired at {held['expires']}"
+        if held.get("host") == socket.gethostname():
+            try:
+                os.kill(int(held["pid"]), 0)
+            except ProcessLookupError:
+                return f"its process {held['pid']} on {held['host']} is gone"
+            except PermissionError:
+                pass
+        return ""
+
+    def _write_lease(self, lease: dict[str, Any], replace: bool) -> None:
+        """Write the whole lease first, then put it in place: never an empty or half lock file."""
+        tmp = self.dir / f".lock.{os.getpid()}.{lease['token']}.tmp"
+        tmp.write_text(json.dumps(lease, sort_keys=True))
+        try:
+            if replace:
+                os.replace(tmp, self.lock_path)
+            else:
+                os.link(tmp, self.lock_path)  # fails if another holder put its lease there first
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def lock(self, operation: str) -> Iterator[None]:
-        """Exclusive hold on this environment. Raises LockHeld, naming the holder, if taken."""
+    def lock(self, operation: str, force: bool = False) -> Iterator[dict[str, Any]]:
+        """Hold this environment's lease for one operation. A live lease of another holder is
+        refused, naming it (or, with force, taken over and said whose it was); one that
+        expired, whose process is gone, or that cannot be read is taken over. Both are audited.
+        State writes under it carry its token: a holder whose lease was taken stops (LeaseLost)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        holder = {"operation": operation, "actor": actor(), "pid": os.getpid(), "since": _now()}
-        try:
-            fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        held = self.lease()
+        taken_from = None
+        if held is not None:
+            why = self._lease_dead(held)
+            if not why and not force:
+                raise LockHeld(
+                    f"{self.environment} is locked by {held.get('operation')} of {held.get('actor')} (pid "
+                    f"{held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease until "
+                    f"{held.get('expires')}). Nothing was changed. Fix: wait for it to finish, or take it over "
+                    "with --force if that operation is stuck")
+            taken_from = {**held, "why": why or "forced"}
+            # Move the old lease aside under a unique name: of two takers, one wins the rename.
+            aside = self.dir / f".lock.taken.{os.getpid()}.{secrets.token_hex(4)}"
             try:
-                held = json.loads(self.lock_path.read_text())
-            except (OSError, ValueError):
-                held = {}
-            raise LockHeld(
-                f"{self.environment} is locked by {held.get('operation', '?')} of {held.get('actor', '?')} "
-                f"(pid {held.get('pid', '?')}, since {held.get('since', '?')}). Nothing was changed. "
-                f"Fix: wait for it to finish; if that process is gone, remove {self.lock_path}") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump(holder, f)
+                os.rename(self.lock_path, aside)
+                aside.unlink()
+            except FileNotFoundError:
+                pass  # another taker moved it; the link below decides who holds it
+        lease = {"operation": operation, "actor": actor(), "pid": os.getpid(), "host": socket.gethostname(),
+                 "since": _now(), "expires": self._expiry(), "token": secrets.token_hex(8)}
         try:
-            yield
+            self._write_lease(lease, replace=False)
+        except FileExistsError:
+            raise LockHeld(f"{self.environment} was just locked by another operation. Nothing was changed. "
+                           "Fix: run `pdctl releases` to see who holds it") from None
+        self._lease_token = lease["token"]
+        if taken_from is not None:
+            self.audit("lease", None, "taken over", operation=operation, previous=taken_from)
+        try:
+            yield lease
         finally:
-            self.lock_path.unlink(missing_ok=True)
+            if self.lease() is not None and self.lease().get("token") == lease["token"]:
+                self.lock_path.unlink(missing_ok=True)
+            self._lease_token = None
+
+    LEASE_SECONDS = 900  # renewed by every state write; a rollout writes at least once per stage
+
+    def _expiry(self) -> str:
+        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).isoformat(timespec="milliseconds")
+
+    def _check_fence(self) -> None:
+        """A state write under a lease must still hold it (and renews it)."""
+        token = getattr(self, "_lease_token", None)
+        if token is None:
+            return
+        held = self.lease()
+        if held is None or held.get("token") != token:
+            raise LeaseLost(f"{self.environment}: this operation's lease was taken over "
+                            f"({(held or {}).get('operation')} of {(held or {}).get('actor')} holds it now). "
+                            "It stopped here; the new holder decides what serves")
+        self._write_lease({**held, "expires": self._expiry()}, replace=True)

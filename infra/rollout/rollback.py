@@ -29,6 +29,12 @@ class RollbackResult:
 
 
 def choose_target(store: ReleaseStore, to: int | None) -> int:
+    """The named revision; else, after an operation that never finished, the one that served
+    before it (recorded when it started, not guessed); else the previous good revision."""
+    unfinished = store.operation()
+    if to is None and unfinished is not None and unfinished["serving_before"]:
+        before = {int(k): v for k, v in unfinished["serving_before"].items()}
+        to = max(before, key=before.get)
     if to is None:
         target = store.previous_good()
         if target is None:
@@ -42,11 +48,17 @@ def choose_target(store: ReleaseStore, to: int | None) -> int:
 
 
 def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verify_seconds: float = 30.0,
-             poll_seconds: float = 0.5, console: Console | None = None) -> RollbackResult:
+             poll_seconds: float = 0.5, console: Console | None = None, force: bool = False,
+             abort: bool = False) -> RollbackResult:
+    """Emergency path: works with or without an unfinished operation (and, with force, takes
+    over a live lease). `abort` also takes down the unfinished operation's revision."""
     console = console or Console()
     started = time.monotonic()
+    unfinished = store.operation()
+    if abort and unfinished is None:
+        raise ReleaseError(f"{store.environment} has no unfinished rollout to abort. Nothing was changed")
     target = choose_target(store, to)
-    with store.lock("rollback"):
+    with store.lock("abort" if abort else "rollback", force=force):
         before = cluster.traffic()
         store.audit("rollback", target, "started", serving=before)
         redeployed = False
@@ -75,6 +87,14 @@ def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verif
         for rev, share in before.items():
             if rev != target and share:
                 store.record(status={rev: "rolled back"})
+        if unfinished is not None:
+            abandoned = unfinished["revision"]
+            if abandoned != target:
+                store.record(status={abandoned: "failed" if abort else "rolled back"})
+                if abort:
+                    cluster.retire(abandoned)
+            store.end_operation()
+            store.audit(unfinished["kind"], abandoned, "aborted" if abort else "rolled back", serving=target)
         seconds = time.monotonic() - started
         store.audit("rollback", target, "succeeded", seconds=round(seconds, 3), previous=before, redeployed=redeployed)
     console.print(f"[green]revision {target} serves 100%[/] (was {before}) in {seconds:.2f}s")

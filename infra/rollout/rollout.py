@@ -103,6 +103,12 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     with store.lock("rollout"):
         # The cluster is the truth for traffic, and reading it first proves the cluster answers
         # (a missing Pulumi CLI, say) before a revision is created.
+        unfinished = store.operation()
+        if unfinished is not None:
+            raise RolloutRefused(
+                f"{store.environment}: the {unfinished['kind']} of revision {unfinished['revision']} by "
+                f"{unfinished['actor']} (started {unfinished['started']}) never finished. Nothing was changed. "
+                "Fix: `pdctl rollout --abort` (traffic back to what served before it) or `scripts/rollback`")
         serving = cluster.traffic()
         recorded = store.traffic()
         if serving != recorded:
@@ -111,6 +117,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         release = store.create(spec, message)
         rev = release.revision
         store.record(status={rev: "candidate"})
+        store.begin_operation("rollout", rev, serving)
         baseline = max(serving, key=serving.get) if serving else None
         store.audit("rollout", rev, "started", serving=serving, recorded=recorded, message=message)
         try:
@@ -135,10 +142,12 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
                                    f"revision {baseline} serves 100% again")
             if not verdict.passed:
                 store.record(status={rev: "failed"})
+                store.end_operation()
                 store.audit("rollout", rev, "failed", reason=verdict.reasons())
                 raise CanaryFailed(f"revision {rev} (the first) misses its SLO: {verdict.reasons()}. "
                                    "It is still serving: there is no earlier revision to fall back to")
         store.record(status={rev: "good"})
+        store.end_operation()
         # The previous revision stays deployed as a warm standby: rolling back to it is then a
         # traffic change, which is what keeps `scripts/rollback` under a minute.
         store.audit("rollout", rev, "succeeded", standby=baseline)
@@ -173,4 +182,5 @@ def _abandon(cluster: Cluster, store: ReleaseStore, rev: int, reason: str) -> No
     """A revision that failed: take it down (it has no traffic) and say so in the history."""
     store.record(status={rev: "failed"})
     cluster.retire(rev)
+    store.end_operation()
     store.audit("rollout", rev, "failed", reason=reason, serving=store.traffic())
