@@ -244,7 +244,7 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     Exit codes: 0 done; 1 stopped (a failed step or gate, with traffic left on the serving
     revision); 3 refused (lock held, unknown revision, ...), nothing changed.
     """
-    from infra.rollout.cluster import load_simulated, save_simulated
+    from infra.rollout.cluster import load_simulated  # written through on every change
     from infra.rollout.pulumi_cluster import PulumiCluster
     from infra.rollout.releases import ReleaseError
     from infra.rollout.rollout import CanaryFailed, StepFailed
@@ -260,9 +260,6 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     except ReleaseError as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
         return EXIT_REFUSED
-    finally:
-        if args.sim:
-            save_simulated(cluster, args.sim)
 
 
 def _store(args: argparse.Namespace, spec: StackSpec):
@@ -298,10 +295,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     spec = _spec_from_args(args)
     if args.abort:
-        from infra.rollout.rollback import rollback
+        from infra.rollout.rollback import abort
 
-        return _changing(args, spec, lambda store, cluster: rollback(store, cluster, console=console, abort=True,
-                                                                     force=args.force))
+        return _changing(args, spec, lambda store, cluster: abort(store, cluster, console=console, force=args.force))
     if not args.prometheus:
         raise UsageError("rollout: --prometheus is required (the canary gates read it). Fix: e.g. "
                          "--prometheus http://prometheus.monitoring.svc:9090")

@@ -27,20 +27,13 @@ OPTIONS = RolloutOptions(stages=(5, 50, 100), bake_seconds=0, poll_seconds=0.01,
 
 
 @contextmanager
-def misbehaving_prometheus(mode: str):
-    """A server on 127.0.0.1 that answers every query the way `mode` says."""
-    if mode == "refused":
-        yield f"http://127.0.0.1:{free_port()}"
-        return
+def http_server(answer):
+    """A server on 127.0.0.1 whose every GET is answered by `answer(query) -> (status, body)`."""
+    from urllib.parse import parse_qs, urlparse
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
-            if mode == "hang":
-                time.sleep(2)
-            if mode == "503":
-                body, status = b'{"status":"error","errorType":"unavailable","error":"tsdb is closing"}', 503
-            else:
-                body, status = b"<html>maintenance</html>", 200
+            status, body = answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -50,13 +43,30 @@ def misbehaving_prometheus(mode: str):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def misbehaving_prometheus(mode: str):
+    """Prometheus answering every query the way `mode` says (or not listening at all)."""
+    if mode == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+
+    def answer(_query: str):
+        if mode == "hang":
+            time.sleep(2)
+        if mode == "503":
+            return 503, b'{"status":"error","errorType":"unavailable","error":"tsdb is closing"}'
+        return 200, b"<html>maintenance</html>"
+
+    with http_server(answer) as url:
+        yield url
 
 
 @pytest.mark.parametrize("mode, says", [("503", "HTTP 503: tsdb is closing"), ("hang", "did not answer"),
@@ -143,3 +153,87 @@ def test_force_takes_a_live_lease_and_the_old_holder_stops_at_its_next_write(tmp
             with pytest.raises(LeaseLost, match="taken over"):
                 store.record(traffic={1: 100})
     assert any(e["action"] == "lease" and e["previous"]["why"] == "forced" for e in store.audit_entries())
+
+
+# --- SIGKILL at every point where a rollout changes something ----------------------------------
+
+
+@contextmanager
+def healthy_prometheus():
+    """Answers every gate query with a passing value (latency quantiles 10 ms, failures 0)."""
+    import json as _json
+
+    def answer(query: str):
+        value = "0.01" if "histogram_quantile" in query else "0"
+        return 200, _json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {}, "value": [time.time(), value]}]}}).encode()
+
+    with http_server(answer) as url:
+        yield url
+
+
+def _rollout_cmd(root, url: str, stages: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "infra.cli", "rollout", "--stack", "dev", "--sim", str(root / "cluster.json"),
+            "--releases", str(root / "releases"), "--prometheus", url, "--stages", stages, "--bake", "0"]
+
+
+def inconsistencies(root) -> list[str]:
+    """What disagrees after recovery: cluster vs store, serving revision, orphans, temp files, audit."""
+    from infra.rollout.cluster import load_simulated
+
+    store = ReleaseStore("dev", root / "releases")
+    cluster = load_simulated(root / "cluster.json")
+    found = []
+    if cluster.traffic() != store.traffic():
+        found.append(f"cluster serves {cluster.traffic()}, store says {store.traffic()}")
+    traffic = store.traffic()
+    if list(traffic.values()) != [100] or store.status(next(iter(traffic), 0)) != "good":
+        found.append(f"not one good revision at 100%: {traffic}, {store.state()['status']}")
+    found += [f"revision {r} has no status" for r in store.revisions() if store.status(r) is None]
+    found += [f"temp file {p.name}" for p in root.rglob("*.tmp")]
+    if store.lock_path.exists() or store.operation() is not None:
+        found.append("a lease or an operation is left")
+    started = {e["revision"] for e in store.audit_entries() if e["action"] == "rollout" and e["outcome"] == "started"}
+    ended = {e["revision"] for e in store.audit_entries() if e["outcome"] in ("succeeded", "failed", "aborted")}
+    found += [f"rollout of r{r} has no outcome in the audit log" for r in started - ended]
+    return found
+
+
+def test_sigkill_at_every_change_point_then_recovery_leaves_state_and_cluster_agreeing(tmp_path, capsys):
+    import os
+    import shutil
+    import subprocess
+
+    from infra.cli import main
+    from infra.spec import REPO_ROOT
+
+    with healthy_prometheus() as url:
+        base = tmp_path / "base"
+        assert subprocess.run(_rollout_cmd(base, url, "100"), cwd=REPO_ROOT, capture_output=True).returncode == 0
+        trace = tmp_path / "trace.txt"
+        traced = tmp_path / "traced"
+        shutil.copytree(base, traced)
+        env = {**os.environ, "PDSTACK_FAULT_TRACE": str(trace)}
+        assert subprocess.run(_rollout_cmd(traced, url, "50,100"), cwd=REPO_ROOT, env=env,
+                              capture_output=True).returncode == 0
+        points = trace.read_text().splitlines()
+        assert len(points) >= 10, points
+        results = {}
+        for n, point in enumerate(points, start=1):
+            root = tmp_path / f"kill{n}"
+            shutil.copytree(base, root)
+            killed = subprocess.run(_rollout_cmd(root, url, "50,100"), cwd=REPO_ROOT,
+                                    env={**os.environ, "PDSTACK_FAULT_AT": str(n)}, capture_output=True)
+            assert killed.returncode == -9, (point, killed.stderr[-300:])
+            store = ReleaseStore("dev", root / "releases")
+            if store.operation() is not None or store.lease() is not None:  # what an operator runs after a crash
+                code = main(["rollout", "--stack", "dev", "--sim", str(root / "cluster.json"),
+                             "--releases", str(root / "releases"), "--abort"])
+                assert code == 0, (point, capsys.readouterr().err)
+            results[point] = inconsistencies(root)
+    bad = {p: r for p, r in results.items() if r}
+    print(f"\nSIGKILL fault matrix (local store): {len(points)} change points x 1 fault, "
+          f"{sum(len(r) for r in bad.values())} inconsistencies")
+    assert bad == {}

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from infra.rollout.faultpoints import before_change, process_alive
 from infra.rollout.steps import ROUTER_STEP, Step
 
 
@@ -45,15 +46,24 @@ class InMemoryCluster:
     ready_at: dict[tuple[object, str], float] = field(default_factory=dict)
     weights: dict[int, int] = field(default_factory=dict)
     traffic_log: list[dict[int, int]] = field(default_factory=list)
+    # A simulated cluster kept in a file is written after every change, as a real cluster
+    # keeps what was applied even if the process that applied it dies the next moment.
+    saved_to: str | None = None
+
+    def _changed(self) -> None:
+        if self.saved_to is not None:
+            save_simulated(self, self.saved_to)
 
     def _key(self, revision: int, step: Step) -> object:
         return "shared" if step.shared else revision
 
     def apply(self, revision: int, step: Step) -> None:
+        before_change(f"apply {step.name} r{revision}")
         time.sleep(self.apply_latency)
         key = self._key(revision, step)
         self.applied.setdefault(key, {})[step.name] = step.resources
         self.ready_at[(key, step.name)] = time.monotonic() + self.ready_latency
+        self._changed()
 
     def ready(self, revision: int, step: Step) -> bool:
         if (revision, step.name) in self.never_ready:
@@ -73,9 +83,11 @@ class InMemoryCluster:
         missing = [r for r in weights if not self.deployed(r)]
         if missing:
             raise ValueError(f"cannot route to revision(s) {missing}: not deployed")
+        before_change(f"traffic {weights}")
         time.sleep(self.apply_latency)  # one route update
         self.weights = dict(weights)
         self.traffic_log.append(dict(weights))
+        self._changed()
 
     def traffic(self) -> dict[int, int]:
         return dict(self.weights)
@@ -83,8 +95,10 @@ class InMemoryCluster:
     def retire(self, revision: int) -> None:
         if self.weights.get(revision):
             raise ValueError(f"revision {revision} still takes {self.weights[revision]}% of traffic")
+        before_change(f"retire r{revision}")
         time.sleep(self.apply_latency)
         self.applied.pop(revision, None)
+        self._changed()
 
 
 # --- a simulated cluster kept in a file, so separate commands (rollout, then rollback) share it --
@@ -96,12 +110,16 @@ def load_simulated(path) -> InMemoryCluster:
     from pathlib import Path
 
     path = Path(path)
+    for tmp in path.parent.glob(f"{path.name}.*.tmp"):  # a writer that died before its rename
+        pid = tmp.name.split(".")[-2]
+        if pid.isdigit() and not process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
     if not path.exists():
-        return InMemoryCluster()
+        return InMemoryCluster(saved_to=str(path))
     data = json.loads(path.read_text())
     now = time.monotonic()
     cluster = InMemoryCluster(apply_latency=data["apply_latency"], ready_latency=data["ready_latency"],
-                              unhealthy=set(data["unhealthy"]))
+                              unhealthy=set(data["unhealthy"]), saved_to=str(path))
     for key, steps in data["applied"].items():
         owner = "shared" if key == "shared" else int(key)
         cluster.applied[owner] = {step: tuple(names) for step, names in steps.items()}
@@ -123,6 +141,6 @@ def save_simulated(cluster: InMemoryCluster, path) -> None:
             "unhealthy": sorted(cluster.unhealthy),
             "applied": {str(k): {s: list(n) for s, n in v.items()} for k, v in cluster.applied.items()},
             "weights": cluster.weights, "traffic_log": cluster.traffic_log}
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from infra.render.engine_args import all_launches
+from infra.rollout.faultpoints import before_change, process_alive
 from infra.render.router_config import router_launch
 from infra.spec import REPO_ROOT, StackSpec, parse_spec
 
@@ -125,6 +126,7 @@ class ReleaseStore:
             number = (self.revisions() or [0])[-1] + 1
             release = Release(revision=number, created_at=_now(), author=actor(), message=message, **content)
             tmp = self.revisions_dir / f".{number:04d}.{os.getpid()}.tmp"
+            before_change(f"create revision {number}")
             tmp.write_text(release.to_json())
             os.chmod(tmp, 0o444)
             try:
@@ -145,6 +147,7 @@ class ReleaseStore:
     def _write_state(self, state: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(f".{os.getpid()}.tmp")
+        before_change("write state")
         tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, self.state_path)
 
@@ -169,11 +172,13 @@ class ReleaseStore:
         """The rollout recorded as started and not finished (its process stopped half-way)."""
         return self.state().get("operation")
 
-    def begin_operation(self, kind: str, revision: int, serving: dict[int, int]) -> None:
-        """Record, before the first cluster change, what is about to change and what served before."""
+    def begin_operation(self, kind: str, revision: int | None, serving: dict[int, int]) -> None:
+        """Record, before the change, what is about to change and what served before: first
+        without a revision (before it is created), then with its number."""
         self._check_fence()
         state = self.state()
-        state["operation"] = {"kind": kind, "revision": revision, "actor": actor(), "started": _now(),
+        started = (state.get("operation") or {}).get("started", _now())
+        state["operation"] = {"kind": kind, "revision": revision, "actor": actor(), "started": started,
                               "serving_before": {str(k): v for k, v in serving.items()}}
         self._write_state(state)
 
@@ -199,6 +204,7 @@ class ReleaseStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         entry = {"time": _now(), "actor": actor(), "environment": self.environment, "action": action,
                  "revision": revision, "outcome": outcome, **detail}
+        before_change(f"audit {action} {outcome}")
         with self.audit_path.open("a") as f:  # one write per line: appends do not interleave
             f.write(json.dumps(entry, sort_keys=True) + "\n")
 
@@ -227,18 +233,14 @@ class ReleaseStore:
             return "its lock file is unreadable"
         if datetime.fromisoformat(held["expires"]) < datetime.now(timezone.utc):
             return f"it expired at {held['expires']}"
-        if held.get("host") == socket.gethostname():
-            try:
-                os.kill(int(held["pid"]), 0)
-            except ProcessLookupError:
-                return f"its process {held['pid']} on {held['host']} is gone"
-            except PermissionError:
-                pass
+        if held.get("host") == socket.gethostname() and not process_alive(int(held["pid"])):
+            return f"its process {held['pid']} on {held['host']} is gone"
         return ""
 
     def _write_lease(self, lease: dict[str, Any], replace: bool) -> None:
         """Write the whole lease first, then put it in place: never an empty or half lock file."""
-        tmp = self.dir / f".lock.{os.getpid()}.{lease['token']}.tmp"
+        tmp = self.dir / f".lock.{lease['token']}.{os.getpid()}.tmp"
+        before_change("write lease")
         tmp.write_text(json.dumps(lease, sort_keys=True))
         try:
             if replace:
@@ -281,6 +283,7 @@ class ReleaseStore:
             raise LockHeld(f"{self.environment} was just locked by another operation. Nothing was changed. "
                            "Fix: run `pdctl releases` to see who holds it") from None
         self._lease_token = lease["token"]
+        self._sweep_temp_files()
         if taken_from is not None:
             self.audit("lease", None, "taken over", operation=operation, previous=taken_from)
         try:
@@ -289,6 +292,14 @@ class ReleaseStore:
             if self.lease() is not None and self.lease().get("token") == lease["token"]:
                 self.lock_path.unlink(missing_ok=True)
             self._lease_token = None
+
+    def _sweep_temp_files(self) -> None:
+        """Temp files of writers that died between writing and renaming (their pid is in the name)."""
+        for tmp in [*self.dir.glob("*.tmp"), *self.dir.glob(".*.tmp"), *self.revisions_dir.glob(".*.tmp")]:
+            parts = tmp.name.split(".")  # every temp name ends in .<pid>.tmp
+            pid = int(parts[-2]) if len(parts) > 2 and parts[-2].isdigit() else None
+            if pid is not None and pid != os.getpid() and not process_alive(pid):
+                tmp.unlink(missing_ok=True)
 
     LEASE_SECONDS = 900  # renewed by every state write; a rollout writes at least once per stage
 

@@ -55,8 +55,6 @@ def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verif
     console = console or Console()
     started = time.monotonic()
     unfinished = store.operation()
-    if abort and unfinished is None:
-        raise ReleaseError(f"{store.environment} has no unfinished rollout to abort. Nothing was changed")
     target = choose_target(store, to)
     with store.lock("abort" if abort else "rollback", force=force):
         before = cluster.traffic()
@@ -89,13 +87,32 @@ def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verif
                 store.record(status={rev: "rolled back"})
         if unfinished is not None:
             abandoned = unfinished["revision"]
-            if abandoned != target:
+            if abandoned is not None and abandoned != target:
                 store.record(status={abandoned: "failed" if abort else "rolled back"})
-                if abort:
+                if abort and cluster.deployed(abandoned):
                     cluster.retire(abandoned)
+            # A revision created just before the crash, never given a status, is not left orphaned.
+            for rev in store.revisions():
+                if store.status(rev) is None and rev != target:
+                    store.record(status={rev: "abandoned"})
             store.end_operation()
             store.audit(unfinished["kind"], abandoned, "aborted" if abort else "rolled back", serving=target)
         seconds = time.monotonic() - started
         store.audit("rollback", target, "succeeded", seconds=round(seconds, 3), previous=before, redeployed=redeployed)
     console.print(f"[green]revision {target} serves 100%[/] (was {before}) in {seconds:.2f}s")
     return RollbackResult(target, before, seconds, redeployed)
+
+
+def abort(store: ReleaseStore, cluster: Cluster, console: Console | None = None,
+          force: bool = False) -> RollbackResult | None:
+    """After a crash: end the unfinished rollout (traffic back to what served before it, its
+    revision taken down); with none, clear a lease its dead process left (audited)."""
+    console = console or Console()
+    if store.operation() is not None:
+        return rollback(store, cluster, console=console, force=force, abort=True)
+    if store.lease() is None:
+        raise ReleaseError(f"{store.environment} has no unfinished rollout to abort. Nothing was changed")
+    with store.lock("abort", force=force):  # refused while its holder lives; a stale one is taken over
+        pass
+    console.print("no unfinished rollout: the lease its stopped process left was cleared")
+    return None

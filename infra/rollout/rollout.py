@@ -114,10 +114,11 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         if serving != recorded:
             console.print(f"[yellow]the cluster serves {serving}, the release store says {recorded}: "
                           "acting on the cluster's[/yellow]")
+        store.begin_operation("rollout", None, serving)  # intent first: a crash from here on is recoverable
         release = store.create(spec, message)
         rev = release.revision
-        store.record(status={rev: "candidate"})
         store.begin_operation("rollout", rev, serving)
+        store.record(status={rev: "candidate"})
         baseline = max(serving, key=serving.get) if serving else None
         store.audit("rollout", rev, "started", serving=serving, recorded=recorded, message=message)
         try:
@@ -142,15 +143,15 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
                                    f"revision {baseline} serves 100% again")
             if not verdict.passed:
                 store.record(status={rev: "failed"})
-                store.end_operation()
                 store.audit("rollout", rev, "failed", reason=verdict.reasons())
+                store.end_operation()
                 raise CanaryFailed(f"revision {rev} (the first) misses its SLO: {verdict.reasons()}. "
                                    "It is still serving: there is no earlier revision to fall back to")
         store.record(status={rev: "good"})
-        store.end_operation()
         # The previous revision stays deployed as a warm standby: rolling back to it is then a
         # traffic change, which is what keeps `scripts/rollback` under a minute.
         store.audit("rollout", rev, "succeeded", standby=baseline)
+        store.end_operation()  # last: until here a crash leaves the operation for --abort
         console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
         return release
 
@@ -182,5 +183,5 @@ def _abandon(cluster: Cluster, store: ReleaseStore, rev: int, reason: str) -> No
     """A revision that failed: take it down (it has no traffic) and say so in the history."""
     store.record(status={rev: "failed"})
     cluster.retire(rev)
-    store.end_operation()
     store.audit("rollout", rev, "failed", reason=reason, serving=store.traffic())
+    store.end_operation()

@@ -1,0 +1,39 @@
+"""Where an operation changes the environment, named, so crash safety can be tested.
+
+Every write to the release store and every change to a cluster calls `before_change(what)`
+first. Normally that does nothing. With PDSTACK_FAULT_TRACE=<file> each call is appended to
+that file (how many change points a run has, and which); with PDSTACK_FAULT_AT=<n> the
+process kills itself with SIGKILL just before its n-th change, as a crash, an OOM kill or a
+lost node would stop it (tests/test_rollout_faults.py runs a rollout once per point).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_changes = 0
+
+
+def before_change(what: str) -> None:
+    global _changes
+    trace, at = os.environ.get("PDSTACK_FAULT_TRACE"), os.environ.get("PDSTACK_FAULT_AT")
+    if not trace and not at:
+        return
+    _changes += 1
+    if trace:
+        with open(trace, "a") as f:
+            f.write(f"{_changes} {what}\n")
+    if at and _changes == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host still runs (a temp file or lease of a dead one is stale)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
