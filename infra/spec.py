@@ -8,8 +8,10 @@ checked once, here, with messages that name the field and say how to fix it.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
+import urllib.parse
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
@@ -30,9 +32,36 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Seconds = Annotated[float, Field(gt=0)]
 
 
-def _dns_label(v: str) -> str:
+def _dns_label(v: str, most: int = 63) -> str:
     if not _DNS_LABEL.match(v):
         raise ValueError(f"{v!r} is not a DNS label. Fix: lower-case letters, digits and '-'")
+    if len(v) > most:
+        raise ValueError(f"{v!r} has {len(v)} characters; at most {most} fit"
+                         + (" (a DNS label is 63 at most)" if most == 63 else
+                            " (release tracks run in '<namespace>-r<revision>', itself a DNS label of 63 at most)")
+                         + ". Fix: shorten it")
+    return v
+
+
+NAMESPACE_MAX = 63 - len("-r9999")  # room for the release-track suffix (infra/tracks.py)
+
+
+_SECRET_QUERY_KEYS = re.compile(r"(key|token|secret|password|passwd|signature|sig|credential|auth)", re.I)
+
+
+def _url_without_credentials(v: str | None) -> str | None:
+    """A URL in the spec may name a host, never carry a secret: specs live in git and in plain
+    ConfigMaps. Credentials come from Kubernetes Secrets (e.g. weights.credentials_secret)."""
+    if v is None:
+        return v
+    parsed = urllib.parse.urlsplit(v)
+    if parsed.username or parsed.password:
+        raise ValueError("the URL carries credentials (user:password@). Fix: remove them; the credentials "
+                         "belong in a Kubernetes Secret the component reads")
+    leaked = [k for k, _ in urllib.parse.parse_qsl(parsed.query) if _SECRET_QUERY_KEYS.search(k)]
+    if leaked:
+        raise ValueError(f"the URL's query carries {', '.join(leaked)}, which looks like a credential. Fix: "
+                         "remove it; the credentials belong in a Kubernetes Secret")
     return v
 
 
@@ -64,6 +93,8 @@ class Strict(BaseModel):
 
 class WeightsSpec(Strict):
     endpoint_url: str = Field(description="S3-compatible endpoint (cloud, Ceph RGW, MinIO).")
+
+    _no_credentials = field_validator("endpoint_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
     region: str = "us-east-1"
     bucket: str
     prefix: str = Field(description="Key prefix under which the weight files live.")
@@ -217,6 +248,13 @@ class ScalingSpec(Strict):
     min_instances: Annotated[int, Field(ge=0)] = 1
     max_instances: PositiveInt = 1
 
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> ScalingSpec:
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"min_instances {self.min_instances} is above max_instances {self.max_instances}. "
+                             "Fix: swap them, or raise max_instances")
+        return self
+
 
 def ratio_value(v: str) -> Fraction:
     p, d = (int(x) for x in v.split(":"))
@@ -250,6 +288,8 @@ class AutoscalingSpec(Strict):
     enabled: bool = True
     scaler: Literal["keda", "hpa"] = Field("keda", description="KEDA ScaledObjects, or HPAs on external metrics.")
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+
+    _no_credentials = field_validator("prometheus_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
     polling_interval_seconds: PositiveInt = 15
     scale_up_stabilization_seconds: Annotated[int, Field(ge=0)] = 0
     scale_down_stabilization_seconds: PositiveInt = 600
@@ -429,6 +469,16 @@ class AccessSpec(Strict):
 
     _cidrs = field_validator("allowlist_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.0/8")))
 
+    @field_validator("api_keys")
+    @classmethod
+    def _unique_key_names(cls, v: list[ApiKeySpec]) -> list[ApiKeySpec]:
+        names = [k.name for k in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"API key name(s) {', '.join(twice)} appear more than once (each is a client id "
+                             "and a key in one Secret). Fix: give every key its own name")
+        return v
+
 
 class EnvironmentSpec(Strict):
     name: str
@@ -443,7 +493,8 @@ class EnvironmentSpec(Strict):
 
     _api_cidrs = field_validator("api_server_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.12/32")))
 
-    _dns = field_validator("name", "namespace")(classmethod(lambda cls, v: _dns_label(v)))
+    _dns = field_validator("name")(classmethod(lambda cls, v: _dns_label(v)))
+    _namespace = field_validator("namespace")(classmethod(lambda cls, v: _dns_label(v, NAMESPACE_MAX)))
 
 
 class ObservabilitySpec(Strict):
@@ -453,6 +504,8 @@ class ObservabilitySpec(Strict):
     trace_sample_rate: Annotated[float, Field(gt=0, le=1)] = Field(
         0.05, description="Share of traces the collector keeps (by trace id, so a request is kept whole).")
     scrape_interval_seconds: PositiveInt = 15
+
+    _no_credentials = field_validator("otlp_endpoint")(classmethod(lambda cls, v: _url_without_credentials(v)))
 
 
 class StackSpec(Strict):
@@ -728,6 +781,16 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
     for role, phase in dep.pools().items():
         path = f"deployment.{role}"
         problems += _ep_fits_nodes(f"{path}.expert_parallel", phase.expert_parallel, hw.gpus_per_node)
+        if phase.expert_placement:
+            placement = REPO_ROOT / phase.expert_placement
+            try:
+                json.loads(placement.read_text())
+            except FileNotFoundError:
+                problems.append(f"{path}.expert_placement: {placement} does not exist. Fix: write it with "
+                                f"`pdctl eplb`, or remove the field (the engine's own EPLB then places experts)")
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                problems.append(f"{path}.expert_placement: {placement} is not a placement file ({exc}). "
+                                "Fix: write it with `pdctl eplb`")
         slots = spec.model.num_routed_experts + phase.redundant_experts
         if slots % phase.expert_parallel:
             problems.append(
@@ -821,6 +884,10 @@ def _format_validation_error(exc: ValidationError) -> list[str]:
             msg = "unknown key. Fix: remove it or correct its spelling (see infra/spec.py)"
         elif err["type"] == "missing":
             msg = "required field is missing. Fix: add it"
+        elif err["type"] == "string_type" and isinstance(err.get("input"), int) and path.endswith(
+                ("pd_ratio", "pd_ratio_bounds.min", "pd_ratio_bounds.max")):
+            msg = (f"is the number {err['input']}: YAML reads an unquoted ratio such as 1:1 as a base-60 number. "
+                   "Fix: quote it, e.g. '1:1'")
         if path:
             lines.append(f"{path}: {msg}")
         else:

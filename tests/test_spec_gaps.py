@@ -1,0 +1,49 @@
+"""Spec inputs that used to pass validation and fail later (or leak): each refused at `validate`
+with the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.spec import parse_spec
+from tests.conftest import problems_of, stack_data
+
+
+def text(change) -> str:
+    data = stack_data("prod")
+    change(data)
+    return "\n".join(problems_of(data))
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d["access"]["api_keys"].append({"name": "batch-eval", "requests_per_minute": 5}),
+     "access.api_keys: API key name(s) batch-eval appear more than once"),
+    (lambda d: d["environment"].update(namespace="n" * 58),
+     "environment.namespace: '" + "n" * 58 + "' has 58 characters; at most 57 fit (release tracks run in"),
+    (lambda d: d["environment"].update(name="e" * 64), "environment.name: '" + "e" * 64 + "' has 64 characters"),
+    (lambda d: d["model"]["weights"].update(endpoint_url="https://AKIA:secret@s3.example.com"),
+     "model.weights.endpoint_url: the URL carries credentials (user:password@)"),
+    (lambda d: d["deployment"]["autoscaling"].update(prometheus_url="http://prom:9090/?token=abc"),
+     "deployment.autoscaling.prometheus_url: the URL's query carries token"),
+    (lambda d: d["observability"].update(otlp_endpoint="http://u:p@tempo:4317"),
+     "observability.otlp_endpoint: the URL carries credentials"),
+    (lambda d: d["deployment"]["decode"]["scaling"].update(min_instances=3, max_instances=2),
+     "deployment.decode.scaling: min_instances 3 is above max_instances 2. Fix: swap them"),
+    (lambda d: d["deployment"].update(pd_ratio=61),  # what YAML makes of an unquoted 1:1
+     "deployment.pd_ratio: is the number 61: YAML reads an unquoted ratio such as 1:1 as a base-60 number"),
+    (lambda d: d["deployment"]["decode"].update(expert_placement="placements/missing.json"),
+     "deployment.decode.expert_placement: "),
+])
+def test_refused_with_field_and_fix(change, expected):
+    assert expected in text(change)
+
+
+def test_an_unquoted_ratio_really_is_61_in_yaml():
+    import yaml
+
+    assert yaml.safe_load("pd_ratio: 1:1") == {"pd_ratio": 61}
+
+
+def test_the_shipped_specs_still_pass():
+    for stack in ("dev", "prod"):
+        parse_spec(stack_data(stack))
