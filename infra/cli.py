@@ -250,7 +250,11 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     from infra.rollout.rollout import CanaryFailed, StepFailed
 
     store = _store(args, spec)
-    cluster = PulumiCluster(args.pulumi_stack, store) if args.pulumi_stack else load_simulated(args.sim)
+    try:
+        cluster = PulumiCluster(args.pulumi_stack, store) if args.pulumi_stack else load_simulated(args.sim)
+    except (OSError, ValueError, KeyError) as exc:  # a directory, junk, or another program's JSON
+        raise UsageError(f"--sim {args.sim}: not a simulated cluster file ({type(exc).__name__}: {exc}). Nothing "
+                         "was changed. Fix: point --sim at a file pdctl wrote, or at a new path") from None
     try:
         action(store, cluster)
         return 0
@@ -294,6 +298,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from infra.rollout.rollout import RolloutOptions, rollout
 
     spec = _spec_from_args(args)
+    if args.force and not args.abort:
+        raise UsageError("rollout: --force only goes with --abort (to take over a stuck operation's lease). "
+                         "Fix: drop --force, or add --abort")
     if args.abort:
         from infra.rollout.rollback import abort
 

@@ -48,6 +48,13 @@ def namespaces_matcher(namespace: str, revision: int | None = None) -> str:
     return f'namespace=~"{namespace}({track})?"'
 
 
+def splits_traffic_by_weight(spec: StackSpec) -> bool:
+    """Whether revisions can share traffic by weight. Not behind InferencePools: Envoy AI Gateway
+    v1.1.0's extension server accepts one InferencePool per route rule (envoyproxy/ai-gateway,
+    internal/extensionserver/post_route_modify.go)."""
+    return spec.deployment.load_balancer.implementation != "gateway_epp"
+
+
 def _parse(revision: int, data: dict) -> StackSpec:
     try:
         return parse_spec(data)
@@ -68,9 +75,7 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     newest = max(revisions)
     recorded = {revision: _parse(revision, data) for revision, _, data in entries}
     serving = [r for r, w, _ in entries if w > 0]
-    if len(serving) > 1 and recorded[newest].deployment.load_balancer.implementation == "gateway_epp":
-        # Envoy AI Gateway v1.1.0's extension server accepts one InferencePool per route rule
-        # (envoyproxy/ai-gateway, internal/extensionserver/post_route_modify.go).
+    if len(serving) > 1 and not splits_traffic_by_weight(recorded[newest]):
         raise SpecError([
             f"pdstack:{CONFIG_KEY}: revisions {serving} would split traffic by weight between InferencePools, which "
             "the gateway routes one per rule. Fix: with gateway_epp, move traffic whole (stages 100: a blue/green "

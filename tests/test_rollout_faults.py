@@ -237,3 +237,22 @@ def test_sigkill_at_every_change_point_then_recovery_leaves_state_and_cluster_ag
     print(f"\nSIGKILL fault matrix (local store): {len(points)} change points x 1 fault, "
           f"{sum(len(r) for r in bad.values())} inconsistencies")
     assert bad == {}
+
+
+def test_careless_inputs_are_refused_with_the_fix_and_change_nothing(tmp_path, capsys):
+    from infra.cli import main
+
+    releases = tmp_path / "releases"
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "junk.json").write_text("junk")
+    for sim in ("dir", "junk.json"):
+        assert main(["rollback", "--stack", "dev", "--sim", str(tmp_path / sim), "--releases", str(releases)]) == 2
+        assert "not a simulated cluster file" in capsys.readouterr().err
+    assert main(["rollout", "--stack", "dev", "--sim", str(tmp_path / "c.json"), "--releases", str(releases),
+                 "--force", "--prometheus", "http://127.0.0.1:9"]) == 2
+    assert "--force only goes with --abort" in capsys.readouterr().err
+    assert main(["rollout", "--stack", "dev", "--sim", str(tmp_path / "c.json"), "--releases", str(releases),
+                 "--abort"]) == 3
+    assert "no unfinished rollout to abort" in capsys.readouterr().err
+    assert not releases.exists() and not (tmp_path / "c.json").exists()
+    assert (tmp_path / "junk.json").read_text() == "junk"

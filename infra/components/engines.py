@@ -13,7 +13,7 @@ import pulumi
 from infra import naming
 from infra.components.k8s import Layer, LayerContext, disruption_budget
 from infra.components.placement import gpu_scheduling
-from infra.planning.capacity import pool_capacity
+from infra.planning.capacity import domain_placement, pool_capacity
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import (
     BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
@@ -40,7 +40,7 @@ def imex_channel_template(role: str) -> str:
 
 def uses_multi_node_nvlink(spec: StackSpec, role: str) -> bool:
     """Groups placed inside an NVLink domain talk over multi-node NVLink between their nodes."""
-    return pool_capacity(spec, role).placement != "none"
+    return domain_placement(spec, role) != "none"
 
 
 def compute_domain_manifest(ctx: LayerContext, role: str) -> dict:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from infra.rollout.faultpoints import before_change, process_alive
+from infra.rollout.faultpoints import before_change, sweep_dead_writers
 from infra.rollout.steps import ROUTER_STEP, Step
 
 
@@ -110,10 +110,7 @@ def load_simulated(path) -> InMemoryCluster:
     from pathlib import Path
 
     path = Path(path)
-    for tmp in path.parent.glob(f"{path.name}.*.tmp"):  # a writer that died before its rename
-        pid = tmp.name.split(".")[-2]
-        if pid.isdigit() and not process_alive(int(pid)):
-            tmp.unlink(missing_ok=True)
+    sweep_dead_writers(path.parent.glob(f"{path.name}.*.tmp"))
     if not path.exists():
         return InMemoryCluster(saved_to=str(path))
     data = json.loads(path.read_text())

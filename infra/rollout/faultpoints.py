@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterable
+from pathlib import Path
 
 _changes = 0
 
@@ -37,3 +39,13 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def sweep_dead_writers(temp_files: Iterable[Path]) -> None:
+    """Remove temp files whose writer died between writing and renaming them. Every temp file
+    the release store and the simulated cluster write is named `...<pid>.tmp`."""
+    for tmp in temp_files:
+        parts = tmp.name.split(".")
+        pid = int(parts[-2]) if len(parts) > 2 and parts[-2].isdigit() else None
+        if pid is not None and pid != os.getpid() and not process_alive(pid):
+            tmp.unlink(missing_ok=True)

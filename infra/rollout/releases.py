@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from infra.render.engine_args import all_launches
-from infra.rollout.faultpoints import before_change, process_alive
+from infra.rollout.faultpoints import before_change, process_alive, sweep_dead_writers
 from infra.render.router_config import router_launch
 from infra.spec import REPO_ROOT, StackSpec, parse_spec
 
@@ -283,23 +283,15 @@ class ReleaseStore:
             raise LockHeld(f"{self.environment} was just locked by another operation. Nothing was changed. "
                            "Fix: run `pdctl releases` to see who holds it") from None
         self._lease_token = lease["token"]
-        self._sweep_temp_files()
+        sweep_dead_writers([*self.dir.glob("*.tmp"), *self.dir.glob(".*.tmp"), *self.revisions_dir.glob(".*.tmp")])
         if taken_from is not None:
             self.audit("lease", None, "taken over", operation=operation, previous=taken_from)
         try:
             yield lease
         finally:
-            if self.lease() is not None and self.lease().get("token") == lease["token"]:
+            if (self.lease() or {}).get("token") == lease["token"]:  # not if another took it over
                 self.lock_path.unlink(missing_ok=True)
             self._lease_token = None
-
-    def _sweep_temp_files(self) -> None:
-        """Temp files of writers that died between writing and renaming (their pid is in the name)."""
-        for tmp in [*self.dir.glob("*.tmp"), *self.dir.glob(".*.tmp"), *self.revisions_dir.glob(".*.tmp")]:
-            parts = tmp.name.split(".")  # every temp name ends in .<pid>.tmp
-            pid = int(parts[-2]) if len(parts) > 2 and parts[-2].isdigit() else None
-            if pid is not None and pid != os.getpid() and not process_alive(pid):
-                tmp.unlink(missing_ok=True)
 
     LEASE_SECONDS = 900  # renewed by every state write; a rollout writes at least once per stage
 

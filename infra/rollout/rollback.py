@@ -28,10 +28,9 @@ class RollbackResult:
     redeployed: bool
 
 
-def choose_target(store: ReleaseStore, to: int | None) -> int:
-    """The named revision; else, after an operation that never finished, the one that served
-    before it (recorded when it started, not guessed); else the previous good revision."""
-    unfinished = store.operation()
+def choose_target(store: ReleaseStore, to: int | None, unfinished: dict | None) -> int:
+    """The named revision; else, after an operation that never finished (`unfinished`, as
+    recorded), the one that served before it (recorded, not guessed); else the previous good one."""
     if to is None and unfinished is not None and unfinished["serving_before"]:
         before = {int(k): v for k, v in unfinished["serving_before"].items()}
         to = max(before, key=before.get)
@@ -55,7 +54,7 @@ def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verif
     console = console or Console()
     started = time.monotonic()
     unfinished = store.operation()
-    target = choose_target(store, to)
+    target = choose_target(store, to, unfinished)
     with store.lock("abort" if abort else "rollback", force=force):
         before = cluster.traffic()
         store.audit("rollback", target, "started", serving=before)

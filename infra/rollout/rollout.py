@@ -19,6 +19,7 @@ from infra.rollout.cluster import Cluster
 from infra.rollout.releases import Release, ReleaseError, ReleaseStore
 from infra.rollout.steps import Step, plan_steps
 from infra.spec import StackSpec
+from infra.tracks import splits_traffic_by_weight
 
 
 class StepFailed(ReleaseError):
@@ -93,9 +94,8 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
             options: RolloutOptions = RolloutOptions(), message: str = "", console: Console | None = None) -> Release:
     """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
     console = console or Console()
-    if spec.deployment.load_balancer.implementation == "gateway_epp" and tuple(options.stages) != (100,):
-        # Checked before anything changes: behind InferencePools traffic cannot be split by
-        # weight (infra/tracks.py, plan_tracks), so a canary stage would fail half-way.
+    if not splits_traffic_by_weight(spec) and tuple(options.stages) != (100,):
+        # Checked before anything changes: plan_tracks would refuse the first weighted stage.
         raise RolloutRefused(f"stages {','.join(map(str, options.stages))}: with load_balancer.implementation gateway_epp "
                          "the gateway routes one InferencePool per rule, so revisions cannot share traffic. "
                          "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
