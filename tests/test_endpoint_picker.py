@@ -117,6 +117,9 @@ def test_the_picker_runs_its_own_image():
 
 
 def test_vllm_pd_needs_nixl_and_the_images():
+    """llm-d's routing sidecar knows the KV connectors nixlv2, shared-storage and sglang
+    (llm-d-inference-scheduler v0.8.0, pkg/sidecar/proxy/options.go, supportedKVConnectors),
+    so vLLM's Mooncake connector has no PD path behind it."""
     data = vllm_with_epp(stack_data("prod"))
     data["engine"]["kv_transfer"] = "mooncake"
     del data["images"]["routing_sidecar"]

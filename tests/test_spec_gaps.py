@@ -1,5 +1,7 @@
 """Spec inputs that used to pass validation and fail later (or leak): each refused at `validate`
-with the field and the fix."""
+with the field and the fix. Names are DNS labels of at most 63 characters (RFC 1123, as
+kubernetes.io/docs/concepts/overview/working-with-objects/names/ requires for namespaces);
+YAML 1.1 reads 1:1 as the base-60 integer 61 (PyYAML's resolver, tested below)."""
 
 from __future__ import annotations
 
