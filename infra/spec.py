@@ -480,6 +480,31 @@ class AccessSpec(Strict):
         return v
 
 
+class ReleaseStoreSpec(Strict):
+    """Where this environment's release history, state and lease live (infra/rollout/releases.py):
+    the one place every actor (operators, CI's `pulumi up`, the Pulumi program) finds them."""
+
+    url: str = Field(
+        "releases", description="`s3://bucket/prefix` (AWS S3, MinIO, Ceph RGW: what teams use; credentials from the "
+                                "standard AWS chain, never from here), or a folder of the project (one operator).")
+    endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint, e.g. https://minio.internal:9000; default AWS's (or "
+                          "AWS_ENDPOINT_URL_S3 in the environment).")
+    region: str = "us-east-1"
+
+    _no_credentials = field_validator("url", "endpoint_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
+
+    @field_validator("url")
+    @classmethod
+    def _bucket_named(cls, v: str) -> str:
+        if v.startswith("s3://") and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", v[5:].partition("/")[0]):
+            raise ValueError(f"{v}: not an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens). "
+                             "Fix: e.g. s3://pdstack-releases/prod")
+        if "://" in v and not v.startswith("s3://"):
+            raise ValueError(f"{v}: a release store is s3://bucket/prefix or a folder. Fix: one of those")
+        return v
+
+
 class EnvironmentSpec(Strict):
     name: str
     namespace: str
@@ -490,6 +515,7 @@ class EnvironmentSpec(Strict):
         [], description="Addresses of the Kubernetes API server's endpoints (`kubectl get endpoints kubernetes`), "
                         "which the router or endpoint picker reach for service discovery. Empty: the "
                         "NetworkPolicy lets them reach ports 443 and 6443 anywhere.")
+    release_store: ReleaseStoreSpec = ReleaseStoreSpec()
 
     _api_cidrs = field_validator("api_server_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.12/32")))
 

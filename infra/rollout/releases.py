@@ -1,16 +1,18 @@
-"""Release history: immutable numbered revisions, a serving state, a lock and an audit log.
-
-One folder per environment (by default `releases/<env>/` in the project, kept in git so a
-pull request shows what changed):
+"""Release history: immutable numbered revisions, a serving state, a lease and an audit log,
+one set per environment, in one store every actor shares (objectstore.py: a local folder,
+the embedded default for one operator, or an S3-compatible bucket, what teams use):
 
     revisions/0007.json   what revision 7 is: spec snapshot, engine commands, images, router
-                          weights. Written once (hard link, so an existing number is never
-                          overwritten) and made read-only.
-    state.json            what serves now: traffic per revision, and each revision's status
-                          (candidate, good, failed, retired). Replaced atomically.
-    audit.jsonl           who did what, when, to which revision, and how it ended. Append-only.
-    lock                  the lease of the one rollout or rollback that may change this environment:
-                          holder, operation, expiry and a token that state writes must still hold.
+                          weights. Created once (If-None-Match): two writers never share a number.
+    state.json            what serves: confirmed traffic, the tracks the environment should run
+                          (written before each cluster change; the Pulumi program deploys them),
+                          each revision's status, the unfinished operation. Replaced by
+                          compare-and-swap on its ETag, and only by the lease's holder.
+    lease.json            who may change the environment now: holder, operation, expiry and a
+                          fencing number. Taken and renewed by compare-and-swap; released by
+                          replacing it with a released marker (nothing is ever deleted).
+    audit/<time>-<id>.json  who did what, when, to which revision, and how it ended: one object
+                          an entry, created once, so appends from two machines never collide.
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import secrets
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from infra.render.engine_args import all_launches
-from infra.rollout.faultpoints import before_change, process_alive, sweep_dead_writers
 from infra.render.router_config import router_launch
+from infra.rollout.faultpoints import process_alive
+from infra.rollout.objectstore import Conflict, FolderStore, ObjectStore, StoreUnavailable, open_store
 from infra.spec import REPO_ROOT, StackSpec, parse_spec
 
 RELEASES_DIR = REPO_ROOT / "releases"
+STATE, LEASE = "state.json", "lease.json"
+REVISION_KEY = re.compile(r"^revisions/(\d{4,})\.json$")
 
 
 class ReleaseError(RuntimeError):
@@ -58,6 +64,10 @@ def actor() -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _dump(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
 
 
 @dataclass(frozen=True)
@@ -94,62 +104,121 @@ def release_content(spec: StackSpec) -> dict[str, Any]:
     }
 
 
+def store_for(spec: StackSpec, override: str | None = None) -> "ReleaseStore":
+    """The environment's release store: `override` (pdctl --releases), else the spec's
+    environment.release_store. A relative folder is the project's (where Pulumi runs the
+    program), an override's is the caller's."""
+    where = spec.environment.release_store
+    url = override or where.url
+    if not url.startswith("s3://"):
+        base = Path(url) if override else REPO_ROOT / url
+        return ReleaseStore(spec.environment.name, base.resolve())
+    objects = open_store(f"{url.rstrip('/')}/{spec.environment.name}", where.endpoint_url, where.region)
+    return ReleaseStore(spec.environment.name, objects=objects)
+
+
 class ReleaseStore:
-    def __init__(self, environment: str, root: Path | None = None):
+    LEASE_SECONDS = 900  # renewed by every state write; a rollout writes at least once per stage
+
+    def __init__(self, environment: str, root: Path | None = None, objects: ObjectStore | None = None):
         self.environment = environment
-        self.dir = (root or RELEASES_DIR) / environment
-        self.revisions_dir = self.dir / "revisions"
-        self.state_path = self.dir / "state.json"
-        self.audit_path = self.dir / "audit.jsonl"
-        self.lock_path = self.dir / "lock"
+        self.objects: ObjectStore = objects or FolderStore((root or RELEASES_DIR) / environment)
+        self.location = self.objects.location
+        self._held: dict[str, Any] | None = None  # the lease this process holds, while it does
+        self._state_copy: tuple[dict[str, Any], str | None] | None = None  # see _read_state
+
+    def _json(self, key: str) -> tuple[dict[str, Any], str] | None:
+        found = self.objects.read(key)
+        if found is None:
+            return None
+        try:
+            data = json.loads(found[0])
+        except ValueError as exc:
+            raise ReleaseError(f"release store {self.location}: {key} is not JSON ({exc}). Nothing was changed. "
+                               "Fix: restore it from the bucket's object versions or from git") from None
+        if not isinstance(data, dict):
+            raise ReleaseError(f"release store {self.location}: {key} is not a JSON object. Fix: restore it")
+        return data, found[1]
 
     # --- revisions (immutable) ----------------------------------------------------------------
 
     def revisions(self) -> list[int]:
-        if not self.revisions_dir.exists():
-            return []
-        return sorted(int(p.stem) for p in self.revisions_dir.glob("[0-9]*.json"))
+        """Numbered revision records; anything else in the folder (a stray copy) is ignored."""
+        return sorted(int(m.group(1)) for key in self.objects.list("revisions/") if (m := REVISION_KEY.match(key)))
 
     def get(self, revision: int) -> Release:
-        path = self.revisions_dir / f"{revision:04d}.json"
-        if not path.exists():
+        key = f"revisions/{revision:04d}.json"
+        found = self._json(key)
+        if found is None:
             known = ", ".join(map(str, self.revisions())) or "none yet"
             raise RevisionNotFound(
-                f"revision {revision} does not exist in {self.dir} (revisions: {known}). "
+                f"revision {revision} does not exist in {self.location} (revisions: {known}). "
                 "Fix: pick one of those, or run `pdctl releases` to list them")
-        return Release(**json.loads(path.read_text()))
+        try:
+            return Release(**found[0])
+        except TypeError as exc:
+            raise ReleaseError(f"release store {self.location}: {key} is not a revision record ({exc}). "
+                               "Fix: restore it from the bucket's object versions or from git") from None
 
     def create(self, spec: StackSpec, message: str = "") -> Release:
-        self.revisions_dir.mkdir(parents=True, exist_ok=True)
         content = release_content(spec)
         while True:
             number = (self.revisions() or [0])[-1] + 1
             release = Release(revision=number, created_at=_now(), author=actor(), message=message, **content)
-            tmp = self.revisions_dir / f".{number:04d}.{os.getpid()}.tmp"
-            before_change(f"create revision {number}")
-            tmp.write_text(release.to_json())
-            os.chmod(tmp, 0o444)
             try:
-                os.link(tmp, self.revisions_dir / f"{number:04d}.json")  # fails if the number exists
+                self.objects.create(f"revisions/{number:04d}.json", release.to_json().encode())
                 return release
-            except FileExistsError:
+            except Conflict:
                 continue  # another writer took the number; take the next
-            finally:
-                tmp.unlink()
 
     # --- serving state -------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        if not self.state_path.exists():
-            return {"traffic": {}, "status": {}}
-        return json.loads(self.state_path.read_text())
+    def _read_state(self) -> tuple[dict[str, Any], str | None]:
+        """The state and its ETag. While this process holds the lease nobody else writes it (a
+        writer that does makes the next compare-and-swap fail), so the last copy read or
+        written is kept: one request per change instead of one per question."""
+        if self._held is not None and self._state_copy is not None:
+            return json.loads(json.dumps(self._state_copy[0])), self._state_copy[1]
+        found = self._json(STATE)
+        state, etag = found if found else ({}, None)
+        if self._held is not None:
+            self._state_copy = (json.loads(json.dumps(state)), etag)
+        return state, etag
 
-    def _write_state(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(f".{os.getpid()}.tmp")
-        before_change("write state")
-        tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.state_path)
+    def state(self) -> dict[str, Any]:
+        state = self._read_state()[0]
+        state.setdefault("traffic", {})
+        state.setdefault("status", {})
+        return state
+
+    def _update_state(self, change: Callable[[dict[str, Any]], None]) -> None:
+        """Read, change and compare-and-swap the state. Under a lease, the write carries its
+        fencing number: a state already written under a newer lease means this one was taken."""
+        self.keep_alive()
+        fence = (self._held or {}).get("fence")
+        for _ in range(8):  # a conflict is a writer without the lease (none in pdstack) or a race
+            state, etag = self._read_state()
+            if fence is not None and state.get("fence", 0) > fence:
+                current = self.lease() or {}
+                self._held, self._state_copy = None, None
+                raise LeaseLost(f"{self.environment}: this operation's lease was taken over ({current.get('operation')} "
+                                f"of {current.get('actor')} holds it now; fence {state['fence']} > {fence}). It "
+                                "stopped here; the new holder decides what serves")
+            state.setdefault("traffic", {})
+            state.setdefault("status", {})
+            change(state)
+            if fence is not None:
+                state["fence"] = fence
+            try:
+                data = _dump(state)
+                etag = self.objects.create(STATE, data) if etag is None else self.objects.replace(STATE, data, etag)
+                if self._held is not None:
+                    self._state_copy = (state, etag)
+                return
+            except Conflict:
+                self._state_copy = None  # someone wrote it: read it again
+                continue
+        raise LeaseLost(f"{self.environment}: the state kept changing under this operation; it stopped here")
 
     def traffic(self) -> dict[int, int]:
         return {int(k): v for k, v in self.state()["traffic"].items()}
@@ -158,13 +227,23 @@ class ReleaseStore:
         return self.state()["status"].get(str(revision))
 
     def record(self, *, traffic: dict[int, int] | None = None, status: dict[int, str] | None = None) -> None:
-        self._check_fence()
-        state = self.state()
-        if traffic is not None:
-            state["traffic"] = {str(k): v for k, v in traffic.items() if v}
-        for rev, value in (status or {}).items():
-            state["status"][str(rev)] = value
-        self._write_state(state)
+        """An outcome: the traffic the cluster confirmed, and revisions' statuses."""
+        def change(state: dict[str, Any]) -> None:
+            if traffic is not None:
+                state["traffic"] = {str(k): v for k, v in traffic.items() if v}
+            for rev, value in (status or {}).items():
+                state["status"][str(rev)] = value
+        self._update_state(change)
+
+    def tracks(self) -> dict[int, int] | None:
+        """The tracks the environment should run (revision -> weight, standbys at 0), or None
+        before any rollout: what the Pulumi program deploys."""
+        tracks = self.state().get("tracks")
+        return None if tracks is None else {int(k): v for k, v in tracks.items()}
+
+    def intend(self, tracks: dict[int, int]) -> None:
+        """Record, before a cluster change, the tracks it will leave."""
+        self._update_state(lambda state: state.__setitem__("tracks", {str(k): v for k, v in sorted(tracks.items())}))
 
     # --- the operation in progress --------------------------------------------------------------
 
@@ -172,21 +251,19 @@ class ReleaseStore:
         """The rollout recorded as started and not finished (its process stopped half-way)."""
         return self.state().get("operation")
 
-    def begin_operation(self, kind: str, revision: int | None, serving: dict[int, int]) -> None:
+    def begin_operation(self, kind: str, revision: int | None, serving: dict[int, int], **progress: Any) -> None:
         """Record, before the change, what is about to change and what served before: first
-        without a revision (before it is created), then with its number."""
-        self._check_fence()
-        state = self.state()
-        started = (state.get("operation") or {}).get("started", _now())
-        state["operation"] = {"kind": kind, "revision": revision, "actor": actor(), "started": started,
-                              "serving_before": {str(k): v for k, v in serving.items()}}
-        self._write_state(state)
+        without a revision (before it is created), then with its number, then each stage."""
+        def change(state: dict[str, Any]) -> None:
+            previous = state.get("operation") or {}
+            state["operation"] = {**previous, "kind": kind, "revision": revision, "actor": actor(),
+                                  "started": previous.get("started", _now()),
+                                  "serving_before": {str(k): v for k, v in serving.items()}, **progress}
+        self._update_state(change)
 
     def end_operation(self) -> None:
-        self._check_fence()
-        state = self.state()
-        if state.pop("operation", None) is not None:
-            self._write_state(state)
+        if self.operation() is not None:
+            self._update_state(lambda state: state.pop("operation", None))
 
     def good_revisions(self) -> list[int]:
         return sorted(int(k) for k, v in self.state()["status"].items() if v == "good")
@@ -201,111 +278,140 @@ class ReleaseStore:
     # --- audit log -------------------------------------------------------------------------------
 
     def audit(self, action: str, revision: int | None, outcome: str, **detail: Any) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         entry = {"time": _now(), "actor": actor(), "environment": self.environment, "action": action,
                  "revision": revision, "outcome": outcome, **detail}
-        before_change(f"audit {action} {outcome}")
-        with self.audit_path.open("a") as f:  # one write per line: appends do not interleave
-            f.write(json.dumps(entry, sort_keys=True) + "\n")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+        while True:
+            try:
+                self.objects.create(f"audit/{stamp}-{secrets.token_hex(4)}.json", _dump(entry))
+                return
+            except Conflict:
+                continue
 
     def audit_entries(self) -> list[dict[str, Any]]:
-        if not self.audit_path.exists():
-            return []
-        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line]
+        entries = []
+        for key in self.objects.list("audit/"):
+            found = self._json(key)
+            if found:
+                entries.append(found[0])
+        return entries
 
     # --- lease -----------------------------------------------------------------------------------
 
-    def lease(self) -> dict[str, Any] | None:
-        """The lease as recorded, or None. An unreadable one (e.g. written by an older version on
-        a full disk) reads as expired, so it can be taken over."""
-        try:
-            held = json.loads(self.lock_path.read_text())
-            return held if isinstance(held, dict) and "token" in held else {"unreadable": True}
-        except FileNotFoundError:
+    def _read_lease(self) -> tuple[dict[str, Any], str] | None:
+        """The lease as stored. An unreadable one (written by an older version, say) reads as
+        expired, so it can be taken over."""
+        found = self.objects.read(LEASE)
+        if found is None:
             return None
-        except (OSError, ValueError):
-            return {"unreadable": True}
+        try:
+            held = json.loads(found[0])
+            return (held if isinstance(held, dict) and "token" in held else {"unreadable": True}), found[1]
+        except ValueError:
+            return {"unreadable": True}, found[1]
+
+    def lease(self) -> dict[str, Any] | None:
+        """The live lease's holder, or None when nobody holds it."""
+        found = self._read_lease()
+        return None if found is None or found[0].get("released") else found[0]
 
     @staticmethod
     def _lease_dead(held: dict[str, Any]) -> str:
         """Why a lease no longer protects anything: '' while it does."""
         if held.get("unreadable"):
-            return "its lock file is unreadable"
+            return "its lease record is unreadable"
         if datetime.fromisoformat(held["expires"]) < datetime.now(timezone.utc):
             return f"it expired at {held['expires']}"
         if held.get("host") == socket.gethostname() and not process_alive(int(held["pid"])):
             return f"its process {held['pid']} on {held['host']} is gone"
         return ""
 
-    def _write_lease(self, lease: dict[str, Any], replace: bool) -> None:
-        """Write the whole lease first, then put it in place: never an empty or half lock file."""
-        tmp = self.dir / f".lock.{lease['token']}.{os.getpid()}.tmp"
-        before_change("write lease")
-        tmp.write_text(json.dumps(lease, sort_keys=True))
-        try:
-            if replace:
-                os.replace(tmp, self.lock_path)
-            else:
-                os.link(tmp, self.lock_path)  # fails if another holder put its lease there first
-        finally:
-            tmp.unlink(missing_ok=True)
+    def _expiry(self) -> str:
+        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).isoformat(timespec="milliseconds")
 
     @contextlib.contextmanager
     def lock(self, operation: str, force: bool = False) -> Iterator[dict[str, Any]]:
         """Hold this environment's lease for one operation. A live lease of another holder is
-        refused, naming it (or, with force, taken over and said whose it was); one that
-        expired, whose process is gone, or that cannot be read is taken over. Both are audited.
-        State writes under it carry its token: a holder whose lease was taken stops (LeaseLost)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        held = self.lease()
+        refused, naming it (or, with force, taken over, saying whose it was); one that expired,
+        whose process is gone, or that cannot be read is taken over. Both are audited. Each
+        state write under it renews it and carries its fencing number: a holder whose lease was
+        taken stops at its next state write (LeaseLost)."""
+        found = self._read_lease()
+        held, etag = found if found else (None, None)
         taken_from = None
-        if held is not None:
+        if held is not None and not held.get("released"):
             why = self._lease_dead(held)
             if not why and not force:
-                raise LockHeld(
-                    f"{self.environment} is locked by {held.get('operation')} of {held.get('actor')} (pid "
-                    f"{held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease until "
-                    f"{held.get('expires')}). Nothing was changed. Fix: wait for it to finish, or take it over "
-                    "with --force if that operation is stuck")
-            taken_from = {**held, "why": why or "forced"}
-            # Move the old lease aside under a unique name: of two takers, one wins the rename.
-            aside = self.dir / f".lock.taken.{os.getpid()}.{secrets.token_hex(4)}"
-            try:
-                os.rename(self.lock_path, aside)
-                aside.unlink()
-            except FileNotFoundError:
-                pass  # another taker moved it; the link below decides who holds it
+                raise self._locked_by(held)
+            taken_from = {k: v for k, v in {**held, "why": why or "forced"}.items() if k != "token"}
         lease = {"operation": operation, "actor": actor(), "pid": os.getpid(), "host": socket.gethostname(),
-                 "since": _now(), "expires": self._expiry(), "token": secrets.token_hex(8)}
+                 "since": _now(), "expires": self._expiry(), "token": secrets.token_hex(8),
+                 "fence": int((held or {}).get("fence", 0)) + 1}
         try:
-            self._write_lease(lease, replace=False)
-        except FileExistsError:
-            raise LockHeld(f"{self.environment} was just locked by another operation. Nothing was changed. "
-                           "Fix: run `pdctl releases` to see who holds it") from None
-        self._lease_token = lease["token"]
-        sweep_dead_writers([*self.dir.glob("*.tmp"), *self.dir.glob(".*.tmp"), *self.revisions_dir.glob(".*.tmp")])
-        if taken_from is not None:
-            self.audit("lease", None, "taken over", operation=operation, previous=taken_from)
+            if etag is None:
+                etag = self.objects.create(LEASE, _dump(lease))
+            else:
+                etag = self.objects.replace(LEASE, _dump(lease), etag)
+        except Conflict:  # another taker won the same moment: name it
+            now = self.lease() or {}
+            raise LockHeld(f"{self.environment} was just locked by {now.get('operation')} of {now.get('actor')} "
+                           f"(pid {now.get('pid')} on {now.get('host')}). Nothing was changed. Fix: wait for it "
+                           "to finish") from None
+        self._held = {**lease, "etag": etag}
         try:
+            # Fence first: from this write on, a write of the previous holder fails its
+            # compare-and-swap, reads the newer fence and stops (LeaseLost).
+            self._update_state(lambda state: None)
+            self.objects.sweep()
+            if taken_from is not None:
+                self.audit("lease", None, "taken over", operation=operation, previous=taken_from)
             yield lease
         finally:
-            if (self.lease() or {}).get("token") == lease["token"]:  # not if another took it over
-                self.lock_path.unlink(missing_ok=True)
-            self._lease_token = None
+            self._release()
 
-    LEASE_SECONDS = 900  # renewed by every state write; a rollout writes at least once per stage
+    def _locked_by(self, held: dict[str, Any]) -> LockHeld:
+        return LockHeld(
+            f"{self.environment} is locked by {held.get('operation')} of {held.get('actor')} (pid "
+            f"{held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease until "
+            f"{held.get('expires')}). Nothing was changed. Fix: wait for it to finish, or take it over "
+            "with --force if that operation is stuck")
 
-    def _expiry(self) -> str:
-        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).isoformat(timespec="milliseconds")
-
-    def _check_fence(self) -> None:
-        """A state write under a lease must still hold it (and renews it)."""
-        token = getattr(self, "_lease_token", None)
-        if token is None:
-            return
+    def refuse_if_locked(self) -> None:
+        """Raise LockHeld, naming the holder, while a live lease is held: an operation found
+        unfinished under it is running, not stopped."""
         held = self.lease()
-        if held is None or held.get("token") != token:
+        if held is not None and not self._lease_dead(held):
+            raise self._locked_by(held)
+
+    def _release(self) -> None:
+        """Give the lease back if this process still holds it. A store that cannot be written
+        now leaves it, to be taken over as its process is gone or it expires."""
+        held, self._held, self._state_copy = self._held, None, None
+        if held is None:
+            return
+        with contextlib.suppress(Conflict, StoreUnavailable):
+            released = {k: v for k, v in held.items() if k != "etag"}
+            self.objects.replace(LEASE, _dump({**released, "released": _now()}), held["etag"])
+
+    def keep_alive(self) -> None:
+        """Renew the lease once half of it has run out (each state write calls this; so do long
+        waits). A lease taken over meanwhile raises LeaseLost."""
+        if self._held is None:
+            return
+        left = datetime.fromisoformat(self._held["expires"]) - datetime.now(timezone.utc)
+        if left.total_seconds() < self.LEASE_SECONDS / 2:
+            self._renew()
+
+    def _renew(self) -> None:
+        if self._held is None:
+            return
+        lease = {k: v for k, v in self._held.items() if k != "etag"}
+        try:
+            etag = self.objects.replace(LEASE, _dump({**lease, "expires": self._expiry()}), self._held["etag"])
+        except Conflict:
+            current = self.lease() or {}
+            self._held, self._state_copy = None, None
             raise LeaseLost(f"{self.environment}: this operation's lease was taken over "
-                            f"({(held or {}).get('operation')} of {(held or {}).get('actor')} holds it now). "
-                            "It stopped here; the new holder decides what serves")
-        self._write_lease({**held, "expires": self._expiry()}, replace=True)
+                            f"({current.get('operation')} of {current.get('actor')} holds it now). "
+                            "It stopped here; the new holder decides what serves") from None
+        self._held = {**self._held, "expires": self._expiry(), "etag": etag}
