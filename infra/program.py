@@ -19,9 +19,8 @@ from infra.components.monitoring import Monitoring
 from infra.components.nodepools import NodePools
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
-from infra.rollout.releases import ReleaseStore
+from infra.rollout.releases import store_for
 from infra.spec import StackSpec, load_spec, stack_spec_path
-from infra.tracks import CONFIG_KEY as TRACKS_CONFIG_KEY
 from infra.tracks import Track, plan_tracks
 
 
@@ -86,23 +85,27 @@ def spec_for_current_stack() -> StackSpec:
     return load_spec(path)
 
 
-def tracks_from_config(environment: str) -> list[Track] | None:
-    """Config pdstack:tracks (set by the rollout), with each revision's spec from its record."""
-    entries = pulumi.Config("pdstack").get_object(TRACKS_CONFIG_KEY)
-    if not entries:
+def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | None:
+    """The tracks the environment's release store says it runs (the last rollout's or
+    rollback's), each from its revision's record, with the newest revision's spec for the
+    shared parts; None before the first rollout. Read from the store every actor shares, so
+    `pulumi up` from any clean checkout (CI) builds the same tracks and weights."""
+    store = store_for(spec)
+    recorded = store.tracks()
+    if not recorded:
         return None
-    store = ReleaseStore(environment)
-    return plan_tracks([(e["revision"], e["weight"], store.get(e["revision"]).spec) for e in entries])
+    tracks = plan_tracks([(rev, weight, store.get(rev).spec) for rev, weight in sorted(recorded.items())])
+    newest = max(recorded)
+    return store.get(newest).stack_spec(), newest, tracks
 
 
 def main() -> None:
     spec = spec_for_current_stack()
-    tracks = tracks_from_config(spec.environment.name)
-    if tracks:
-        # Shared parts (node pools, gateway) follow the newest revision's spec.
-        newest = max(t.revision for t in tracks)
-        spec = ReleaseStore(spec.environment.name).get(newest).stack_spec()
-        build_stack(spec, release=str(newest), tracks=tracks)
+    found = tracks_from_store(spec)
+    if found:
+        newest_spec, newest, tracks = found
+        build_stack(newest_spec, release=str(newest), tracks=tracks)
+        pulumi.export("tracks", {str(t.revision): t.weight for t in tracks})
     else:
-        # Outside a rollout, pods carry pdstack:release if set (e.g. by CI), else "unreleased".
+        # Before the first rollout, pods carry pdstack:release if set (e.g. by CI), else "unreleased".
         build_stack(spec, release=pulumi.Config("pdstack").get("release") or "unreleased")

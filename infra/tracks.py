@@ -3,11 +3,12 @@ the gateway splitting traffic between them by weight. Pure.
 
 A rollout adds the new revision as a track with weight 0, moves weight to it stage by
 stage, and keeps the previous one as a warm standby; a rollback moves the weight back.
-The Pulumi program reads the tracks from config `pdstack:tracks` (set by the rollout):
+The Pulumi program reads the tracks from the environment's release store (state.json
+`tracks`, written by the rollout and the rollback before each change):
 
-    [{"revision": 7, "weight": 95}, {"revision": 8, "weight": 5}]
+    {"7": 95, "8": 5}
 
-and each revision's spec from its release record. Without that config the program
+and each revision's spec from its release record. Before the first rollout the program
 deploys the stack's spec directly in the environment's namespace (one track, no split).
 
 Capacity is shared, not doubled: a track may grow to the pool's maximum minus what the
@@ -23,7 +24,7 @@ from fractions import Fraction
 
 from infra.spec import SpecError, StackSpec, parse_spec
 
-CONFIG_KEY = "tracks"  # pdstack:tracks
+WHERE = "release store tracks"  # how messages name what plan_tracks was given
 
 
 @dataclass(frozen=True)
@@ -59,25 +60,25 @@ def _parse(revision: int, data: dict) -> StackSpec:
     try:
         return parse_spec(data)
     except SpecError as exc:
-        raise SpecError([f"pdstack:{CONFIG_KEY}: revision {revision}: {p}" for p in exc.problems]) from None
+        raise SpecError([f"{WHERE}: revision {revision}: {p}" for p in exc.problems]) from None
 
 
 def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     """(revision, weight, spec data) of every track -> the tracks to deploy, or SpecError."""
     if not entries:
-        raise SpecError([f"pdstack:{CONFIG_KEY}: empty. Fix: at least one revision with weight 100"])
+        raise SpecError([f"{WHERE}: empty. Fix: at least one revision with weight 100"])
     weights = [w for _, w, _ in entries]
     if sum(weights) != 100 or min(weights) < 0:
-        raise SpecError([f"pdstack:{CONFIG_KEY}: weights {weights} must be 0..100 and add up to 100"])
+        raise SpecError([f"{WHERE}: weights {weights} must be 0..100 and add up to 100"])
     revisions = [r for r, _, _ in entries]
     if len(set(revisions)) != len(revisions):
-        raise SpecError([f"pdstack:{CONFIG_KEY}: revision listed twice in {revisions}"])
+        raise SpecError([f"{WHERE}: revision listed twice in {revisions}"])
     newest = max(revisions)
     recorded = {revision: _parse(revision, data) for revision, _, data in entries}
     serving = [r for r, w, _ in entries if w > 0]
     if len(serving) > 1 and not splits_traffic_by_weight(recorded[newest]):
         raise SpecError([
-            f"pdstack:{CONFIG_KEY}: revisions {serving} would split traffic by weight between InferencePools, which "
+            f"{WHERE}: revisions {serving} would split traffic by weight between InferencePools, which "
             "the gateway routes one per rule. Fix: with gateway_epp, move traffic whole (stages 100: a blue/green "
             "switch with the old revision kept at weight 0), or use implementation: sglang_router for canaries"])
     tracks = []
@@ -93,7 +94,7 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
             share = hi - others_min
             if share < max(lo, 1):
                 raise SpecError([
-                    f"pdstack:{CONFIG_KEY}: revision {revision} cannot fit beside the other tracks: {role} may grow "
+                    f"{WHERE}: revision {revision} cannot fit beside the other tracks: {role} may grow "
                     f"to {hi} instances and the others hold {others_min}. Fix: lower deployment.{role}.scaling."
                     "min_instances, raise max_instances, or retire a track first"])
             start = lo if (len(entries) > 1 and revision == newest) else min(max(dep[role]["instances"], lo), share)

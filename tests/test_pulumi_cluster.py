@@ -1,6 +1,7 @@
-"""The Automation API adapter's own logic: what a step targets, the tracks config it writes,
-the readiness commands. The Pulumi CLI it drives is not installed here, so `up` is a
-recording stand-in; everything it is given is computed by the real code."""
+"""The Automation API adapter's own logic: what a step targets (from the tracks the release
+store records), the readiness commands, the live route it reads. The Pulumi CLI and kubectl
+it drives are not installed here, so `up` and kubectl are recording stand-ins; everything
+they are given is computed by the real code."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from infra.rollout.pulumi_cluster import PulumiCluster, wait_command, with_track, with_weights, without_track
+from infra.rollout.pulumi_cluster import PulumiCluster, traffic_from_route, wait_command
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
@@ -17,22 +18,13 @@ from tests.conftest import stack_data
 
 
 class RecordingStack:
-    """Stands in for pulumi.automation.Stack (get_all_config, set_config, up)."""
+    """Stands in for pulumi.automation.Stack (up)."""
 
     def __init__(self):
-        self.config: dict[str, str] = {}
         self.ups: list[dict] = []
 
-    def get_all_config(self):
-        from pulumi import automation as auto
-
-        return {key: auto.ConfigValue(value) for key, value in self.config.items()}
-
-    def set_config(self, key, value):
-        self.config[key] = value.value
-
     def up(self, **kwargs):
-        self.ups.append({**kwargs, "config": dict(self.config)})
+        self.ups.append(kwargs)
 
 
 @pytest.fixture
@@ -43,7 +35,9 @@ def cluster(tmp_path):
         data["deployment"]["load_balancer"]["weights"]["cache_threshold"] = threshold
         store.create(parse_spec(data))
     waits = []
-    c = PulumiCluster("prod", store, on_output=lambda line: None, run_command=lambda cmd: waits.append(cmd) or 0)
+    route = {"spec": {"rules": [{"backendRefs": [{"name": "router", "namespace": "pdstack-prod-r1", "weight": 100}]}]}}
+    c = PulumiCluster("prod", store, on_output=lambda line: None, run_command=lambda cmd: waits.append(cmd) or 0,
+                      read_command=lambda cmd: json.dumps(route))
     c._stack = RecordingStack()
     c.waits = waits
     return c
@@ -54,13 +48,16 @@ def steps():
     return {s.name: s for s in plan_steps(spec, run_spec(spec).resources)}
 
 
-def test_config_edits():
-    entries = [{"revision": 1, "weight": 100}]
-    assert with_track(entries, 2) == [{"revision": 1, "weight": 100}, {"revision": 2, "weight": 0}]
-    assert with_weights(with_track(entries, 2), {1: 95, 2: 5}) == [{"revision": 1, "weight": 95}, {"revision": 2, "weight": 5}]
-    assert without_track(with_track(entries, 2), 1) == [{"revision": 2, "weight": 0}]
-    with pytest.raises(ValueError, match="not deployed"):
-        with_weights(entries, {3: 100})
+def test_the_live_route_is_read_as_traffic_per_revision():
+    """Backends as infra/components/access.py renders them: the track's router Service (or its
+    InferencePool) in `<namespace>-r<revision>`, weight per Gateway API HTTPBackendRef
+    (gateway-api apis/v1/httproute_types.go: weight defaults to 1)."""
+    route = {"spec": {"rules": [{"backendRefs": [
+        {"name": "router", "namespace": "pdstack-prod-r7", "port": 8000, "weight": 95},
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "pool",
+         "namespace": "pdstack-prod-r8", "weight": 5}]}]}}
+    assert traffic_from_route(route, "pdstack-prod") == {7: 95, 8: 5}
+    assert traffic_from_route({"spec": {"rules": [{"backendRefs": [{"name": "router"}]}]}}, "pdstack-prod") == {0: 1}
 
 
 def test_wait_commands():
@@ -70,10 +67,11 @@ def test_wait_commands():
 
 
 def test_a_step_targets_its_revisions_resources_and_keeps_secrets_out_of_logs(cluster):
-    cluster._stack.config["pdstack:tracks"] = json.dumps([{"revision": 1, "weight": 100}])
+    with pytest.raises(ValueError, match="record it first"):  # the program would not deploy it
+        cluster.apply(2, steps()["deploy decode"])
+    cluster.store.intend({1: 100, 2: 0})
     cluster.apply(2, steps()["deploy decode"])
     (up,) = cluster._stack.ups
-    assert json.loads(up["config"]["pdstack:tracks"]) == [{"revision": 1, "weight": 100}, {"revision": 2, "weight": 0}]
     names = {urn.rsplit("::", 1)[1] for urn in up["target"]}
     assert names == {"r2-leaderworkerset-engine-decode", "r2-service-engine-decode-http", "r2-configmap-engine-decode-launch",
                      "r2-poddisruptionbudget-engine-decode", "r2-computedomain-engine-decode-nvlink"}
@@ -84,10 +82,13 @@ def test_a_step_targets_its_revisions_resources_and_keeps_secrets_out_of_logs(cl
 
 
 def test_traffic_moves_by_updating_only_the_route(cluster):
-    cluster._stack.config["pdstack:tracks"] = json.dumps([{"revision": 1, "weight": 100}, {"revision": 2, "weight": 0}])
+    cluster.store.intend({1: 100, 2: 0})
+    with pytest.raises(ValueError, match="not what the release store records"):
+        cluster.set_traffic({1: 95, 2: 5})
+    cluster.store.intend({1: 95, 2: 5})
     cluster.set_traffic({1: 95, 2: 5})
     (up,) = cluster._stack.ups
     assert [u.rsplit("::", 1)[1] for u in up["target"]] == ["httproute-gateway"]
-    assert cluster.traffic() == {1: 95, 2: 5}
+    assert cluster.traffic() == {1: 100}  # the live route (the stand-in's), not the intent
     with pytest.raises(ValueError, match="still takes traffic"):
-        cluster.retire(2)
+        cluster.retire(1)

@@ -40,6 +40,7 @@ def check_weights(weights: dict[int, int]) -> dict[int, int]:
 class InMemoryCluster:
     apply_latency: float = 0.0  # seconds one apply (one API round of changes) takes
     ready_latency: float = 0.0  # seconds from apply until the step's resources are ready
+    health_latency: float = 0.0  # seconds one health check takes (kubectl wait on a real cluster)
     never_ready: set[tuple[int, str]] = field(default_factory=set)  # (revision, step) that hang
     unhealthy: set[int] = field(default_factory=set)
     applied: dict[object, dict[str, tuple[str, ...]]] = field(default_factory=dict)  # revision|"shared" -> step -> resources
@@ -76,6 +77,7 @@ class InMemoryCluster:
         return ROUTER_STEP in self.applied.get(revision, {})
 
     def healthy(self, revision: int) -> bool:
+        time.sleep(self.health_latency)
         return self.deployed(revision) and revision not in self.unhealthy
 
     def set_traffic(self, weights: dict[int, int]) -> None:
@@ -141,3 +143,49 @@ def save_simulated(cluster: InMemoryCluster, path) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
+
+
+# --- every change recorded as intent first ------------------------------------------------------
+
+
+@dataclass
+class RecordedCluster:
+    """A cluster whose every change is written to the release store first, as the tracks it
+    will leave (`ReleaseStore.intend`): a crash between the two leaves intent, never an
+    unrecorded change, and the Pulumi program deploys exactly those tracks."""
+
+    cluster: Cluster
+    store: object  # ReleaseStore (not imported: releases.py does not know clusters)
+
+    def _tracks(self) -> dict[int, int]:
+        recorded = self.store.tracks()
+        return recorded if recorded is not None else self.cluster.traffic()
+
+    def _intend(self, tracks: dict[int, int]) -> None:
+        if tracks != self.store.tracks():
+            self.store.intend(tracks)
+
+    def apply(self, revision: int, step: Step) -> None:
+        tracks = self._tracks()
+        self._intend({**tracks, revision: tracks.get(revision, 0)})
+        self.cluster.apply(revision, step)
+
+    def set_traffic(self, weights: dict[int, int]) -> None:
+        self._intend({**{r: 0 for r in self._tracks()}, **check_weights(weights)})
+        self.cluster.set_traffic(weights)
+
+    def retire(self, revision: int) -> None:
+        self._intend({r: w for r, w in self._tracks().items() if r != revision})
+        self.cluster.retire(revision)
+
+    def ready(self, revision: int, step: Step) -> bool:
+        return self.cluster.ready(revision, step)
+
+    def deployed(self, revision: int) -> bool:
+        return self.cluster.deployed(revision)
+
+    def healthy(self, revision: int) -> bool:
+        return self.cluster.healthy(revision)
+
+    def traffic(self) -> dict[int, int]:
+        return self.cluster.traffic()

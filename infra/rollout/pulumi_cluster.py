@@ -1,15 +1,18 @@
-"""The `Cluster` of a real environment: changes go through Pulumi's Automation API (the
-stack's `pdstack:tracks` config and targeted `up`s, with the policy pack), readiness is
-read with `kubectl wait`, the same conditions the steps list.
+"""The `Cluster` of a real environment: changes go through Pulumi's Automation API (targeted
+`up`s with the policy pack of the program, which deploys the tracks the release store says:
+`ReleaseStore.intend` writes them before each change), readiness is read with `kubectl wait`,
+the same conditions the steps list, and what traffic the cluster serves is read from the
+live HTTPRoute (what the gateway was given, not what was intended).
 
 This machine has no Pulumi CLI (the Automation API drives it) and no API server, so this
 adapter runs only where they exist; its pure parts (which resources a step targets, the
-tracks config, the wait commands) are tested here.
+wait commands) are tested here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,31 +21,14 @@ from infra.offline import OfflineRun, run_offline
 from infra.rollout.releases import ReleaseError, ReleaseStore
 from infra.rollout.steps import Step
 from infra.spec import REPO_ROOT
-from infra.tracks import CONFIG_KEY, plan_tracks, track_namespace
+from infra import naming
+from infra.tracks import plan_tracks, track_namespace
 
 PROJECT = "pdstack"  # Pulumi.yaml name
 POLICY_PACK = str(REPO_ROOT / "policy")
 
 
-# --- pure: tracks config, targets, waits ------------------------------------------------------
-
-
-def with_track(entries: list[dict], revision: int) -> list[dict]:
-    """The tracks config with `revision` present (a new track joins with weight 0)."""
-    if any(e["revision"] == revision for e in entries):
-        return [dict(e) for e in entries]
-    return [*(dict(e) for e in entries), {"revision": revision, "weight": 0}]
-
-
-def with_weights(entries: list[dict], weights: dict[int, int]) -> list[dict]:
-    missing = sorted(set(weights) - {e["revision"] for e in entries})
-    if missing:
-        raise ValueError(f"cannot route to revision(s) {missing}: not deployed")
-    return [{**e, "weight": weights.get(e["revision"], 0)} for e in entries]
-
-
-def without_track(entries: list[dict], revision: int) -> list[dict]:
-    return [dict(e) for e in entries if e["revision"] != revision]
+# --- pure: targets, waits ----------------------------------------------------------------------
 
 
 def step_targets(run: OfflineRun, step: Step, revision: int) -> list[str]:
@@ -55,6 +41,19 @@ def step_targets(run: OfflineRun, step: Step, revision: int) -> list[str]:
         elif step.shared and r.name in step.resources and not r.name.startswith("r"):
             urns.append(r.urn)
     return urns
+
+
+def traffic_from_route(route: dict, namespace: str) -> dict[int, int]:
+    """The live HTTPRoute (`kubectl get httproute gateway -o json`) -> revision -> weight. A
+    backend in the environment's own namespace is the stack deployed without tracks (0)."""
+    weights: dict[int, int] = {}
+    for rule in route.get("spec", {}).get("rules", []):
+        for ref in rule.get("backendRefs", []):
+            ns = ref.get("namespace", namespace)
+            match = re.fullmatch(re.escape(namespace) + r"-r(\d+)", ns)
+            revision = int(match.group(1)) if match else 0
+            weights[revision] = weights.get(revision, 0) + int(ref.get("weight", 1))
+    return {rev: w for rev, w in weights.items() if w}
 
 
 def wait_command(wait: str, namespace: str, timeout: str = "1s", kubectl: str = "kubectl") -> list[str]:
@@ -78,6 +77,8 @@ class PulumiCluster:
     on_output: Callable[[str], None] = print
     run_command: Callable[[list[str]], int] = field(
         default=lambda cmd: subprocess.run(cmd, capture_output=True).returncode)
+    read_command: Callable[[list[str]], str] = field(
+        default=lambda cmd: subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     _stack: object = None
 
     @property
@@ -92,44 +93,43 @@ class PulumiCluster:
                                    "or use --sim for a simulated cluster") from exc
         return self._stack
 
-    def _entries(self) -> list[dict]:
-        # get_all_config: the key is absent before the first rollout, and that is not an error
-        # (a missing CLI or a broken stack is, and reaches the operator as itself).
-        value = self.stack.get_all_config().get(f"pdstack:{CONFIG_KEY}")
-        raw = getattr(value, "value", None)
-        return json.loads(raw) if raw else []
+    def _intended(self) -> dict[int, int]:
+        return self.store.tracks() or {}
 
-    def _up(self, entries: list[dict], targets: list[str] | None) -> None:
-        from pulumi import automation as auto
+    def _environment_namespace(self) -> str:
+        return self.store.get(max(self.store.revisions())).stack_spec().environment.namespace
 
-        self.stack.set_config(f"pdstack:{CONFIG_KEY}", auto.ConfigValue(json.dumps(entries)))
+    def _up(self, targets: list[str] | None) -> None:
         # show_secrets=False: the update's output goes to our logs, secrets must not.
         self.stack.up(target=targets, target_dependents=False, policy_packs=[POLICY_PACK],
                       on_output=self.on_output, show_secrets=False)
 
-    def _program_run(self, entries: list[dict]) -> OfflineRun:
+    def _program_run(self, tracks: dict[int, int]) -> OfflineRun:
         """The program as `up` will run it, under mocks: where the URNs come from."""
         from infra.program import build_stack
 
-        tracks = plan_tracks([(e["revision"], e["weight"], self.store.get(e["revision"]).spec) for e in entries])
-        newest = max(e["revision"] for e in entries)
+        planned = plan_tracks([(rev, weight, self.store.get(rev).spec) for rev, weight in sorted(tracks.items())])
+        newest = max(tracks)
         spec = self.store.get(newest).stack_spec()
-        return run_offline(lambda: build_stack(spec, release=str(newest), tracks=tracks),
+        return run_offline(lambda: build_stack(spec, release=str(newest), tracks=planned),
                            project=PROJECT, stack=self.stack_name)
 
     def _namespace(self, revision: int) -> str:
         return track_namespace(self.store.get(revision).stack_spec().environment.namespace, revision)
 
     def apply(self, revision: int, step: Step) -> None:
-        entries = with_track(self._entries(), revision)
-        self._up(entries, step_targets(self._program_run(entries), step, revision))
+        tracks = self._intended()
+        if revision not in tracks:
+            raise ValueError(f"revision {revision} is not among the recorded tracks {tracks}: record it first")
+        self._up(step_targets(self._program_run(tracks), step, revision))
 
     def ready(self, revision: int, step: Step) -> bool:
         ns = self._namespace(revision)
         return all(self.run_command(wait_command(w, ns, kubectl=self.kubectl)) == 0 for w in step.waits_for)
 
     def deployed(self, revision: int) -> bool:
-        return any(e["revision"] == revision for e in self._entries())
+        # A retired track's namespace goes with it (a full `up` deletes the track's resources).
+        return self.run_command([self.kubectl, "get", "namespace", self._namespace(revision)]) == 0
 
     def healthy(self, revision: int) -> bool:
         ns = self._namespace(revision)
@@ -142,15 +142,34 @@ class PulumiCluster:
     def set_traffic(self, weights: dict[int, int]) -> None:
         from infra.rollout.cluster import check_weights
 
-        entries = with_weights(self._entries(), check_weights(weights))
-        route = [r.urn for r in self._program_run(entries).custom() if r.name == "httproute-gateway"]
-        self._up(entries, route)
+        weights, tracks = check_weights(weights), self._intended()
+        if {r: w for r, w in tracks.items() if w} != weights:
+            raise ValueError(f"traffic {weights} is not what the release store records ({tracks}): record it first")
+        missing = sorted(r for r in weights if not self.deployed(r))
+        if missing:
+            raise ValueError(f"cannot route to revision(s) {missing}: not deployed")
+        route = [r.urn for r in self._program_run(tracks).custom() if r.name == "httproute-gateway"]
+        self._up(route)
 
     def traffic(self) -> dict[int, int]:
-        return {e["revision"]: e["weight"] for e in self._entries() if e["weight"]}
+        self.stack  # noqa: B018 - a missing Pulumi CLI is said before anything else is tried
+        if not self.store.revisions():
+            return {}
+        namespace = self._environment_namespace()
+        try:
+            route = self.read_command([self.kubectl, "get", "httproute", naming.GATEWAY, "-n", namespace, "-o", "json"])
+        except subprocess.CalledProcessError as exc:
+            if "NotFound" in (exc.stderr or ""):
+                return {}  # never deployed
+            raise ReleaseError(f"cannot read the live route of {namespace}: {(exc.stderr or '').strip()}. Fix: check "
+                               "kubectl's context for this environment") from None
+        except FileNotFoundError:
+            raise ReleaseError("kubectl is not installed here. Fix: install it, or use --sim") from None
+        return traffic_from_route(json.loads(route), namespace)
 
     def retire(self, revision: int) -> None:
-        entries = self._entries()
-        if any(e["revision"] == revision and e["weight"] for e in entries):
+        if self.traffic().get(revision):
             raise ValueError(f"revision {revision} still takes traffic")
-        self._up(without_track(entries, revision), None)  # a full update deletes the track's resources
+        if revision in self._intended():
+            raise ValueError(f"revision {revision} is still among the recorded tracks: record its removal first")
+        self._up(None)  # a full update deletes the track's resources

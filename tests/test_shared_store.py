@@ -1,0 +1,168 @@
+"""One release store every actor shares (an S3 bucket on moto's server): what one operator's
+rollout leaves is what CI's `pulumi up` from a clean checkout deploys, and two operators on
+two checkouts racing for the environment resolve to one winner."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from infra.spec import REPO_ROOT
+from tests.test_rollout_faults import healthy_prometheus
+
+BUCKET = "pdstack-shared-releases"
+
+
+def clean_checkout(dest: Path) -> Path:
+    """The project's files as a fresh clone has them (tracked and new, not ignored): no local
+    release folder, no stack settings, no venv."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def spec_on_shared_store(checkout: Path, prefix: str) -> Path:
+    """dev's spec, pointed at the bucket (the one place the store is configured)."""
+    data = yaml.safe_load((checkout / "stacks" / "dev.yaml").read_text())
+    data["environment"]["release_store"] = {"url": f"s3://{BUCKET}/{prefix}"}
+    path = checkout / "stacks" / "dev-shared.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def pdctl(checkout: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=checkout, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+PROGRAM_UNDER_MOCKS = """
+import json, sys
+import pulumi
+from infra.offline import run_offline
+from infra.program import main
+pulumi.runtime.set_all_config({"pdstack:specFile": sys.argv[1]})
+run = run_offline(main, stack="dev")
+route = [r for r in run.custom() if r.name == "httproute-gateway"][0]
+print(json.dumps({"namespaces": sorted({r.inputs.get("metadata", {}).get("namespace", "") for r in run.custom()} - {""}),
+                  "backends": route.inputs["spec"]["rules"][0]["backendRefs"]}))
+"""
+
+
+def program_run(checkout: Path, env: dict, spec: Path) -> dict:
+    """What `pulumi up` would deploy from this checkout: the real program's main(), under mocks."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_UNDER_MOCKS, str(spec)], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def shared(tmp_path, s3_endpoint):
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=BUCKET)
+    env = {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint, "PYTHONPATH": ""}
+    return env, uuid.uuid4().hex[:8]
+
+
+def test_a_clean_checkout_on_the_same_store_deploys_the_tracks_the_last_rollout_left(tmp_path, shared):
+    env, prefix = shared
+    operator = clean_checkout(tmp_path / "operator")
+    ci = clean_checkout(tmp_path / "ci")
+    spec = spec_on_shared_store(operator, prefix)
+    with healthy_prometheus() as prometheus:
+        for message in ("first", "second"):
+            done = pdctl(operator, {**env, "PDSTACK_ACTOR": "alice"}, "rollout", "--spec", str(spec), "--sim",
+                         str(tmp_path / "cluster.json"), "--prometheus", prometheus, "--stages", "100", "--bake", "0",
+                         "--message", message)
+            assert done.returncode == 0, done.stderr
+    assert not (operator / "releases").exists() and not (ci / "releases").exists()  # nothing local
+    ci_spec = spec_on_shared_store(ci, prefix)
+    deployed = program_run(ci, env, ci_spec)
+    assert {"pdstack-dev-r1", "pdstack-dev-r2"} <= set(deployed["namespaces"])  # r1 kept warm
+    assert [(b["namespace"], b["weight"]) for b in deployed["backends"]] == [("pdstack-dev-r2", 100)]
+
+    done = pdctl(operator, env, "rollback", "--spec", str(spec), "--sim", str(tmp_path / "cluster.json"))
+    assert done.returncode == 0, done.stderr
+    assert [(b["namespace"], b["weight"]) for b in program_run(ci, env, ci_spec)["backends"]] == [("pdstack-dev-r1", 100)]
+
+
+def test_before_any_rollout_the_program_deploys_the_spec_itself(tmp_path, shared):
+    env, prefix = shared
+    ci = clean_checkout(tmp_path / "ci")
+    deployed = program_run(ci, env, spec_on_shared_store(ci, prefix))
+    assert deployed["namespaces"] == ["pdstack-dev"]
+    assert [b.get("namespace") for b in deployed["backends"]] == [None]
+
+
+def test_an_unreachable_store_stops_the_program_instead_of_deploying_without_the_tracks(tmp_path, shared):
+    """Deploying the spec alone would delete the serving revisions' tracks."""
+    env, prefix = shared
+    ci = clean_checkout(tmp_path / "ci")
+    spec = spec_on_shared_store(ci, prefix)
+    done = subprocess.run([sys.executable, "-c", PROGRAM_UNDER_MOCKS, str(spec)], cwd=ci,
+                          env={**env, "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "release store s3://" in done.stderr and "cannot" in done.stderr
+
+
+def test_two_operators_on_two_checkouts_racing_resolve_to_one_winner(tmp_path, shared):
+    """Both start at once on one environment (one bucket, one cluster): the store's conditional
+    create of the lease lets one through; the other is refused naming the holder and changes
+    nothing. Then the same for two emergency rollbacks."""
+    env, prefix = shared
+    checkouts = {who: clean_checkout(tmp_path / who) for who in ("alice", "bob")}
+    specs = {who: spec_on_shared_store(c, prefix) for who, c in checkouts.items()}
+    cluster = str(tmp_path / "cluster.json")
+    with healthy_prometheus() as prometheus:
+        def start(who: str, *args: str) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "infra.cli", *args, "--spec", str(specs[who]), "--sim",
+                                     cluster], cwd=checkouts[who], env={**env, "PDSTACK_ACTOR": who},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def race(*args: str) -> dict[str, tuple[int, str]]:
+            procs = {who: start(who, *args) for who in checkouts}
+            return {who: (p.wait(timeout=300), p.stderr.read()) for who, p in procs.items()}
+
+        rollout = ("rollout", "--prometheus", prometheus, "--stages", "100", "--bake", "4")
+        first = start("alice", *rollout)
+        assert first.wait(timeout=300) == 0, first.stderr.read()  # r1
+        results = race(*rollout)
+        from infra.rollout.cluster import load_simulated, save_simulated
+
+        slow = load_simulated(cluster)  # a route change takes 3 s, as on a real gateway: the racers overlap
+        slow.apply_latency = 3.0
+        save_simulated(slow, cluster)
+        rollbacks = race("rollback")
+
+    def one_winner(results: dict[str, tuple[int, str]]) -> str:
+        codes = sorted(code for code, _ in results.values())
+        assert codes == [0, 3], results
+        winner = next(who for who, (code, _) in results.items() if code == 0)
+        loser_err = next(err for code, err in results.values() if code == 3)
+        assert f"of {winner}" in loser_err and "Nothing was changed" in loser_err, loser_err
+        return winner
+
+    one_winner(results)
+    one_winner(rollbacks)
+    from infra.rollout.objectstore import BucketStore
+    from infra.rollout.releases import ReleaseStore
+
+    store = ReleaseStore("dev", objects=BucketStore(BUCKET, f"{prefix}/dev", env["AWS_ENDPOINT_URL_S3"]))
+    assert store.revisions() == [1, 2]  # the losers created no revision
+    assert store.traffic() == load_simulated(cluster).traffic() == {1: 100}
+    assert store.lease() is None and store.operation() is None
