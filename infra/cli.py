@@ -246,7 +246,8 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     """
     from infra.rollout.cluster import load_simulated  # written through on every change
     from infra.rollout.pulumi_cluster import PulumiCluster
-    from infra.rollout.releases import ReleaseError
+    from infra.rollout.objectstore import StoreUnavailable
+    from infra.rollout.releases import LeaseLost, ReleaseError
     from infra.rollout.rollout import CanaryFailed, StepFailed
 
     store = _store(args, spec)
@@ -259,17 +260,30 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
         action(store, cluster)
         return 0
     except (CanaryFailed, StepFailed) as exc:
-        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
+    except (StoreUnavailable, LeaseLost) as exc:
+        # Stopped between two changes: what it was about to do is recorded, the rest not done.
+        try:
+            left = f"the cluster serves {cluster.traffic()}"
+        except Exception:  # noqa: BLE001 - the cluster may be what failed; the message must still go out
+            left = "the cluster's traffic could not be read"
+        err_console.print(f"[red]{escape(str(exc))}[/red]\nThe operation stopped there; {left}. Fix the above, then "
+                          "`pdctl rollout --resume` or `--abort` (or `scripts/rollback`)", highlight=False, soft_wrap=True)
         return EXIT_FAILED
     except ReleaseError as exc:
-        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return EXIT_REFUSED
 
 
-def _store(args: argparse.Namespace, spec: StackSpec):
-    from infra.rollout.releases import ReleaseStore
+RELEASES_HELP = ("release store: s3://bucket/prefix or a folder (default: the spec's environment.release_store, "
+                 "else releases/)")
 
-    return ReleaseStore(spec.environment.name, Path(args.releases) if args.releases else None)
+
+def _store(args: argparse.Namespace, spec: StackSpec):
+    from infra.rollout.releases import store_for
+
+    return store_for(spec, args.releases)
 
 
 def _preflight(spec: StackSpec, inventory_path: str) -> bool:
@@ -301,6 +315,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.force and not args.abort:
         raise UsageError("rollout: --force only goes with --abort (to take over a stuck operation's lease). "
                          "Fix: drop --force, or add --abort")
+    if args.abort and args.resume:
+        raise UsageError("rollout: --resume and --abort are opposites. Fix: pick one")
     if args.abort:
         from infra.rollout.rollback import abort
 
@@ -316,6 +332,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     except ValueError as exc:  # checked before anything changes
         raise UsageError(f"--stages {args.stages} / --bake {args.bake}: {exc}".replace(
             "invalid literal for int() with base 10", "not a whole number")) from None
+    if args.resume:  # the unfinished rollout's own spec and stages; --bake applies to what is left
+        from infra.rollout.rollout import resume
+
+        return _changing(args, spec, lambda store, cluster: resume(
+            store, cluster, _observer(spec, args), options, console))
     return _changing(args, spec, lambda store, cluster: rollout(
         spec, store, cluster, _observer(spec, args), options, args.message, console))
 
@@ -444,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def changing(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         with_spec(p)
-        p.add_argument("--releases", help="release history folder (default releases/)")
+        p.add_argument("--releases", help=RELEASES_HELP)
         where = p.add_mutually_exclusive_group(required=True)
         where.add_argument("--pulumi-stack", help="the real stack, through Pulumi's Automation API (needs the CLI)")
         # Where there is no cluster (CI, this machine): a simulated one kept in a file, so that a
@@ -468,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--message", default="", help="why this release (kept in its record)")
     p.add_argument("--abort", action="store_true",
                    help="end an unfinished rollout: traffic back to what served before it, its revision taken down")
+    p.add_argument("--resume", action="store_true",
+                   help="carry on an unfinished rollout from its recorded canary stage")
     p.add_argument("--force", action="store_true", help="with --abort: take over a live lease (audited)")
     p.set_defaults(func=cmd_rollout)
     p = gated(with_spec(sub.add_parser("canary", help="judge a revision's gates once, from Prometheus")))
@@ -488,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cost)
     with_spec(sub.add_parser("policy", help="run the policy pack's rules on the offline preview")).set_defaults(func=cmd_policy)
     p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"))
-    p.add_argument("--releases", help="release history folder (default releases/)")
+    p.add_argument("--releases", help=RELEASES_HELP)
     p.set_defaults(func=cmd_releases)
     return parser
 
@@ -501,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     """One boundary: expected failures become a message and an exit code (2 input, 1 a check
     failed, 3 refused); anything else a short line, and the traceback only with --debug."""
     from infra.prometheus import PrometheusError
+    from infra.rollout.objectstore import StoreUnavailable
+    from infra.rollout.releases import ReleaseError
 
     args = build_parser().parse_args(argv)
     try:
@@ -508,9 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, UsageError) as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return 2
-    except PrometheusError as exc:
+    except (PrometheusError, StoreUnavailable) as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return EXIT_FAILED
+    except ReleaseError as exc:  # e.g. a corrupt record, read by `releases`
+        err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130

@@ -57,7 +57,7 @@ def test_pools_placed_by_nvlink_domain_are_static_pools_of_whole_domains():
     dev = pools(shipped_run("dev"))
     for pool in dev.values():
         assert "replicas" not in pool["spec"]  # dynamic: Karpenter launches p5 nodes on demand
-        assert pool["spec"]["limits"] == {"nvidia.com/gpu": "8"}  # one node each, surge 0
+        assert pool["spec"]["limits"] == {"nvidia.com/gpu": "16"}  # max 2 instances of 8: a canary beside, surge 0
 
 
 def test_a_gpu_limit_below_one_node_is_rejected():
@@ -65,8 +65,9 @@ def test_a_gpu_limit_below_one_node_is_rejected():
     limits (kubernetes-sigs/karpenter v1.14.1, pkg/controllers/provisioning/scheduling/
     scheduler.go, remainingResources), so a limit below one node launches nothing."""
     data = stack_data("dev")
-    data["deployment"]["prefill"]["expert_parallel"] = 4
-    data["deployment"]["decode"]["expert_parallel"] = 4
+    for role in ("prefill", "decode"):
+        data["deployment"][role]["expert_parallel"] = 4
+        data["deployment"][role]["scaling"] = {"min_instances": 1, "max_instances": 1}
     assert "deployment.prefill.scaling.max_instances: the prefill node pool may hold 4 GPUs but its nodes " \
            "(p5.48xlarge) have 8 each" in text(data)
 
@@ -101,8 +102,8 @@ def test_a_surge_the_reservation_cannot_hold_is_rejected():
            "nodes in 3 NVLink domains) but the quota is 256" in text(data)
     data = stack_data("dev")
     data["deployment"]["decode"]["rollout_surge_instances"] = 1
-    assert "hardware.max_gpus: the pools reserve 24 GPUs (prefill (1+0 surge)x8, decode (1+1 surge)x8) but " \
-           "the quota is 16" in text(data)
+    assert "hardware.max_gpus: the pools reserve 40 GPUs (prefill (2+0 surge)x8, decode (2+1 surge)x8) but " \
+           "the quota is 32" in text(data)
 
 
 def test_one_decode_group_per_nvlink_domain_across_release_tracks():

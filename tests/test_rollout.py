@@ -15,6 +15,7 @@ import os
 import stat
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -28,6 +29,7 @@ from infra.rollout.rollout import CanaryFailed, RolloutOptions, StepFailed, roll
 from infra.spec import parse_spec
 from tests.conftest import stack_data
 from tests.engine_exporter import DEGRADED, HEALTHY, EngineExporter
+from tests.stores import snapshot
 from tests.servers import free_port, prometheus
 
 HEALTHY_NS, DEGRADED_NS = "pdstack-canary-ok", "pdstack-canary-bad"
@@ -170,26 +172,22 @@ def test_rollback_to_a_revision_no_longer_running_applies_it_again(tmp_path):
     assert result.redeployed and cluster.traffic() == {1: 100}
 
 
-def _snapshot(store: ReleaseStore):
-    return {p.name: p.read_bytes() for p in store.dir.rglob("*") if p.is_file()}
-
-
 def test_rollback_to_a_missing_revision_changes_nothing(tmp_path):
     store, cluster = two_releases(tmp_path)
-    before = _snapshot(store), cluster.traffic()
+    before = snapshot(store), cluster.traffic()
     with pytest.raises(RevisionNotFound, match=r"revision 9 does not exist .*revisions: 1, 2"):
         rollback(store, cluster, to=9, console=quiet())
-    assert (_snapshot(store), cluster.traffic()) == before
+    assert (snapshot(store), cluster.traffic()) == before
 
 
 def test_rollback_while_a_rollout_holds_the_lock_changes_nothing(tmp_path):
     store, cluster = two_releases(tmp_path)
     with store.lock("rollout"):
-        before = _snapshot(store), cluster.traffic()
+        before = snapshot(store), cluster.traffic()
         with pytest.raises(LockHeld, match="locked by rollout"):
             rollback(store, cluster, console=quiet())
-        assert (_snapshot(store), cluster.traffic()) == before
-    assert not store.lock_path.exists()
+        assert (snapshot(store), cluster.traffic()) == before
+    assert store.lease() is None
 
 
 def test_rollback_refuses_a_failed_revision(tmp_path):
@@ -203,7 +201,7 @@ def test_rollback_refuses_a_failed_revision(tmp_path):
 def test_revisions_are_numbered_immutable_records(tmp_path):
     store, _ = two_releases(tmp_path)
     assert store.revisions() == [1, 2]
-    path = store.revisions_dir / "0002.json"
+    path = Path(store.location) / "revisions" / "0002.json"
     assert not os.stat(path).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     record = json.loads(path.read_text())
     assert record["router_weights"]["cache_threshold"] == 0.6
@@ -224,3 +222,26 @@ def test_pdctl_canary_judges_once_from_prometheus(tmp_path, prom, capsys):
                      "--revision", "2", "--baseline", "1"])
         assert code == expected, capsys.readouterr().out
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_a_third_rollout_retires_the_older_standby_to_make_room(tmp_path):
+    """Tracks share capacity (infra/tracks.py plan_tracks): the serving revision, one warm
+    standby and a new one would not fit dev's pools, so the standby before the serving one goes."""
+    store, cluster = two_releases(tmp_path)
+    rollout(spec_in("pdstack-dev", 0.7), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
+    assert not cluster.deployed(1) and store.status(1) == "retired"
+    assert cluster.deployed(2) and store.tracks() == {2: 0, 3: 100}
+
+
+def test_a_revision_that_cannot_fit_beside_the_serving_one_is_refused_before_any_change(tmp_path):
+    from infra.rollout.rollout import RolloutRefused
+
+    store, cluster = two_releases(tmp_path)
+    data = spec_in("pdstack-dev", 0.7).model_dump(mode="json")
+    data["deployment"]["prefill"]["scaling"] = {"min_instances": 2, "max_instances": 2}
+    data["deployment"]["prefill"]["instances"] = 2
+    data["deployment"]["pd_ratio"] = "2:1"
+    before = snapshot(store), cluster.traffic(), dict(cluster.applied)
+    with pytest.raises(RolloutRefused, match="cannot run beside revision 2.*Nothing was changed"):
+        rollout(parse_spec(data), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
+    assert (snapshot(store), cluster.traffic(), dict(cluster.applied)) == before

@@ -34,8 +34,11 @@ def test_tracks_share_capacity_and_the_newest_starts_small():
 
 
 def test_a_track_that_cannot_fit_is_refused_by_field():
+    one_each = stack_data("dev")
+    for role in ("prefill", "decode"):
+        one_each["deployment"][role]["scaling"] = {"min_instances": 1, "max_instances": 1}
     with pytest.raises(SpecError, match="revision 2 cannot fit beside the other tracks: prefill may grow to 1"):
-        plan_tracks([(2, 100, stack_data("dev")), (3, 0, stack_data("dev"))])
+        plan_tracks([(2, 100, one_each), (3, 0, one_each)])
     with pytest.raises(SpecError, match="must be 0..100 and add up to 100"):
         plan_tracks([(2, 60, stack_data("prod")), (3, 60, stack_data("prod"))])
 

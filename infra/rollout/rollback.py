@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from infra.rollout.cluster import Cluster
+from infra.rollout.cluster import Cluster, RecordedCluster
 from infra.rollout.releases import ReleaseError, ReleaseStore
 from infra.rollout.rollout import RolloutOptions, apply_steps, steps_for
 
@@ -53,6 +53,7 @@ def rollback(store: ReleaseStore, cluster: Cluster, to: int | None = None, verif
     over a live lease). `abort` also takes down the unfinished operation's revision."""
     console = console or Console()
     started = time.monotonic()
+    cluster = RecordedCluster(cluster, store)
     unfinished = store.operation()
     target = choose_target(store, to, unfinished)
     with store.lock("abort" if abort else "rollback", force=force):

@@ -15,11 +15,11 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.prometheus import PrometheusError
 from infra.rollout.canary import DEFAULT_STAGES, Gate, GatePolicy, Observation, Verdict, judge
-from infra.rollout.cluster import Cluster
+from infra.rollout.cluster import Cluster, RecordedCluster
 from infra.rollout.releases import Release, ReleaseError, ReleaseStore
 from infra.rollout.steps import Step, plan_steps
-from infra.spec import StackSpec
-from infra.tracks import splits_traffic_by_weight
+from infra.spec import SpecError, StackSpec
+from infra.tracks import plan_tracks, splits_traffic_by_weight
 
 
 class StepFailed(ReleaseError):
@@ -80,6 +80,7 @@ def apply_steps(cluster: Cluster, store: ReleaseStore, revision: int, steps: lis
                     raise StepFailed(f"step '{step.name}' of revision {revision} was not ready within "
                                      f"{step.timeout_seconds * options.timeout_scale:g}s (waiting for: "
                                      f"{', '.join(step.waits_for) or 'its resources'})")
+                store.keep_alive()  # a model load can outlast half the lease
                 time.sleep(options.poll_seconds)
             store.audit("apply", revision, "ready", step=step.name, seconds=round(time.monotonic() - started, 3))
             progress.update(task, completed=1, description=f"[green]r{revision} {step.name}")
@@ -90,70 +91,158 @@ def _route(cluster: Cluster, store: ReleaseStore, weights: dict[int, int]) -> No
     store.record(traffic=weights)
 
 
+def _refuse_weighted_stages(spec: StackSpec, stages: tuple[int, ...]) -> None:
+    if not splits_traffic_by_weight(spec) and tuple(stages) != (100,):
+        # Checked before anything changes: plan_tracks would refuse the first weighted stage.
+        raise RolloutRefused(f"stages {','.join(map(str, stages))}: with load_balancer.implementation gateway_epp "
+                             "the gateway routes one InferencePool per rule, so revisions cannot share traffic. "
+                             "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
+
+
+def _unfinished_refusal(store: ReleaseStore, unfinished: dict) -> RolloutRefused:
+    return RolloutRefused(
+        f"{store.environment}: the {unfinished['kind']} of revision {unfinished['revision']} by "
+        f"{unfinished['actor']} (started {unfinished['started']}"
+        + (f", at its {unfinished['stage']}% stage" if unfinished.get("stage") else "")
+        + ") never finished. Nothing was changed. Fix: `pdctl rollout --resume` (carry on from that stage), "
+        "`pdctl rollout --abort` (traffic back to what served before it) or `scripts/rollback`")
+
+
+def _refuse_unless_it_fits(store: ReleaseStore, spec: StackSpec, baseline: int | None) -> None:
+    """The new revision's track beside the serving one, as the program will plan them
+    (plan_tracks): refused here, before anything changes, rather than by `pulumi up` later."""
+    if baseline is None or baseline not in store.revisions():
+        return
+    upcoming = (store.revisions() or [0])[-1] + 1
+    try:
+        plan_tracks([(baseline, 100, store.get(baseline).spec), (upcoming, 0, spec.model_dump(mode="json"))])
+    except SpecError as exc:
+        raise RolloutRefused(f"revision {upcoming} cannot run beside revision {baseline}, which serves: "
+                             + "; ".join(exc.problems) + ". Nothing was changed") from None
+
+
 def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Observation],
             options: RolloutOptions = RolloutOptions(), message: str = "", console: Console | None = None) -> Release:
     """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
     console = console or Console()
-    if not splits_traffic_by_weight(spec) and tuple(options.stages) != (100,):
-        # Checked before anything changes: plan_tracks would refuse the first weighted stage.
-        raise RolloutRefused(f"stages {','.join(map(str, options.stages))}: with load_balancer.implementation gateway_epp "
-                         "the gateway routes one InferencePool per rule, so revisions cannot share traffic. "
-                         "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
+    _refuse_weighted_stages(spec, options.stages)
     steps = steps_for(spec)
+    cluster = RecordedCluster(cluster, store)
+    # Refusals are checked before the lease is taken, so a refused rollout writes nothing;
+    # the unfinished operation again under it, as another may have started meanwhile. Reading
+    # the cluster first also proves it answers (a missing Pulumi CLI, say).
+    store.refuse_if_locked()
+    if store.operation() is not None:
+        raise _unfinished_refusal(store, store.operation())
+    live = cluster.traffic()
+    _refuse_unless_it_fits(store, spec, max(live, key=live.get) if live else None)
     with store.lock("rollout"):
-        # The cluster is the truth for traffic, and reading it first proves the cluster answers
-        # (a missing Pulumi CLI, say) before a revision is created.
-        unfinished = store.operation()
+        unfinished = store.operation()  # again: another may have started meanwhile
         if unfinished is not None:
-            raise RolloutRefused(
-                f"{store.environment}: the {unfinished['kind']} of revision {unfinished['revision']} by "
-                f"{unfinished['actor']} (started {unfinished['started']}) never finished. Nothing was changed. "
-                "Fix: `pdctl rollout --abort` (traffic back to what served before it) or `scripts/rollback`")
-        serving = cluster.traffic()
+            raise _unfinished_refusal(store, unfinished)
+        serving = cluster.traffic()  # the truth for traffic, read again under the lease
         recorded = store.traffic()
         if serving != recorded:
             console.print(f"[yellow]the cluster serves {serving}, the release store says {recorded}: "
                           "acting on the cluster's[/yellow]")
-        store.begin_operation("rollout", None, serving)  # intent first: a crash from here on is recoverable
+        baseline = max(serving, key=serving.get) if serving else None
+        stages = list(options.stages) if baseline is not None else [100]
+        store.begin_operation("rollout", None, serving, stages=stages)  # intent first: a crash from here is recoverable
+        # One warm standby is kept (the baseline, after this rollout); older ones make room.
+        for standby in sorted(set(store.tracks() or {}) - set(serving)):
+            if cluster.deployed(standby):
+                cluster.retire(standby)
+            store.record(status={standby: "retired"})
         release = store.create(spec, message)
         rev = release.revision
-        store.begin_operation("rollout", rev, serving)
+        store.begin_operation("rollout", rev, serving, stages=stages, baseline=baseline)
         store.record(status={rev: "candidate"})
-        baseline = max(serving, key=serving.get) if serving else None
         store.audit("rollout", rev, "started", serving=serving, recorded=recorded, message=message)
-        try:
-            apply_steps(cluster, store, rev, [s for s in steps if s.name != "verify"], options, console)
-            if not cluster.healthy(rev):
-                raise StepFailed(f"revision {rev} is deployed but not healthy")
-        except StepFailed as exc:
-            _abandon(cluster, store, rev, str(exc))
-            raise
-        for stage in options.stages if baseline is not None else (100,):
-            weights = {rev: stage, **({baseline: 100 - stage} if baseline is not None and stage < 100 else {})}
-            _route(cluster, store, weights)
-            console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
-            time.sleep(options.bake_seconds)
-            verdict = observed_verdict(observe, rev, baseline, spec, options)
-            store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
-            console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
-            if not verdict.passed and baseline is not None:
-                _route(cluster, store, {baseline: 100})
-                _abandon(cluster, store, rev, f"canary failed at {stage}%: {verdict.reasons()}")
-                raise CanaryFailed(f"revision {rev} failed its canary at {stage}% ({verdict.reasons()}); "
-                                   f"revision {baseline} serves 100% again")
-            if not verdict.passed:
-                store.record(status={rev: "failed"})
-                store.audit("rollout", rev, "failed", reason=verdict.reasons())
-                store.end_operation()
-                raise CanaryFailed(f"revision {rev} (the first) misses its SLO: {verdict.reasons()}. "
-                                   "It is still serving: there is no earlier revision to fall back to")
-        store.record(status={rev: "good"})
-        # The previous revision stays deployed as a warm standby: rolling back to it is then a
-        # traffic change, which is what keeps `scripts/rollback` under a minute.
-        store.audit("rollout", rev, "succeeded", standby=baseline)
-        store.end_operation()  # last: until here a crash leaves the operation for --abort
-        console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
+        _deploy(spec, store, cluster, rev, steps, options, console)
+        _canary(spec, store, cluster, observe, rev, baseline, stages, options, console)
         return release
+
+
+def resume(store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Observation],
+           options: RolloutOptions = RolloutOptions(), console: Console | None = None) -> Release:
+    """Carry on the unfinished rollout from its recorded stage: deploy what is missing (steps
+    are idempotent), route the stage in flight again, judge it, and go on."""
+    console = console or Console()
+    cluster = RecordedCluster(cluster, store)
+    with store.lock("resume"):
+        unfinished = store.operation()
+        if unfinished is None:
+            raise RolloutRefused(f"{store.environment} has no unfinished rollout to resume. Nothing was changed")
+        rev = unfinished["revision"]
+        if unfinished["kind"] != "rollout" or rev is None or rev not in store.revisions():
+            raise RolloutRefused(f"{store.environment}: the unfinished {unfinished['kind']} stopped before its "
+                                 "revision was recorded, so there is nothing to resume. Nothing was changed. Fix: "
+                                 "`pdctl rollout --abort`, then roll out again")
+        if store.status(rev) == "failed":
+            raise RolloutRefused(f"revision {rev} already failed its rollout; there is nothing to resume. Nothing "
+                                 "was changed. Fix: `pdctl rollout --abort`")
+        release = store.get(rev)
+        spec = release.stack_spec()
+        baseline, stages = unfinished.get("baseline"), unfinished.get("stages") or [100]
+        if baseline is not None and not cluster.healthy(baseline):
+            raise RolloutRefused(f"revision {baseline}, which served before, is not healthy, so the canary has "
+                                 "nothing to fall back to. Nothing was changed. Fix: `scripts/rollback --to N`")
+        stage = unfinished.get("stage")
+        remaining = stages[stages.index(stage):] if stage in stages else stages
+        console.print(f"resuming the rollout of r{rev} at {remaining[0]}% (stages {remaining}); the cluster "
+                      f"serves {cluster.traffic()}")
+        store.audit("rollout", rev, "resumed", stage=remaining[0], serving=cluster.traffic())
+        if not cluster.deployed(rev) or not cluster.healthy(rev):
+            _deploy(spec, store, cluster, rev, steps_for(spec), options, console)
+        _canary(spec, store, cluster, observe, rev, baseline, remaining, options, console)
+        return release
+
+
+def _deploy(spec: StackSpec, store: ReleaseStore, cluster: Cluster, rev: int, steps: list[Step],
+            options: RolloutOptions, console: Console) -> None:
+    try:
+        apply_steps(cluster, store, rev, [s for s in steps if s.name != "verify"], options, console)
+        if not cluster.healthy(rev):
+            raise StepFailed(f"revision {rev} is deployed but not healthy")
+    except StepFailed as exc:
+        _abandon(cluster, store, rev, str(exc))
+        raise
+
+
+def _canary(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Observation], rev: int,
+            baseline: int | None, stages: list[int], options: RolloutOptions, console: Console) -> None:
+    """Move traffic to `rev` stage by stage, judging each; at the first failed gate all of it
+    goes back to `baseline`. Each stage is recorded before its traffic moves (for --resume)."""
+    serving_before = {int(k): v for k, v in (store.operation() or {}).get("serving_before", {}).items()}
+    for stage in stages:
+        weights = {rev: stage, **({baseline: 100 - stage} if baseline is not None and stage < 100 else {})}
+        store.begin_operation("rollout", rev, serving_before, stages=list(stages), baseline=baseline, stage=stage)
+        _route(cluster, store, weights)
+        console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
+        bake_until = time.monotonic() + options.bake_seconds
+        while (left := bake_until - time.monotonic()) > 0:
+            time.sleep(min(left, 30.0))
+            store.keep_alive()
+        verdict = observed_verdict(observe, rev, baseline, spec, options)
+        store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
+        console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
+        if not verdict.passed and baseline is not None:
+            _route(cluster, store, {baseline: 100})
+            _abandon(cluster, store, rev, f"canary failed at {stage}%: {verdict.reasons()}")
+            raise CanaryFailed(f"revision {rev} failed its canary at {stage}% ({verdict.reasons()}); "
+                               f"revision {baseline} serves 100% again")
+        if not verdict.passed:
+            store.record(status={rev: "failed"})
+            store.audit("rollout", rev, "failed", reason=verdict.reasons())
+            store.end_operation()
+            raise CanaryFailed(f"revision {rev} (the first) misses its SLO: {verdict.reasons()}. "
+                               "It is still serving: there is no earlier revision to fall back to")
+    store.record(status={rev: "good"})
+    # The previous revision stays deployed as a warm standby: rolling back to it is then a
+    # traffic change, which is what keeps `scripts/rollback` under a minute.
+    store.audit("rollout", rev, "succeeded", standby=baseline)
+    store.end_operation()  # last: until here a crash leaves the operation for --resume or --abort
+    console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
 
 
 OBSERVE_ATTEMPTS = 3  # tries per stage before an unanswered query fails the gate
