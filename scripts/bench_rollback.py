@@ -1,21 +1,32 @@
 #!/usr/bin/env python3
-"""Time `rollback` against the in-memory cluster with a simulated apply latency.
+"""Time the emergency rollback with the shared release store (S3, on moto's server started
+here on 127.0.0.1) and a simulated cluster with realistic latencies.
 
 Each run: two good revisions are rolled out (not timed), then the environment is rolled
-back to the first (timed: lock, checks, one route change at the simulated latency, health
-verification, history and audit writes). Prints the median and the slowest run, and what
-each step would take on a real cluster.
+back to the first (timed end to end: lease, checks, one route change, health checks,
+state and audit writes). The cluster's own time (its route change and health checks,
+at the latencies below) is measured apart, so the toolkit's share is the rest.
 
-    .venv/bin/python scripts/bench_rollback.py [--runs 10] [--apply-latency 2.0]
+Latencies (defaults, per call; override with the flags):
+  --apply-latency 12   one route change: `pulumi up --target` of the HTTPRoute (CLI start,
+                       plugins, diff, one PATCH: 8-15 s) plus Envoy Gateway's push (1-3 s)
+  --health-latency 2   one health check: `kubectl wait` on the target's router and engine groups
+
+    .venv/bin/python scripts/bench_rollback.py [--runs 20] [--apply-latency 12] [--health-latency 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
+import socket
 import statistics
+import subprocess
 import sys
-import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,54 +35,96 @@ from rich.console import Console  # noqa: E402
 
 from infra.rollout.canary import Observation  # noqa: E402
 from infra.rollout.cluster import InMemoryCluster  # noqa: E402
+from infra.rollout.objectstore import BucketStore  # noqa: E402
 from infra.rollout.releases import ReleaseStore  # noqa: E402
 from infra.rollout.rollback import rollback  # noqa: E402
 from infra.rollout.rollout import RolloutOptions, rollout  # noqa: E402
 from infra.spec import load_spec, parse_spec, stack_spec_path  # noqa: E402
 
-# On a real cluster (per step, seconds): what the in-memory run stands in for.
-REAL_CLUSTER_ESTIMATE = [
-    ("lock, history, target checks (local files)", "< 0.1"),
-    ("target health pre-check (kubectl wait on its router and engine groups)", "1-2"),
-    ("the program under mocks, to find the route's URN (measured here: 0.5-0.8 for prod)", "0.5-1"),
-    ("route change: `pulumi up --target` of the HTTPRoute (CLI start, plugins, diff, one PATCH)", "8-15"),
-    ("Envoy Gateway reconciles the route and pushes xDS to the proxies", "1-3"),
-    ("verify: consecutive healthy probes through the gateway", "3-5"),
-    ("total, target still warm (the revision before the last rollout)", "14-26"),
-    ("total, target no longer running (weights fetched and loaded again)", "minutes: outside the 60 s budget"),
-]
+BUCKET = "pdstack-bench-releases"
 
 
-def one_run(spec_a, spec_b, apply_latency: float) -> float:
+@contextmanager
+def moto_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+class TimedCluster:
+    """Adds up the time spent inside the cluster's own calls."""
+
+    def __init__(self, cluster: InMemoryCluster):
+        self.cluster, self.seconds = cluster, 0.0
+
+    def __getattr__(self, name):
+        method = getattr(self.cluster, name)
+
+        def timed(*args, **kwargs):
+            started = time.monotonic()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.monotonic() - started
+        return timed
+
+
+def one_run(endpoint: str, n: int, spec_a, spec_b, apply_latency: float, health_latency: float) -> tuple[float, float]:
     good = Observation(ttft_p99_s=0.3, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0)
     quiet = Console(file=io.StringIO())
-    with tempfile.TemporaryDirectory() as tmp:
-        store, cluster = ReleaseStore("bench", Path(tmp)), InMemoryCluster()
-        options = RolloutOptions(stages=(100,), bake_seconds=0, poll_seconds=0.001)
-        for spec in (spec_a, spec_b):
-            rollout(spec, store, cluster, lambda rev: good, options, console=quiet)
-        cluster.apply_latency = apply_latency
-        return rollback(store, cluster, console=quiet).seconds
+    store = ReleaseStore("bench", objects=BucketStore(BUCKET, f"run-{os.getpid()}-{n}/bench", endpoint))
+    cluster = InMemoryCluster()
+    options = RolloutOptions(stages=(100,), bake_seconds=0, poll_seconds=0.001)
+    for spec in (spec_a, spec_b):
+        rollout(spec, store, cluster, lambda rev: good, options, console=quiet)
+    cluster.apply_latency, cluster.health_latency = apply_latency, health_latency
+    timed = TimedCluster(cluster)
+    started = time.monotonic()
+    result = rollback(store, timed, console=quiet)
+    total = time.monotonic() - started
+    assert result.revision == 1 and cluster.traffic() == {1: 100} and store.traffic() == {1: 100}
+    return total, total - timed.seconds
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--apply-latency", type=float, default=2.0, help="seconds one cluster change takes")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--apply-latency", type=float, default=12.0, help="seconds one cluster change takes")
+    parser.add_argument("--health-latency", type=float, default=2.0, help="seconds one health check takes")
     parser.add_argument("--stack", default="prod")
     args = parser.parse_args()
     spec_a = load_spec(stack_spec_path(args.stack))
     data = spec_a.model_dump(mode="json")
     data["deployment"]["load_balancer"]["weights"]["cache_threshold"] = 0.6
     spec_b = parse_spec(data)
-    times = [one_run(spec_a, spec_b, args.apply_latency) for _ in range(args.runs)]
-    print(f"rollback, {args.stack}, in-memory cluster, {args.apply_latency:g}s per cluster change, {args.runs} runs")
-    print(f"  median  {statistics.median(times):.3f} s")
-    print(f"  slowest {max(times):.3f} s")
-    print(f"  budget  60 s: {'met' if max(times) < 60 else 'MISSED'}")
-    print("on a real cluster, per step (estimate, seconds):")
-    for step, seconds in REAL_CLUSTER_ESTIMATE:
-        print(f"  {step}: {seconds}")
+    with moto_server() as endpoint:
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        runs = [one_run(endpoint, n, spec_a, spec_b, args.apply_latency, args.health_latency) for n in range(args.runs)]
+    totals, own = [t for t, _ in runs], [o for _, o in runs]
+    print(f"rollback, {args.stack}, S3 release store (moto on 127.0.0.1), simulated cluster: "
+          f"{args.apply_latency:g}s per route change, {args.health_latency:g}s per health check, {args.runs} runs")
+    print(f"  end to end   median {statistics.median(totals):.3f} s   slowest {max(totals):.3f} s   "
+          f"budget 60 s: {'met' if max(totals) < 60 else 'MISSED'}")
+    print(f"  pdstack's own share (all but the cluster's calls)   median {statistics.median(own):.3f} s   "
+          f"slowest {max(own):.3f} s   budget 1 s: {'met' if max(own) < 1 else 'MISSED'}")
     return 0
 
 

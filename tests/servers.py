@@ -46,13 +46,22 @@ def stop(proc: subprocess.Popen) -> None:
 
 @contextmanager
 def running(cmd: list[str], ready_url: str | None = None, **popen):
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
-    try:
-        if ready_url:
-            wait_http(ready_url)
-        yield proc
-    finally:
-        stop(proc)
+    # The server's log goes to a file: a pipe nobody reads fills up (64 KiB) and then blocks
+    # the server mid-request (moto logs every request).
+    import tempfile
+
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, **popen)
+        try:
+            if ready_url:
+                try:
+                    wait_http(ready_url)
+                except TimeoutError:
+                    log.seek(0)
+                    raise TimeoutError(f"{cmd[0]} did not start: {log.read()[-2000:].decode(errors='replace')}") from None
+            yield proc
+        finally:
+            stop(proc)
 
 
 @contextmanager
@@ -137,3 +146,61 @@ def prometheus(workdir, targets: list[tuple[int, dict[str, str]]], scrape_second
            f"--web.listen-address=127.0.0.1:{port}"]
     with running(cmd, ready_url=f"{url}/-/ready"):
         yield url
+
+
+@contextmanager
+def cuttable_proxy(target_port: int, cut_flag):
+    """A TCP proxy on 127.0.0.1 in front of `target_port` that drops every connection, new and
+    open, while the file `cut_flag` exists: a dependency whose network went away. Yields its port."""
+    import os
+    import selectors
+    import threading
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    stopping = threading.Event()
+
+    def pipe(client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", target_port))
+        except OSError:
+            client.close()
+            return
+        sel = selectors.DefaultSelector()
+        sel.register(client, selectors.EVENT_READ, upstream)
+        sel.register(upstream, selectors.EVENT_READ, client)
+        try:
+            while not stopping.is_set() and not os.path.exists(cut_flag):
+                for key, _ in sel.select(timeout=0.1):
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        return
+                    key.data.sendall(data)
+        except OSError:
+            pass
+        finally:
+            client.close()
+            upstream.close()
+
+    def accept() -> None:
+        while not stopping.is_set():
+            try:
+                client, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            if os.path.exists(cut_flag):
+                client.close()
+                continue
+            threading.Thread(target=pipe, args=(client,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stopping.set()
+        thread.join(timeout=2)
+        listener.close()

@@ -4,13 +4,17 @@ Every write to the release store and every change to a cluster calls `before_cha
 first. Normally that does nothing. With PDSTACK_FAULT_TRACE=<file> each call is appended to
 that file (how many change points a run has, and which); with PDSTACK_FAULT_AT=<n> the
 process kills itself with SIGKILL just before its n-th change, as a crash, an OOM kill or a
-lost node would stop it (tests/test_rollout_faults.py runs a rollout once per point).
+lost node would stop it (tests/test_rollout_faults.py runs a rollout once per point). With
+PDSTACK_FAULT_RUN=<shell command> as well, that command runs there instead and the process
+goes on: it breaks a real dependency (fills the store's disk, remounts it read-only, cuts
+the bucket's endpoint off), so what follows meets the real failure.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,7 +31,11 @@ def before_change(what: str) -> None:
         with open(trace, "a") as f:
             f.write(f"{_changes} {what}\n")
     if at and _changes == int(at):
-        os.kill(os.getpid(), signal.SIGKILL)
+        command = os.environ.get("PDSTACK_FAULT_RUN")
+        if command:
+            subprocess.run(command, shell=True, check=True)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def process_alive(pid: int) -> bool:
