@@ -72,7 +72,8 @@ def misbehaving_prometheus(mode: str):
 
 @pytest.mark.parametrize("mode, says", [("503", "HTTP 503: tsdb is closing"), ("hang", "did not answer"),
                                         ("junk", "not a query result"), ("refused", "did not answer")])
-def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode, says):
+@pytest.mark.parametrize("failing_from", [5, 50, 100])  # each of OPTIONS' canary stages
+def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode, says, failing_from):
     spec = parse_spec(stack_data("dev"))
     store, cluster = ReleaseStore("dev", tmp_path / "releases"), InMemoryCluster()
     quiet = Console(file=open(tmp_path / "out.txt", "w"))
@@ -80,10 +81,12 @@ def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode
     with misbehaving_prometheus(mode) as url:
         api = PrometheusAPI(url, timeout_seconds=0.3)
 
-        def observe_r2(rev: int) -> Observation:
-            return GOOD if rev == 1 else observe(api, "sglang", spec.environment.namespace, rev, "5m")
+        def observe_r2(rev: int) -> Observation:  # Prometheus answers well until `failing_from`
+            if rev == 1 or store.operation()["stage"] < failing_from:
+                return GOOD
+            return observe(api, "sglang", spec.environment.namespace, rev, "5m")
 
-        with pytest.raises(CanaryFailed, match=says):
+        with pytest.raises(CanaryFailed, match=f"at {failing_from}%.*{says}"):
             rollout(spec, store, cluster, observe=observe_r2, options=OPTIONS, console=quiet)
     assert cluster.traffic() == store.traffic() == {1: 100}
     assert store.status(2) == "failed" and store.status(1) == "good"
