@@ -434,9 +434,19 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pdstack")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "unknown (not installed: run `make setup`)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    parser.add_argument("--version", action="version", version=f"pdctl (pdstack) {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_spec(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.conftest import stack_data
@@ -71,3 +72,13 @@ def test_generated_keys_never_appear_in_plain_text_in_render_or_preview(tmp_path
     for key in keys:
         for text in (preview.stdout, preview.stderr, render.stdout, render.stderr, written):
             assert key not in text
+
+
+def test_version_names_the_installed_package(capsys):
+    from importlib.metadata import version
+
+    from infra.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"pdctl (pdstack) {version('pdstack')}"
