@@ -199,5 +199,8 @@ def test_careless_inputs_are_refused_with_the_fix_and_change_nothing(tmp_path, c
     assert main(["rollout", "--stack", "dev", "--sim", str(tmp_path / "c.json"), "--releases", str(releases),
                  "--abort"]) == 3
     assert "no unfinished rollout to abort" in capsys.readouterr().err
+    assert main(["rollout", "--stack", "dev", "--sim", str(tmp_path / "c.json"), "--releases", str(releases),
+                 "--resume", "--prometheus", "http://127.0.0.1:9"]) == 3
+    assert "no unfinished rollout to resume" in capsys.readouterr().err
     assert not releases.exists() and not (tmp_path / "c.json").exists()
     assert (tmp_path / "junk.json").read_text() == "junk"

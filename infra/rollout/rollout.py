@@ -111,9 +111,10 @@ def _unfinished_refusal(store: ReleaseStore, unfinished: dict) -> RolloutRefused
 def _refuse_unless_it_fits(store: ReleaseStore, spec: StackSpec, baseline: int | None) -> None:
     """The new revision's track beside the serving one, as the program will plan them
     (plan_tracks): refused here, before anything changes, rather than by `pulumi up` later."""
-    if baseline is None or baseline not in store.revisions():
+    revisions = store.revisions()  # one listing: a request on the S3 store
+    if baseline is None or baseline not in revisions:
         return
-    upcoming = (store.revisions() or [0])[-1] + 1
+    upcoming = revisions[-1] + 1
     try:
         plan_tracks([(baseline, 100, store.get(baseline).spec), (upcoming, 0, spec.model_dump(mode="json"))])
     except SpecError as exc:
@@ -132,8 +133,9 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     # the unfinished operation again under it, as another may have started meanwhile. Reading
     # the cluster first also proves it answers (a missing Pulumi CLI, say).
     store.refuse_if_locked()
-    if store.operation() is not None:
-        raise _unfinished_refusal(store, store.operation())
+    unfinished = store.operation()
+    if unfinished is not None:
+        raise _unfinished_refusal(store, unfinished)
     live = cluster.traffic()
     _refuse_unless_it_fits(store, spec, max(live, key=live.get) if live else None)
     with store.lock("rollout"):
@@ -169,8 +171,11 @@ def resume(store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Obser
     are idempotent), route the stage in flight again, judge it, and go on."""
     console = console or Console()
     cluster = RecordedCluster(cluster, store)
+    store.refuse_if_locked()  # before the lease is taken: a refused resume writes nothing
+    if store.operation() is None:
+        raise RolloutRefused(f"{store.environment} has no unfinished rollout to resume. Nothing was changed")
     with store.lock("resume"):
-        unfinished = store.operation()
+        unfinished = store.operation()  # again: another may have ended it meanwhile
         if unfinished is None:
             raise RolloutRefused(f"{store.environment} has no unfinished rollout to resume. Nothing was changed")
         rev = unfinished["revision"]
