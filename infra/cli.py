@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
+import os
 import sys
 from collections import Counter
-from fractions import Fraction
 from pathlib import Path
 
 from rich.console import Console
@@ -13,10 +16,19 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from infra.spec import SpecError, StackSpec, load_spec, ratio_value, stack_spec_path
+from infra.inputs import InputError, load_model
+from infra.spec import SpecError, StackSpec, load_spec, stack_spec_path, switch_engine
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _console(stderr: bool) -> Console:
+    # Piped into a file or `less`, rich would assume 80 columns and cut cells; wide enough
+    # instead that a table's rows stay whole (a terminal keeps its own width).
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else max(int(os.environ.get("COLUMNS") or 0), 200))
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 
 # Top of the system first, as the design lists the layers.
 LAYER_ORDER = [
@@ -35,24 +47,55 @@ LAYER_ORDER = [
 
 
 def _spec_from_args(args: argparse.Namespace) -> StackSpec:
-    path = Path(args.spec) if args.spec else stack_spec_path(args.stack)
-    spec = load_spec(path)
-    if getattr(args, "engine", None) and args.engine != spec.engine.kind:
-        from infra.spec import PINNED_ENGINE_VERSIONS, parse_spec
-
-        data = spec.model_dump(mode="json")
-        data["engine"]["kind"] = args.engine
-        data["engine"]["version"] = PINNED_ENGINE_VERSIONS[args.engine]
-        spec = parse_spec(data)
+    """The spec named by a positional path, --spec, or --stack (stacks/<stack>.yaml)."""
+    if args.spec_path and args.spec and Path(args.spec_path) != Path(args.spec):
+        raise InputError(f"two specs given: {args.spec_path} and --spec {args.spec}. Fix: give one")
+    given = args.spec_path or args.spec
+    spec = load_spec(Path(given) if given else stack_spec_path(args.stack))
+    if getattr(args, "engine", None):
+        spec, notes = switch_engine(spec, args.engine)
+        for note in notes:
+            err_console.print(f"[yellow]--engine {args.engine}: {escape(note)}[/yellow]", highlight=False)
     return spec
+
+
+def _plain(value):
+    """JSON-safe: dataclasses as mappings, NaN and infinity (no data) as null."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _emit(args: argparse.Namespace, kind: str, data: dict, text) -> None:
+    """With --output json or yaml, `data` under a `kind` and `version` (the shapes README.md
+    documents) is all that goes to stdout; otherwise `text()` prints it for a person."""
+    fmt = getattr(args, "output", "text")
+    if fmt == "text":
+        text()
+        return
+    doc = {"kind": f"pdstack/{kind}", "version": 1, **_plain(data)}
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
-    pools = ", ".join(
-        f"{role} {p.instances}x{p.gpus_per_instance()} GPUs" for role, p in spec.deployment.pools().items()
-    )
-    console.print(f"[green]ok[/green] {spec.environment.name}: {spec.deployment.mode}, {pools}")
+    pools = {role: {"instances": p.instances, "gpus_per_instance": p.gpus_per_instance()}
+             for role, p in spec.deployment.pools().items()}
+    text = ", ".join(f"{role} {p['instances']}x{p['gpus_per_instance']} GPUs" for role, p in pools.items())
+    _emit(args, "validate", {"environment": spec.environment.name, "valid": True, "mode": spec.deployment.mode,
+                             "pools": pools},
+          lambda: console.print(f"[green]ok[/green] {spec.environment.name}: {spec.deployment.mode}, {text}"))
     return 0
 
 
@@ -65,7 +108,17 @@ def _render_run(spec: StackSpec):
     return run, items, validate_manifests(items, spec.environment.kubernetes_version)
 
 
-def _print_validation(report) -> None:
+def _validation_data(report) -> dict:
+    return {"ok": report.ok, "checked": report.checked, "custom_resources": dict(sorted(report.custom_checked.items())),
+            "cel_rules_not_evaluated": sum(report.cel_rules.values()),
+            "unchecked_kinds": dict(sorted(report.unchecked_kinds.items())), "errors": list(report.errors)}
+
+
+def _print_validation(report, args: argparse.Namespace | None = None) -> None:
+    if args is not None and args.output != "text":
+        for line in report.errors:  # the document carries them; a person watching stderr sees them too
+            err_console.print(f"[red]schema error[/red] {escape(line)}")
+        return
     custom = sum(report.custom_checked.values())
     console.print(f"schema-checked {report.checked} manifests: {report.checked - custom} against the Kubernetes "
                   f"schemas, {custom} custom resources against their CRDs (unknown fields are errors)")
@@ -83,32 +136,42 @@ def _print_validation(report) -> None:
 
 def cmd_preview(args: argparse.Namespace) -> int:
     if not args.offline:
-        err_console.print("preview without --offline is `pulumi preview`; this tool runs only --offline")
-        return 2
+        raise InputError("preview without --offline is `pulumi preview`; this tool runs only --offline. "
+                         "Fix: add --offline")
     spec = _spec_from_args(args)
     run, items, report = _render_run(spec)
     resources = run.custom()
     by_layer: dict[str, list] = {}
     for r in resources:
         by_layer.setdefault(r.layer, []).append(r)
-    layers = sorted(by_layer, key=lambda x: LAYER_ORDER.index(x) if x in LAYER_ORDER else len(LAYER_ORDER))
-    tree = Tree(f"[bold]pdstack-{spec.environment.name}[/bold] ({len(resources)} resources, offline preview under Pulumi mocks)")
-    for layer in layers:
-        group = by_layer[layer]
-        branch = tree.add(f"[cyan]{layer}[/cyan] ({len(group)})")
-        for r in group:
-            branch.add(f"+ {r.type}  {r.name}")
-    console.print(tree)
-    table = Table(title="plan by layer")
-    table.add_column("layer")
-    table.add_column("create", justify="right")
-    table.add_column("kinds")
-    for layer in layers:
-        kinds = Counter(r.type.split(":")[-1] for r in by_layer[layer])
-        table.add_row(layer, str(len(by_layer[layer])), ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    table.add_row("[bold]total[/bold]", f"[bold]{len(resources)}[/bold]", "")
-    console.print(table)
-    _print_validation(report)
+    layers = sorted(by_layer, key=lambda x: (LAYER_ORDER.index(x) if x in LAYER_ORDER else len(LAYER_ORDER), x))
+    kinds = {layer: dict(sorted(Counter(r.type.split(":")[-1] for r in by_layer[layer]).items())) for layer in layers}
+
+    def text() -> None:
+        tree = Tree(f"[bold]pdstack-{spec.environment.name}[/bold] ({len(resources)} resources, offline preview "
+                    "under Pulumi mocks)")
+        for layer in layers:
+            branch = tree.add(f"[cyan]{layer}[/cyan] ({len(by_layer[layer])})")
+            for r in by_layer[layer]:
+                branch.add(f"+ {r.type}  {r.name}")
+        console.print(tree)
+        table = Table(title="plan by layer")
+        table.add_column("layer")
+        table.add_column("create", justify="right")
+        table.add_column("kinds")
+        for layer in layers:
+            table.add_row(layer, str(len(by_layer[layer])), ", ".join(f"{k} {n}" for k, n in kinds[layer].items()))
+        table.add_row("[bold]total[/bold]", f"[bold]{len(resources)}[/bold]", "")
+        console.print(table)
+        _print_validation(report)
+
+    _emit(args, "preview", {
+        "environment": spec.environment.name, "total": len(resources),
+        "layers": [{"layer": layer, "create": len(by_layer[layer]), "kinds": kinds[layer],
+                    "resources": [{"type": r.type, "name": r.name} for r in by_layer[layer]]} for layer in layers],
+        "validation": _validation_data(report)}, text)
+    if args.output != "text":
+        _print_validation(report, args)
     return 0 if report.ok else 1
 
 
@@ -117,110 +180,109 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     spec = _spec_from_args(args)
     _, items, report = _render_run(spec)
-    _print_validation(report)
-    if not report.ok:
-        return 1
     out = Path(args.out)
-    written = write_manifests(items, out)
-    console.print(f"wrote {len(written)} manifests to {out}/")
-    return 0
+    written = write_manifests(items, out) if report.ok else []
+    _emit(args, "render", {"environment": spec.environment.name, "out": str(out),
+                           "files": sorted(str(p.relative_to(out)) for p in written),
+                           "validation": _validation_data(report)},
+          lambda: (_print_validation(report), console.print(f"wrote {len(written)} manifests to {out}/") if written
+                   else err_console.print("nothing written: fix the schema errors above")))
+    if args.output != "text":
+        _print_validation(report, args)
+    return 0 if report.ok else 1
 
 
 def cmd_eplb(args: argparse.Namespace) -> int:
-    import json
-
     from infra.planning.eplb import PlacementError, load_loads, place_experts
 
     spec = _spec_from_args(args)
     pools = spec.deployment.pools()
     if args.role not in pools:
-        err_console.print(f"--role {args.role}: not a pool of this stack ({', '.join(pools)})")
-        return 2
+        raise InputError(f"--role {args.role}: not a pool of this stack. Fix: one of {', '.join(pools)}")
     phase = pools[args.role]
     gpn = spec.hardware.gpus_per_node
+    model = spec.model
     try:
-        loads = load_loads(args.loads)
-        if loads.ndim != 2:
-            raise PlacementError(f"{args.loads}: loads must be [layers][experts], got shape {loads.shape}")
-        if loads.shape[1] != spec.model.num_routed_experts:
-            raise PlacementError(f"{args.loads}: {loads.shape[1]} experts, the model has {spec.model.num_routed_experts}")
-        if loads.shape[0] == spec.model.num_layers and spec.model.num_dense_layers():
-            loads = loads[spec.model.num_dense_layers():]  # a recorder dump: dense rows carry no load
-        if loads.shape[0] != spec.model.num_moe_layers:
-            raise PlacementError(f"{args.loads}: {loads.shape[0]} layers; the model has {spec.model.num_moe_layers} "
-                                 f"MoE layers (of {spec.model.num_layers}). Fix: a load file for this model")
+        loads = load_loads(args.loads, model.num_routed_experts)
+        if loads.shape[1] != model.num_routed_experts:
+            raise PlacementError(f"{args.loads}: {loads.shape[1]} experts, the model has {model.num_routed_experts}")
+        if loads.shape[0] == model.num_layers and model.num_dense_layers():
+            loads = loads[model.num_dense_layers():]  # a recorder dump: dense rows carry no load
+        if loads.shape[0] != model.num_moe_layers:
+            raise PlacementError(f"{args.loads}: {loads.shape[0]} layers; the model has {model.num_moe_layers} "
+                                 f"MoE layers (of {model.num_layers}). Fix: a load file for this model")
         result = place_experts(loads, phase.redundant_experts, phase.nodes_per_instance(gpn),
-                               phase.gpus_per_instance(), spec.model.num_expert_groups, policy=args.policy)
-    except (PlacementError, OSError, ValueError) as exc:
-        err_console.print(f"[red]eplb: {escape(str(exc))}[/red]")
-        return 2
+                               phase.gpus_per_instance(), model.num_expert_groups, policy=args.policy)
+    except PlacementError as exc:
+        raise InputError(f"eplb: {exc}") from None
     out = Path(args.out)
+    report_path = out.with_suffix(".report.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.engine_file(spec.model.num_layers)))
+    out.write_text(json.dumps(result.engine_file(model.num_layers)))
     report = result.report()
-    out.with_suffix(".report.json").write_text(json.dumps(report, indent=1))
-    table = Table(title=f"expert placement, {args.role}: {result.policy} policy, {report['slots']} slots on {report['gpus']} GPUs")
-    for col in ("", "mean imbalance", "worst imbalance"):
-        table.add_column(col)
-    for label, key in (("before (engine default)", "imbalance_before"), ("after", "imbalance_after")):
-        table.add_row(label, f"{report[key]['mean']:.3f}", f"{report[key]['worst']:.3f}")
-    console.print(table)
-    console.print(f"wrote {out} (set deployment.{args.role}.expert_placement to it) and {out.with_suffix('.report.json')}")
+    report_path.write_text(json.dumps(report, indent=1))
+
+    def text() -> None:
+        table = Table(title=f"expert placement, {args.role}: {result.policy} policy, {report['slots']} slots on "
+                            f"{report['gpus']} GPUs")
+        for col in ("", "mean imbalance", "worst imbalance"):
+            table.add_column(col)
+        for label, key in (("before (engine default)", "imbalance_before"), ("after", "imbalance_after")):
+            table.add_row(label, f"{report[key]['mean']:.3f}", f"{report[key]['worst']:.3f}")
+        console.print(table)
+        console.print(f"wrote {out} (set deployment.{args.role}.expert_placement to it) and {report_path}")
+
+    _emit(args, "eplb", {"role": args.role, "placement_file": str(out), "report_file": str(report_path), **report},
+          text)
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    import yaml
-
     from infra.planning.pd_ratio import SLO, PlanError, Workload, plan
-    from infra.spec import parse_spec
 
     spec = _spec_from_args(args)
     dep = spec.deployment
     if dep.mode != "disaggregated":
-        err_console.print("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
-        return 2
+        raise InputError("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
+    workload = load_model(args.workload, Workload, "workload")
     try:
-        workload = Workload.model_validate(yaml.safe_load(Path(args.workload).read_text()))
         result = plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user),
                       dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                       current=(dep.prefill.instances, dep.decode.instances))
-    except (PlanError, OSError) as exc:
-        err_console.print(f"[red]plan: {escape(str(exc))}[/red]")
-        return 2
-    except ValueError as exc:  # pydantic: the workload file's field and problem
-        err_console.print(f"[red]plan: {escape(str(args.workload))}: {escape(str(exc))}[/red]")
-        return 2
-    table = Table(title=f"PD plan for {spec.environment.name} (TPOT target {result.tpot_target_ms:g} ms)")
-    for col in ("phase", "now", "recommended", "GPUs", "utilisation", "headroom"):
-        table.add_column(col)
-    table.add_row("prefill", str(dep.prefill.instances), str(result.prefill_instances), str(result.prefill_gpus),
-                  f"{result.prefill_utilisation:.0%}", f"{result.prefill_headroom:.0%}")
-    table.add_row("decode", str(dep.decode.instances), str(result.decode_instances), str(result.decode_gpus),
-                  f"{result.decode_utilisation:.0%}", f"{result.decode_headroom:.0%}")
-    console.print(table)
-    console.print(f"card ratio {result.pd_ratio} (spec says {dep.pd_ratio})")
-    console.print(f"with today's counts: prefill {result.current_prefill_utilisation:.0%}, decode "
-                  f"{result.current_decode_utilisation:.0%} busy; bottleneck is {result.current_bottleneck}")
+    except PlanError as exc:
+        raise InputError(f"plan: {args.workload}: {exc}") from None
+    written, notes = None, []
     if args.write:
-        data = spec.model_dump(mode="json", exclude_defaults=False)
-        data["deployment"]["prefill"]["instances"] = result.prefill_instances
-        data["deployment"]["decode"]["instances"] = result.decode_instances
-        data["deployment"]["pd_ratio"] = result.pd_ratio
-        for role, n in (("prefill", result.prefill_instances), ("decode", result.decode_instances)):
-            scaling = data["deployment"][role].get("scaling")
-            if scaling:
-                scaling["max_instances"] = max(scaling["max_instances"], n)
-                scaling["min_instances"] = min(scaling["min_instances"], n)
-        bounds = data["deployment"]["autoscaling"]["pd_ratio_bounds"]
-        recommended = Fraction(result.prefill_gpus, result.decode_gpus)
-        for side, outside in (("min", lambda b: recommended < b), ("max", lambda b: recommended > b)):
-            if outside(ratio_value(bounds[side])):
-                console.print(f"[yellow]widened pd_ratio_bounds.{side} from {bounds[side]} to {result.pd_ratio}[/yellow]")
-                bounds[side] = result.pd_ratio
-        parse_spec(data)  # the written spec must itself be valid; nothing is written otherwise
-        Path(args.write).write_text(yaml.safe_dump(data, sort_keys=False))
-        console.print(f"wrote {args.write}")
+        from infra.spec_edit import write_counts
+
+        notes = write_counts(args.spec_path or args.spec or stack_spec_path(args.stack), args.write, result)
+        written = args.write
+    phases = {role: {"now": getattr(dep, role).instances, "recommended": getattr(result, f"{role}_instances"),
+                     "gpus": getattr(result, f"{role}_gpus"), "utilisation": getattr(result, f"{role}_utilisation"),
+                     "headroom": getattr(result, f"{role}_headroom")} for role in ("prefill", "decode")}
+
+    def text() -> None:
+        table = Table(title=f"PD plan for {spec.environment.name} (TPOT target {result.tpot_target_ms:g} ms)")
+        for col in ("phase", "now", "recommended", "GPUs", "utilisation", "headroom"):
+            table.add_column(col)
+        for role, p in phases.items():
+            table.add_row(role, str(p["now"]), str(p["recommended"]), str(p["gpus"]), f"{p['utilisation']:.0%}",
+                          f"{p['headroom']:.0%}")
+        console.print(table)
+        console.print(f"card ratio {result.pd_ratio} (spec says {dep.pd_ratio})")
+        console.print(f"with today's counts: prefill {result.current_prefill_utilisation:.0%}, decode "
+                      f"{result.current_decode_utilisation:.0%} busy; bottleneck is {result.current_bottleneck}")
+        for note in notes:
+            console.print(f"[yellow]{escape(note)}[/yellow]")
+        if written:
+            console.print(f"wrote {written}")
+
+    _emit(args, "plan", {"environment": spec.environment.name, "tpot_target_ms": result.tpot_target_ms,
+                         "phases": phases, "pd_ratio": {"recommended": result.pd_ratio, "spec": dep.pd_ratio},
+                         "current": {"prefill_utilisation": result.current_prefill_utilisation,
+                                     "decode_utilisation": result.current_decode_utilisation,
+                                     "bottleneck": result.current_bottleneck},
+                         "written": written, "notes": notes}, text)
     return 0
 
 
@@ -231,8 +293,8 @@ EXIT_FAILED, EXIT_REFUSED = 1, 3  # a rollout that stopped (and rolled back) / a
 
 def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
+    for i, col in enumerate(columns):  # only the last (free text) column may wrap: no cut times or names
+        table.add_column(col, no_wrap=i < len(columns) - 1)
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -253,8 +315,10 @@ def _changing(args: argparse.Namespace, spec: StackSpec, action) -> int:
     store = _store(args, spec)
     try:
         cluster = PulumiCluster(args.pulumi_stack, store) if args.pulumi_stack else load_simulated(args.sim)
-    except (OSError, ValueError, KeyError) as exc:  # a directory, junk, or another program's JSON
-        raise UsageError(f"--sim {args.sim}: not a simulated cluster file ({type(exc).__name__}: {exc}). Nothing "
+    except InputError as exc:  # a folder, not UTF-8, not JSON
+        raise InputError(f"--sim {exc}. Nothing was changed") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # another program's JSON
+        raise InputError(f"--sim {args.sim}: not a simulated cluster file (no {exc} as pdctl writes it). Nothing "
                          "was changed. Fix: point --sim at a file pdctl wrote, or at a new path") from None
     try:
         action(store, cluster)
@@ -313,16 +377,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     spec = _spec_from_args(args)
     if args.force and not args.abort:
-        raise UsageError("rollout: --force only goes with --abort (to take over a stuck operation's lease). "
+        raise InputError("rollout: --force only goes with --abort (to take over a stuck operation's lease). "
                          "Fix: drop --force, or add --abort")
     if args.abort and args.resume:
-        raise UsageError("rollout: --resume and --abort are opposites. Fix: pick one")
+        raise InputError("rollout: --resume and --abort are opposites. Fix: pick one")
     if args.abort:
         from infra.rollout.rollback import abort
 
         return _changing(args, spec, lambda store, cluster: abort(store, cluster, console=console, force=args.force))
     if not args.prometheus:
-        raise UsageError("rollout: --prometheus is required (the canary gates read it). Fix: e.g. "
+        raise InputError("rollout: --prometheus is required (the canary gates read it). Fix: e.g. "
                          "--prometheus http://prometheus.monitoring.svc:9090")
     if args.inventory and not _preflight(spec, args.inventory):
         err_console.print("rollout stopped before any change: fix the hosts above")
@@ -330,15 +394,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     try:
         options = RolloutOptions(stages=tuple(int(x) for x in args.stages.split(",")), bake_seconds=args.bake)
     except ValueError as exc:  # checked before anything changes
-        raise UsageError(f"--stages {args.stages} / --bake {args.bake}: {exc}".replace(
+        raise InputError(f"--stages {args.stages} / --bake {args.bake}: {exc}".replace(
             "invalid literal for int() with base 10", "not a whole number")) from None
+    observer = _observer(spec, args)  # an unusable URL is refused here, before anything changes
     if args.resume:  # the unfinished rollout's own spec and stages; --bake applies to what is left
         from infra.rollout.rollout import resume
 
-        return _changing(args, spec, lambda store, cluster: resume(
-            store, cluster, _observer(spec, args), options, console))
+        return _changing(args, spec, lambda store, cluster: resume(store, cluster, observer, options, console))
     return _changing(args, spec, lambda store, cluster: rollout(
-        spec, store, cluster, _observer(spec, args), options, args.message, console))
+        spec, store, cluster, observer, options, args.message, console))
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
@@ -347,9 +411,12 @@ def cmd_canary(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     observe = _observer(spec, args)
     verdict = judge(observe(args.revision), observe(args.baseline) if args.baseline else None, spec.slo)
-    _print_table(f"canary r{args.revision}" + (f" vs r{args.baseline}" if args.baseline else ""),
-                 ("gate", "result", "detail"),
-                 [(g.name, "[green]pass[/green]" if g.passed else "[red]FAIL[/red]", g.detail) for g in verdict.gates])
+    _emit(args, "canary", {"revision": args.revision, "baseline": args.baseline, "passed": verdict.passed,
+                           "gates": verdict.gates},
+          lambda: _print_table(f"canary r{args.revision}" + (f" vs r{args.baseline}" if args.baseline else ""),
+                               ("gate", "result", "detail"),
+                               [(g.name, "[green]pass[/green]" if g.passed else "[red]FAIL[/red]", g.detail)
+                                for g in verdict.gates]))
     return 0 if verdict.passed else EXIT_FAILED
 
 
@@ -365,11 +432,16 @@ def cmd_releases(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     store = _store(args, spec)
     traffic = store.traffic()
-    rows = []
+    revisions = []
     for rev in store.revisions():
         r = store.get(rev)
-        rows.append((str(rev), r.created_at, r.author, store.status(rev) or "", f"{traffic.get(rev, 0)}%", r.message))
-    _print_table(f"releases of {spec.environment.name}", ("revision", "created", "author", "status", "traffic", "message"), rows)
+        revisions.append({"revision": rev, "created_at": r.created_at, "author": r.author,
+                          "status": store.status(rev), "traffic_percent": traffic.get(rev, 0), "message": r.message})
+    _emit(args, "releases", {"environment": spec.environment.name, "revisions": revisions},
+          lambda: _print_table(f"releases of {spec.environment.name}",
+                               ("revision", "created", "author", "status", "traffic", "message"),
+                               [(str(r["revision"]), r["created_at"], r["author"], r["status"] or "",
+                                 f"{r['traffic_percent']}%", r["message"]) for r in revisions]))
     return 0
 
 
@@ -396,10 +468,17 @@ def _time_arg(text: str | None) -> float | None:
     from datetime import datetime, timezone
 
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        moment = datetime.fromisoformat(text)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise InputError(f"--at {text}: neither unix seconds nor an ISO 8601 time. Fix: e.g. "
+                             "--at 2026-12-01T18:00:00Z or --at 1764612000") from None
         return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InputError(f"--at {text}: not a time. Fix: unix seconds since 1970, or an ISO 8601 time")
+    return seconds
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -411,26 +490,41 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     spec = _spec_from_args(args)
     at = _time_arg(args.at)
+    for name in ("idle_below", "idle_instance_share"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and 0 <= value <= (100 if name == "idle_below" else 1)):
+            raise InputError(f"--{name.replace('_', '-')} {value:g}: out of range. Fix: "
+                             + ("a GPU utilisation percentage, 0 to 100" if name == "idle_below" else "a share, 0 to 1"))
+    from infra.rollout.preflight import load_inventory
+
+    inventory = load_inventory(args.inventory) if args.inventory else None  # a bad file is said before any query
     report = cost_report(PrometheusAPI(args.prometheus), spec.environment.namespace, args.window, at,
                          args.idle_below, args.idle_instance_share)
-    _print_table(f"GPU cost of {spec.environment.name}, last {args.window}",
-                 ("role", "GPU-hours", "idle GPU-hours", "idle share", "instances avg", "instances max"),
-                 [(r.role, f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}", f"{r.idle_share:.1%}",
-                   f"{r.avg_instances:.2f}", f"{r.max_instances:.0f}") for r in report.roles])
     total = sum(r.gpu_hours for r in report.roles)
     idle = sum(r.idle_gpu_hours for r in report.roles)
-    console.print(f"total {total:.1f} GPU-hours, {idle:.1f} idle ({idle / total:.1%})" if total else "no GPU samples")
-    _print_table(f"instances idle (GPU util < {args.idle_below:g}%) more than {args.idle_instance_share:.0%} of the time",
-                 ("namespace", "role", "instance", "idle share", "hours seen"),
-                 [(i.namespace, i.role, i.group, f"{i.idle_share:.1%}", f"{i.hours:.1f}") for i in report.idle_instances])
-    if args.inventory:
-        from infra.rollout.preflight import load_inventory
+    stale, unreachable = scan_caches(inventory, spec, at or time.time()) if inventory else ([], [])
 
-        stale, unreachable = scan_caches(load_inventory(args.inventory), spec, at or time.time())
-        _print_table("node cache entries older than their retention", ("host", "what", "path", "age h", "retention h"),
-                     [(s.host, s.what, s.path, f"{s.age_hours:.0f}", f"{s.retention_hours:g}") for s in stale])
-        for line in unreachable:
-            err_console.print(f"[yellow]not scanned: {line}[/yellow]")
+    def text() -> None:
+        _print_table(f"GPU cost of {spec.environment.name}, last {args.window}",
+                     ("role", "GPU-hours", "idle GPU-hours", "idle share", "instances avg", "instances max"),
+                     [(r.role, f"{r.gpu_hours:.1f}", f"{r.idle_gpu_hours:.1f}", f"{r.idle_share:.1%}",
+                       f"{r.avg_instances:.2f}", f"{r.max_instances:.0f}") for r in report.roles])
+        console.print(f"total {total:.1f} GPU-hours, {idle:.1f} idle ({idle / total:.1%})" if total else "no GPU samples")
+        _print_table(f"instances idle (GPU util < {args.idle_below:g}%) more than {args.idle_instance_share:.0%} of "
+                     "the time", ("namespace", "role", "instance", "idle share", "hours seen"),
+                     [(i.namespace, i.role, i.group, f"{i.idle_share:.1%}", f"{i.hours:.1f}")
+                      for i in report.idle_instances])
+        if args.inventory:
+            _print_table("node cache entries older than their retention",
+                         ("host", "what", "path", "age h", "retention h"),
+                         [(e.host, e.what, e.path, f"{e.age_hours:.0f}", f"{e.retention_hours:g}") for e in stale])
+
+    _emit(args, "cost", {"environment": spec.environment.name, "window": args.window,
+                         "roles": [dict(dataclasses.asdict(r), idle_share=r.idle_share) for r in report.roles],
+                         "total_gpu_hours": total, "idle_gpu_hours": idle, "idle_instances": report.idle_instances,
+                         "stale_cache_entries": stale, "not_scanned": unreachable}, text)
+    for line in unreachable:
+        err_console.print(f"[yellow]not scanned: {line}[/yellow]")
     return 0
 
 
@@ -449,26 +543,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pdctl (pdstack) {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_spec(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def with_spec(p: argparse.ArgumentParser, output: bool = False) -> argparse.ArgumentParser:
+        p.add_argument("spec_path", nargs="?", metavar="SPEC", help="path of a spec file (same as --spec)")
         p.add_argument("--stack", default="dev", help="stack name: reads stacks/<stack>.yaml (default dev)")
         p.add_argument("--spec", help="path of a spec file (overrides --stack)")
+        if output:
+            p.add_argument("--output", "-o", choices=["text", "json", "yaml"], default="text",
+                           help="text for a person (default), or a json/yaml document (see README.md)")
         return p
 
-    with_spec(sub.add_parser("validate", help="check a spec; writes nothing")).set_defaults(func=cmd_validate)
-    p = with_spec(sub.add_parser("preview", help="list every resource the program would create"))
+    with_spec(sub.add_parser("validate", help="check a spec; writes nothing"), output=True).set_defaults(func=cmd_validate)
+    p = with_spec(sub.add_parser("preview", help="list every resource the program would create"), output=True)
     p.add_argument("--offline", action="store_true", help="run the program under Pulumi's mocks")
     p.set_defaults(func=cmd_preview)
-    p = with_spec(sub.add_parser("render", help="write every Kubernetes manifest to a folder"))
+    p = with_spec(sub.add_parser("render", help="write every Kubernetes manifest to a folder"), output=True)
     p.add_argument("--out", default="out/manifests", help="folder to write (default out/manifests)")
     p.add_argument("--engine", choices=["sglang", "vllm"], help="render for this engine instead of the spec's")
     p.set_defaults(func=cmd_render)
-    p = with_spec(sub.add_parser("eplb", help="place redundant experts from measured loads"))
+    p = with_spec(sub.add_parser("eplb", help="place redundant experts from measured loads"), output=True)
     p.add_argument("--role", default="decode", help="pool to place for (default decode)")
     p.add_argument("--loads", required=True, help="load file: JSON logical_count or CSV layer,expert,count")
     p.add_argument("--policy", choices=["auto", "hierarchical", "global"], default="auto")
     p.add_argument("--out", required=True, help="placement JSON for the engine; a .report.json goes beside it")
     p.set_defaults(func=cmd_eplb)
-    p = with_spec(sub.add_parser("plan", help="recommend prefill/decode counts from a workload"))
+    p = with_spec(sub.add_parser("plan", help="recommend prefill/decode counts from a workload"), output=True)
     p.add_argument("--workload", required=True, help="workload and measured capacity (see stacks/workloads/)")
     p.add_argument("--write", help="write the spec with the recommended counts to this path")
     p.set_defaults(func=cmd_plan)
@@ -503,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="carry on an unfinished rollout from its recorded canary stage")
     p.add_argument("--force", action="store_true", help="with --abort: take over a live lease (audited)")
     p.set_defaults(func=cmd_rollout)
-    p = gated(with_spec(sub.add_parser("canary", help="judge a revision's gates once, from Prometheus")))
+    p = gated(with_spec(sub.add_parser("canary", help="judge a revision's gates once, from Prometheus"), output=True))
     p.add_argument("--revision", type=int, required=True)
     p.add_argument("--baseline", type=int, help="the serving revision to compare with")
     p.set_defaults(func=cmd_canary)
@@ -511,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", type=int, help="roll back to this revision instead")
     p.add_argument("--force", action="store_true", help="take over a live lease (says whose it was; audited)")
     p.set_defaults(func=cmd_rollback)
-    p = with_spec(sub.add_parser("cost", help="GPU-hours, idle share and stale caches"))
+    p = with_spec(sub.add_parser("cost", help="GPU-hours, idle share and stale caches"), output=True)
     p.add_argument("--prometheus", required=True, help="Prometheus base URL")
     p.add_argument("--window", default="24h", help="how far back (PromQL duration, default 24h)")
     p.add_argument("--at", help="end of the window: unix seconds or ISO time (default now)")
@@ -520,14 +618,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", help="also list stale node cache folders on these hosts (SSH)")
     p.set_defaults(func=cmd_cost)
     with_spec(sub.add_parser("policy", help="run the policy pack's rules on the offline preview")).set_defaults(func=cmd_policy)
-    p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"))
+    p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"), output=True)
     p.add_argument("--releases", help=RELEASES_HELP)
     p.set_defaults(func=cmd_releases)
     return parser
-
-
-class UsageError(ValueError):
-    """An option or input a command cannot use; nothing was changed."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -540,9 +634,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (SpecError, UsageError) as exc:
+    except (SpecError, InputError) as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return 2
+    except OSError as exc:  # a disk that is full, read-only or gone, while writing an output
+        where = exc.filename or "a file"
+        err_console.print(f"[red]cannot write {escape(str(where))}: {escape(exc.strerror or str(exc))}. Fix: check "
+                          "the disk and the path, then run again[/red]", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
     except (PrometheusError, StoreUnavailable) as exc:
         err_console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
         return EXIT_FAILED

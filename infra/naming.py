@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
+# The naming rules of the systems we name things in, in one place.
+# S3: docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html (3-63, lower case, digits, . and -).
+S3_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+# Kubernetes: kubernetes.io/docs/concepts/overview/working-with-objects/names/ (RFC 1123 subdomain,
+# 253 at most, each dot-separated label 63 at most) and .../labels/#syntax-and-character-set.
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return bool(_DNS_SUBDOMAIN.fullmatch(name))
+
+
+def is_label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_NAME.fullmatch(name)) and (not prefix or is_dns_subdomain(prefix))
+
 ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode | colocated
 RELEASE_LABEL = "pdstack.io/release"  # pods: the release revision they run (canary gates read it)
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader

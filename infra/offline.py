@@ -56,9 +56,32 @@ class OfflineRun:
 
     def by_kind(self, kind: str) -> list[dict]:
         """Kubernetes manifests of one kind (plain, secrets still wrapped)."""
-        from infra.render.manifests import manifest_of
-
         return [m for m in (manifest_of(r) for r in self.custom()) if m and m["kind"] == kind]
+
+
+# The order kubectl and helm print an object in; other top-level keys follow, sorted.
+_MANIFEST_KEY_ORDER = ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type")
+
+
+def manifest_of(resource: RegisteredResource) -> dict | None:
+    """The manifest a kubernetes:* resource sends to the API server, secrets still wrapped."""
+    if not resource.type.startswith("kubernetes:") or "apiVersion" not in resource.inputs:
+        return None  # providers and other non-object resources
+    fields = {k: v for k, v in resource.inputs.items() if not k.startswith("__")}
+    first = [k for k in _MANIFEST_KEY_ORDER if k in fields]
+    return {k: fields[k] for k in first + sorted(set(fields) - set(first))}
+
+
+def _integers_back(value: Any) -> Any:
+    """Pulumi's wire format (a protobuf Struct) carries every number as a double, so 8000
+    arrives as 8000.0; the providers turn them back, and so does this, for what we render."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integers_back(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integers_back(v) for v in value]
+    return value
 
 
 def fake_secret(seed: str) -> str:
@@ -97,7 +120,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     parent_urn=request.parent,
                     urn=response.urn,
                     custom=bool(request.custom),
-                    inputs=inputs,
+                    inputs=_integers_back(inputs),
                     ignore_changes=tuple(request.ignoreChanges),
                 )
             )
@@ -116,7 +139,9 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev") -> Offlin
     pulumi.runtime.settings.SETTINGS.outputs.clear()
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=True, monitor=monitor)
     _sync_await(run_pulumi_func(program))
-    return OfflineRun(resources=monitor.recorded)
+    # Registrations arrive in whatever order the program's outputs resolve, which differs from
+    # run to run; sorted by URN, previews and renders are byte-identical and can be diffed.
+    return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn))
 
 
 def run_spec(spec: StackSpec, project: str = "pdstack") -> OfflineRun:

@@ -10,6 +10,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from infra.inputs import InputError
+
 
 class PrometheusError(RuntimeError):
     """Prometheus could not answer a query: unreachable, an HTTP error, or not a query result."""
@@ -22,17 +24,30 @@ def _error_text(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
+class PrometheusURLError(PrometheusError, InputError):
+    """The Prometheus URL itself is unusable: an input error, found before any query."""
+
+
 @dataclass(frozen=True)
 class PrometheusAPI:
     url: str  # e.g. http://prometheus.monitoring.svc:9090
     timeout_seconds: float = 10.0
 
+    def __post_init__(self):
+        fix = "Fix: e.g. http://prometheus.monitoring.svc:9090"
+        try:
+            parsed = urllib.parse.urlsplit(self.url)
+            parsed.port  # noqa: B018 - raises for a port out of range
+        except ValueError as exc:
+            raise PrometheusURLError(f"Prometheus URL {self.url!r} is not a URL ({exc}). {fix}") from None
+        if parsed.scheme not in ("http", "https"):
+            raise PrometheusURLError(f"Prometheus URL {self.url!r} has no http:// or https:// scheme. {fix}")
+        if not parsed.hostname:
+            raise PrometheusURLError(f"Prometheus URL {self.url!r} names no host. {fix}")
+
     def vector(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query: (labels, value) for every series it yields, at `at` (unix seconds) or now."""
         params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
-        if urllib.parse.urlparse(self.url).scheme not in ("http", "https"):
-            raise PrometheusError(f"Prometheus URL {self.url!r} has no http:// or https:// scheme. "
-                                  "Fix: e.g. http://prometheus.monitoring.svc:9090")
         endpoint = f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(endpoint, timeout=self.timeout_seconds) as resp:

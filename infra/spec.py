@@ -8,7 +8,6 @@ checked once, here, with messages that name the field and say how to fix it.
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 import urllib.parse
@@ -16,8 +15,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
+from infra.naming import S3_BUCKET_NAME, is_dns_subdomain, is_label_key
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -65,6 +66,34 @@ def _url_without_credentials(v: str | None) -> str | None:
     return v
 
 
+def _service_url(v: str | None) -> str | None:
+    """An http(s) URL of a service (no credentials in it): what a component will connect to."""
+    if v is None:
+        return v
+    try:
+        parsed = urllib.parse.urlsplit(v)
+        parsed.port  # noqa: B018 - raises for a port out of range
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not a URL ({exc}). Fix: e.g. http://name.namespace.svc:port") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{v[:80]!r} is not an http:// or https:// URL with a host. Fix: e.g. "
+                         "http://name.namespace.svc:port")
+    return _url_without_credentials(v)
+
+
+def _dns_subdomain(v: str) -> str:
+    if not is_dns_subdomain(v.removeprefix("*.")):
+        raise ValueError(f"{v[:80]!r} is not a DNS name (lower-case labels of letters, digits and '-', at most 63 "
+                         "each and 253 in all). Fix: correct it")
+    return v
+
+
+def _version_number(v: str) -> str:
+    if not re.fullmatch(r"\d+(\.\d+){0,3}", v):
+        raise ValueError(f"{v[:40]!r} is not a version number. Fix: e.g. 570.124.06 (what nvidia-smi prints)")
+    return v
+
+
 def _cidr_list(v: list[str], example: str) -> list[str]:
     for cidr in v:
         try:
@@ -84,8 +113,6 @@ class SpecError(ValueError):
         super().__init__("invalid spec:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --- model and weights -------------------------------------------------------------------
@@ -94,9 +121,17 @@ class Strict(BaseModel):
 class WeightsSpec(Strict):
     endpoint_url: str = Field(description="S3-compatible endpoint (cloud, Ceph RGW, MinIO).")
 
-    _no_credentials = field_validator("endpoint_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
+    _url = field_validator("endpoint_url")(classmethod(lambda cls, v: _service_url(v)))
     region: str = "us-east-1"
     bucket: str
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_named(cls, v: str) -> str:
+        if not S3_BUCKET_NAME.fullmatch(v):
+            raise ValueError(f"{v[:80]!r} is not an S3 bucket name (3-63 lower-case letters, digits, '.' and '-'). "
+                             "Fix: correct it")
+        return v
     prefix: str = Field(description="Key prefix under which the weight files live.")
     checksum_manifest: str = Field(
         "SHA256SUMS.json", description="Key, relative to prefix, of the sha256 manifest."
@@ -199,6 +234,14 @@ class SupernodeSpec(Strict):
     count: PositiveInt = Field(1, description="NVLink domains this environment may use.")
     topology_label: str = "nvidia.com/gpu.clique"
 
+    @field_validator("topology_label")
+    @classmethod
+    def _label_key(cls, v: str) -> str:
+        if not is_label_key(v):
+            raise ValueError(f"{v[:80]!r} is not a Kubernetes label key ([prefix/]name, the name 63 at most). "
+                             "Fix: e.g. nvidia.com/gpu.clique")
+        return v
+
 
 class FabricSpec(Strict):
     """The RDMA network between nodes: what pods request and what the transfer backends use.
@@ -232,6 +275,8 @@ class HardwareSpec(Strict):
                                  "selected by the node class's capacityReservationSelectorTerms.")
     driver_version: str = Field(description="NVIDIA driver version the preflight expects.")
     cuda_version: str
+
+    _versions = field_validator("driver_version", "cuda_version")(classmethod(lambda cls, v: _version_number(v)))
     nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
     node_class: NodeClassRef = Field(
         NodeClassRef(), description="The Karpenter node class the GPU pools launch from (owned by the platform); "
@@ -289,7 +334,7 @@ class AutoscalingSpec(Strict):
     scaler: Literal["keda", "hpa"] = Field("keda", description="KEDA ScaledObjects, or HPAs on external metrics.")
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
 
-    _no_credentials = field_validator("prometheus_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
+    _url = field_validator("prometheus_url")(classmethod(lambda cls, v: _service_url(v)))
     polling_interval_seconds: PositiveInt = 15
     scale_up_stabilization_seconds: Annotated[int, Field(ge=0)] = 0
     scale_down_stabilization_seconds: PositiveInt = 600
@@ -457,6 +502,9 @@ class ApiKeySpec(Strict):
 class AccessSpec(Strict):
     domains: list[str] = Field(min_length=1)
     tls_secret_name: str = Field(description="Existing Secret with the certificate (cert-manager).")
+
+    _names = field_validator("tls_secret_name")(classmethod(lambda cls, v: _dns_subdomain(v)))
+    _domains = field_validator("domains")(classmethod(lambda cls, v: [_dns_subdomain(d) for d in v]))
     gateway_class: str = Field("envoy-gateway", description="A GatewayClass of Envoy Gateway (its policies carry auth and rate limits).")
     gateway_namespace: str = Field("envoy-gateway-system", description="Where the gateway's proxy pods run.")
     allowlist_cidrs: list[str] = Field(min_length=1)
@@ -492,12 +540,13 @@ class ReleaseStoreSpec(Strict):
                           "AWS_ENDPOINT_URL_S3 in the environment).")
     region: str = "us-east-1"
 
-    _no_credentials = field_validator("url", "endpoint_url")(classmethod(lambda cls, v: _url_without_credentials(v)))
+    _no_credentials = field_validator("url")(classmethod(lambda cls, v: _url_without_credentials(v)))
+    _url = field_validator("endpoint_url")(classmethod(lambda cls, v: _service_url(v)))
 
     @field_validator("url")
     @classmethod
     def _bucket_named(cls, v: str) -> str:
-        if v.startswith("s3://") and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", v[5:].partition("/")[0]):
+        if v.startswith("s3://") and not S3_BUCKET_NAME.fullmatch(v[5:].partition("/")[0]):
             raise ValueError(f"{v}: not an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens). "
                              "Fix: e.g. s3://pdstack-releases/prod")
         if "://" in v and not v.startswith("s3://"):
@@ -531,7 +580,7 @@ class ObservabilitySpec(Strict):
         0.05, description="Share of traces the collector keeps (by trace id, so a request is kept whole).")
     scrape_interval_seconds: PositiveInt = 15
 
-    _no_credentials = field_validator("otlp_endpoint")(classmethod(lambda cls, v: _url_without_credentials(v)))
+    _url = field_validator("otlp_endpoint")(classmethod(lambda cls, v: _service_url(v)))
 
 
 class StackSpec(Strict):
@@ -575,6 +624,35 @@ def _ep_fits_nodes(path: str, ep: int, gpus_per_node: int) -> list[str]:
             f"{path}: {ep} GPUs do not pack onto nodes of {gpus_per_node} GPUs. "
             f"Fix: use a divisor of {gpus_per_node}"
         ]
+    return []
+
+
+def _placement_problems(field: str, placement: Path, model: ModelSpec, slots: int) -> list[str]:
+    """A static expert placement must be what the engine loads for this model and pool: SGLang's
+    --init-expert-location reads one row per hidden layer and one logical expert per physical
+    slot (sglang/srt/eplb/expert_location.py, init_by_mapping) and fails at start otherwise."""
+    from infra.inputs import load_json
+
+    fix = "Fix: write it with `pdctl eplb` for this role"
+    if not placement.exists():
+        return [f"{field}: {placement} does not exist. Fix: write it with `pdctl eplb`, or remove the field (the "
+                "engine's own EPLB then places experts)"]
+    try:
+        rows = load_json(placement, "expert placement")["physical_to_logical_map"]
+    except InputError as exc:
+        return [f"{field}: {exc}"]
+    except (KeyError, TypeError):
+        return [f"{field}: {placement} has no physical_to_logical_map. {fix}"]
+    if not isinstance(rows, list) or len(rows) != model.num_layers:
+        got = len(rows) if isinstance(rows, list) else type(rows).__name__
+        return [f"{field}: {placement} has {got} layers; the model has {model.num_layers}. {fix}"]
+    for layer, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != slots:
+            got = len(row) if isinstance(row, list) else type(row).__name__
+            return [f"{field}: {placement} layer {layer} has {got} slots; this pool has {slots} "
+                    f"({model.num_routed_experts} experts + redundant). {fix}"]
+        if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < model.num_routed_experts for e in row):
+            return [f"{field}: {placement} layer {layer} names an expert outside 0..{model.num_routed_experts - 1}. {fix}"]
     return []
 
 
@@ -808,15 +886,8 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
         path = f"deployment.{role}"
         problems += _ep_fits_nodes(f"{path}.expert_parallel", phase.expert_parallel, hw.gpus_per_node)
         if phase.expert_placement:
-            placement = REPO_ROOT / phase.expert_placement
-            try:
-                json.loads(placement.read_text())
-            except FileNotFoundError:
-                problems.append(f"{path}.expert_placement: {placement} does not exist. Fix: write it with "
-                                f"`pdctl eplb`, or remove the field (the engine's own EPLB then places experts)")
-            except (OSError, UnicodeDecodeError, ValueError) as exc:
-                problems.append(f"{path}.expert_placement: {placement} is not a placement file ({exc}). "
-                                "Fix: write it with `pdctl eplb`")
+            problems += _placement_problems(f"{path}.expert_placement", REPO_ROOT / phase.expert_placement,
+                                            spec.model, spec.model.num_routed_experts + phase.redundant_experts)
         slots = spec.model.num_routed_experts + phase.redundant_experts
         if slots % phase.expert_parallel:
             problems.append(
@@ -901,24 +972,13 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
 # --- loading ------------------------------------------------------------------------------
 
 
-def _format_validation_error(exc: ValidationError) -> list[str]:
-    lines = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key. Fix: remove it or correct its spelling (see infra/spec.py)"
-        elif err["type"] == "missing":
-            msg = "required field is missing. Fix: add it"
-        elif err["type"] == "string_type" and isinstance(err.get("input"), int) and path.endswith(
-                ("pd_ratio", "pd_ratio_bounds.min", "pd_ratio_bounds.max")):
-            msg = (f"is the number {err['input']}: YAML reads an unquoted ratio such as 1:1 as a base-60 number. "
-                   "Fix: quote it, e.g. '1:1'")
-        if path:
-            lines.append(f"{path}: {msg}")
-        else:
-            lines.extend(msg.splitlines())  # cross-field rules carry their own paths
-    return lines
+def _ratio_hint(err: dict) -> str | None:
+    path = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "string_type" and isinstance(err.get("input"), int) and path.endswith(
+            ("pd_ratio", "pd_ratio_bounds.min", "pd_ratio_bounds.max")):
+        return (f"is the number {err['input']}: YAML reads an unquoted ratio such as 1:1 as a base-60 number. "
+                "Fix: quote it, e.g. '1:1'")
+    return None
 
 
 def parse_spec(data: object) -> StackSpec:
@@ -926,18 +986,46 @@ def parse_spec(data: object) -> StackSpec:
     try:
         return StackSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_format_validation_error(exc)) from None
+        raise SpecError(validation_problems(exc, StackSpec, _ratio_hint)) from None
 
 
 def load_spec(path: str | Path) -> StackSpec:
-    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError([f"{path}: no such file. Fix: pass a spec from stacks/"]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError([f"{path}: not valid YAML ({exc}). Fix: correct the syntax"]) from None
+        data = load_yaml_mapping(path, "spec")
+    except InputError as exc:
+        raise SpecError([str(exc)]) from None
     return parse_spec(data)
+
+
+def switch_engine(spec: StackSpec, kind: str) -> tuple[StackSpec, list[str]]:
+    """The same spec for the other engine (`render --engine`): the engine's pinned version, and
+    each setting the other engine cannot use replaced by the nearest one it can, each said."""
+    if kind == spec.engine.kind:
+        return spec, []
+    data = spec.model_dump(mode="json")
+    data["engine"].update(kind=kind, version=PINNED_ENGINE_VERSIONS[kind])
+    dep, notes = data["deployment"], []
+
+    def change(where: dict, key: str, value, field: str, why: str) -> None:
+        notes.append(f"{field}: {where[key]} -> {value} ({why})")
+        where[key] = value
+
+    if kind != "sglang" and dep["load_balancer"]["implementation"] == "sglang_router":
+        change(dep["load_balancer"], "implementation", "gateway_epp", "deployment.load_balancer.implementation",
+               f"sglang_router cannot route {kind}")
+    if kind == "vllm" and dep["load_balancer"]["implementation"] == "gateway_epp" and data["engine"]["kv_transfer"] != "nixl":
+        change(data["engine"], "kv_transfer", "nixl", "engine.kv_transfer", "llm-d's sidecar runs vLLM's P->D hop over NIXL")
+    if kind == "sglang" and dep["cache"]["store"] == "lmcache":
+        change(dep["cache"], "store", "mooncake", "deployment.cache.store", "sglang has no LMCache backend")
+    for role in ("prefill", "decode", "colocated"):
+        if kind == "vllm" and (dep.get(role) or {}).get("expert_placement"):
+            change(dep[role], "expert_placement", None, f"deployment.{role}.expert_placement",
+                   "vllm rebalances experts at runtime")
+    try:
+        return parse_spec(data), notes
+    except SpecError as exc:
+        raise SpecError([f"--engine {kind}: after {'; '.join(notes) or 'the engine switch'}: {p}"
+                         for p in exc.problems]) from None
 
 
 def stack_spec_path(stack: str) -> Path:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -204,3 +207,62 @@ def cuttable_proxy(target_port: int, cut_flag):
         stopping.set()
         thread.join(timeout=2)
         listener.close()
+
+
+# --- Prometheus stand-ins: an HTTP server on 127.0.0.1 answering each query as told ---------------
+
+
+@contextmanager
+def http_server(answer):
+    """A server on 127.0.0.1 whose every GET is answered by `answer(query) -> (status, body)`."""
+    from urllib.parse import parse_qs, urlparse
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            status, body = answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def misbehaving_prometheus(mode: str):
+    """Prometheus answering every query the way `mode` says: 503 with its error body, hang
+    (2 s a query), junk (HTML), or refused (nothing listening)."""
+    if mode == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+
+    def answer(_query: str):
+        if mode == "hang":
+            time.sleep(2)
+        if mode == "503":
+            return 503, b'{"status":"error","errorType":"unavailable","error":"tsdb is closing"}'
+        return 200, b"<html>maintenance</html>"
+
+    with http_server(answer) as url:
+        yield url
+
+
+@contextmanager
+def healthy_prometheus():
+    """Answers every gate query with a passing value (latency quantiles 10 ms, failures 0)."""
+    def answer(query: str):
+        value = "0.01" if "histogram_quantile" in query else "0"
+        return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {}, "value": [time.time(), value]}]}}).encode()
+
+    with http_server(answer) as url:
+        yield url

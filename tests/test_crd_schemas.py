@@ -86,7 +86,7 @@ def first(items: list[dict], kind: str) -> dict:
     ("ScaledObject", lambda m: m["spec"].update(minReplicaCount=-1),
      ": spec.minReplicaCount: -1 is less than the minimum of 0"),
     ("ComputeDomain", lambda m: m["spec"]["channel"].update(allocationMode="Some"),
-     "ComputeDomain/engine-prefill-nvlink: spec.channel.allocationMode: 'Some' is not one of ['All', 'Single']"),
+     "-nvlink: spec.channel.allocationMode: 'Some' is not one of ['All', 'Single']"),
     ("PrometheusRule", lambda m: m["spec"]["groups"][0].update(rule=[]),
      "Additional properties are not allowed ('rule' was unexpected)"),
 ])

@@ -145,7 +145,7 @@ def test_epp_has_prefix_queue_and_kv_scorers_with_spec_weights_and_pd_profiles()
     assert weights["prefix-cache-scorer"] == spec.deployment.load_balancer.weights.prefix_cache
 
 
-def test_pdctl_render_both_engines_on_one_spec(tmp_path):
+def test_pdctl_render_both_engines_on_one_spec(tmp_path, capsys):
     from infra.cli import main
 
     assert main(["render", "--stack", "dev", "--engine", "sglang", "--out", str(tmp_path / "s")]) == 0
@@ -158,9 +158,14 @@ def test_pdctl_render_both_engines_on_one_spec(tmp_path):
     spec_file.write_text(yaml.safe_dump(data))
     assert main(["render", "--spec", str(spec_file), "--engine", "vllm", "--out", str(tmp_path / "v")]) == 0
     assert main(["render", "--spec", str(spec_file), "--engine", "sglang", "--out", str(tmp_path / "s2")]) == 0
-    # the shipped dev spec routes with sglang-router, which vllm cannot use: a clear error
-    assert main(["render", "--stack", "dev", "--engine", "vllm", "--out", str(tmp_path / "bad")]) == 2
-    assert not (tmp_path / "bad").exists()
+    # the shipped dev spec routes with sglang-router, which vllm cannot use: render switches to
+    # the balancer that can (and the transport llm-d's sidecar needs) and says so
+    capsys.readouterr()
+    assert main(["render", "--stack", "dev", "--engine", "vllm", "--out", str(tmp_path / "switched")]) == 0
+    said = capsys.readouterr().err
+    assert "deployment.load_balancer.implementation: sglang_router -> gateway_epp" in said
+    assert "engine.kv_transfer: mooncake -> nixl" in said
+    assert list((tmp_path / "switched").rglob("inferencepool-*.yaml"))
 
 
 def test_kv_hop_timeout_reaches_both_engines():

@@ -28,14 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import pytest
-
 from infra.rollout.cluster import load_simulated
 from infra.rollout.objectstore import BucketStore
 from infra.rollout.releases import ReleaseStore
 from infra.spec import REPO_ROOT
-from tests.servers import cuttable_proxy
-from tests.test_rollout_faults import healthy_prometheus
+from tests.servers import cuttable_proxy, healthy_prometheus
 
 BUCKET = "pdstack-fault-matrix"
 RECOVERIES = ("abort", "resume", "rollback")

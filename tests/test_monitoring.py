@@ -9,9 +9,8 @@ import yaml
 
 from infra.render.flagsets import flagset
 from infra.render.metrics import DCGM_METRICS, ENGINE_METRICS, alert_rules, metric_names_in
-from tests.conftest import stack_data, shipped_run
+from tests.conftest import shipped_run
 from tests.servers import require_binary
-from infra.spec import parse_spec
 
 
 def specs_for_both_engines():

@@ -18,7 +18,7 @@ from infra.rollout.preflight import (
     parse_ibv_devinfo,
     run_preflight,
 )
-from infra.spec import SpecError
+from infra.inputs import InputError
 from tests.servers import free_port
 from tests.ssh_hosts import inventory
 
@@ -100,7 +100,7 @@ def test_hanging_command_times_out_and_other_hosts_still_report(tmp_path, client
 def test_inventory_errors_name_the_field(tmp_path):
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump({"key_file": "k", "known_hosts": "kh", "hosts": [], "colour": "blue"}))
-    with pytest.raises(SpecError) as exc:
+    with pytest.raises(InputError) as exc:
         load_inventory(path)
     text = str(exc.value)
     assert "hosts" in text and "colour" in text

@@ -5,11 +5,7 @@ the audit log; a refused command changes nothing."""
 
 from __future__ import annotations
 
-import http.server
 import os
-import threading
-import time
-from contextlib import contextmanager
 
 import pytest
 from rich.console import Console
@@ -21,53 +17,10 @@ from infra.rollout.releases import ReleaseStore
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, rollout
 from infra.spec import parse_spec
 from tests.conftest import stack_data
-from tests.servers import free_port
+from tests.servers import misbehaving_prometheus
 
 GOOD = Observation(ttft_p99_s=0.2, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0.0)
 OPTIONS = RolloutOptions(stages=(5, 50, 100), bake_seconds=0, poll_seconds=0.01, timeout_scale=0.001)
-
-
-@contextmanager
-def http_server(answer):
-    """A server on 127.0.0.1 whose every GET is answered by `answer(query) -> (status, body)`."""
-    from urllib.parse import parse_qs, urlparse
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            status, body = answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@contextmanager
-def misbehaving_prometheus(mode: str):
-    """Prometheus answering every query the way `mode` says (or not listening at all)."""
-    if mode == "refused":
-        yield f"http://127.0.0.1:{free_port()}"
-        return
-
-    def answer(_query: str):
-        if mode == "hang":
-            time.sleep(2)
-        if mode == "503":
-            return 503, b'{"status":"error","errorType":"unavailable","error":"tsdb is closing"}'
-        return 200, b"<html>maintenance</html>"
-
-    with http_server(answer) as url:
-        yield url
 
 
 @pytest.mark.parametrize("mode, says", [("503", "HTTP 503: tsdb is closing"), ("hang", "did not answer"),
@@ -170,20 +123,6 @@ def test_force_takes_a_live_lease_and_the_old_holder_stops_at_its_next_write(tmp
 # --- SIGKILL at every point where a rollout changes something ----------------------------------
 
 
-@contextmanager
-def healthy_prometheus():
-    """Answers every gate query with a passing value (latency quantiles 10 ms, failures 0)."""
-    import json as _json
-
-    def answer(query: str):
-        value = "0.01" if "histogram_quantile" in query else "0"
-        return 200, _json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {}, "value": [time.time(), value]}]}}).encode()
-
-    with http_server(answer) as url:
-        yield url
-
-
 def test_careless_inputs_are_refused_with_the_fix_and_change_nothing(tmp_path, capsys):
     from infra.cli import main
 
@@ -192,7 +131,8 @@ def test_careless_inputs_are_refused_with_the_fix_and_change_nothing(tmp_path, c
     (tmp_path / "junk.json").write_text("junk")
     for sim in ("dir", "junk.json"):
         assert main(["rollback", "--stack", "dev", "--sim", str(tmp_path / sim), "--releases", str(releases)]) == 2
-        assert "not a simulated cluster file" in capsys.readouterr().err
+        said = capsys.readouterr().err
+        assert "simulated cluster file" in said and "Nothing was changed" in said
     assert main(["rollout", "--stack", "dev", "--sim", str(tmp_path / "c.json"), "--releases", str(releases),
                  "--force", "--prometheus", "http://127.0.0.1:9"]) == 2
     assert "--force only goes with --abort" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from infra.spec import REPO_ROOT
-from tests.test_rollout_faults import healthy_prometheus
+from tests.servers import healthy_prometheus
 
 BUCKET = "pdstack-shared-releases"
 

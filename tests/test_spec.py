@@ -13,12 +13,16 @@ def test_shipped_stacks_parse(spec):
     assert spec.engine.version == "0.5.23"
 
 
-def test_unknown_key_is_an_error_naming_the_path():
+def test_unknown_key_is_an_error_naming_the_path_with_a_did_you_mean():
     data = stack_data("prod")
     data["deployment"]["decode"]["expert_paralel"] = 64
+    data["deployment"]["decode"]["colour"] = "blue"
+    data["access"]["api_keys"][0]["nmae"] = "x"  # inside a list: the list item's own fields
     problems = problems_of(data)
-    assert problems == [
-        "deployment.decode.expert_paralel: unknown key. Fix: remove it or correct its spelling (see infra/spec.py)"
+    assert sorted(problems) == [
+        "access.api_keys.0.nmae: unknown key. Fix: did you mean name?",
+        "deployment.decode.colour: unknown key. Fix: remove it or correct its spelling (see infra/spec.py StackSpec)",
+        "deployment.decode.expert_paralel: unknown key. Fix: did you mean expert_parallel?",
     ]
 
 

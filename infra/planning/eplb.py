@@ -24,7 +24,6 @@ Output: {"physical_to_logical_map": [[...], ...]} for SGLang's `--init-expert-lo
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -215,24 +214,46 @@ def place_experts(weight: np.ndarray, num_redundant: int, num_nodes: int, num_gp
                      fallback_layers=tuple(int(i) for i in np.flatnonzero(worse)))
 
 
-def load_loads(path: str | Path) -> np.ndarray:
-    """Read a load file (JSON or CSV, see the module docstring) into [layers, experts]."""
+def load_loads(path: str | Path, num_experts: int | None = None) -> np.ndarray:
+    """Read a load file (JSON or CSV, see the module docstring) into [layers, experts].
+
+    Every problem names the file (and the CSV line): a bad index would otherwise wrap (numpy
+    reads expert -1 as the last expert) and a NaN would poison the whole placement."""
+    from infra.inputs import load_json, read_text
+
     path = Path(path)
     if path.suffix == ".csv":
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(read_text(path, "load").splitlines()))
         if not rows or set(rows[0]) != {"layer", "expert", "count"}:
-            raise PlacementError(f"{path}: expected a CSV header 'layer,expert,count'")
-        layers = max(int(r["layer"]) for r in rows) + 1
-        experts = max(int(r["expert"]) for r in rows) + 1
-        loads = np.zeros((layers, experts))
-        for r in rows:
-            loads[int(r["layer"]), int(r["expert"])] += float(r["count"])
-        return loads
-    data = json.loads(path.read_text())
-    if "logical_count" not in data:
-        raise PlacementError(f"{path}: expected a JSON object with 'logical_count' [layers][experts]")
-    loads = np.asarray(data["logical_count"], dtype=np.float64)
-    if loads.ndim == 3:
-        loads = loads.sum(axis=0)
+            raise PlacementError(f"{path}: expected a CSV header 'layer,expert,count' and at least one row")
+        cells = []
+        for line, r in enumerate(rows, start=2):
+            try:
+                layer, expert, count = int(r["layer"]), int(r["expert"]), float(r["count"])
+            except (TypeError, ValueError):
+                raise PlacementError(f"{path} line {line}: layer and expert must be whole numbers and count a number "
+                                     f"(got {r['layer']!r}, {r['expert']!r}, {r['count']!r})") from None
+            if layer < 0 or expert < 0 or (num_experts is not None and expert >= num_experts):
+                bound = f"0..{num_experts - 1}" if num_experts else "0 or more"
+                raise PlacementError(f"{path} line {line}: layer {layer}, expert {expert} is out of range "
+                                     f"(experts are {bound}, layers 0 or more)")
+            cells.append((layer, expert, count))
+        loads = np.zeros((max(c[0] for c in cells) + 1, num_experts or max(c[1] for c in cells) + 1))
+        for layer, expert, count in cells:
+            loads[layer, expert] += count
+    else:
+        data = load_json(path, "load")
+        if not isinstance(data, dict) or "logical_count" not in data:
+            raise PlacementError(f"{path}: expected a JSON object with 'logical_count' [layers][experts]")
+        try:
+            loads = np.asarray(data["logical_count"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PlacementError(f"{path}: logical_count must be rows of numbers of equal length "
+                                 "([layers][experts])") from None
+        if loads.ndim == 3:
+            loads = loads.sum(axis=0)
+    if loads.ndim != 2 or 0 in loads.shape:
+        raise PlacementError(f"{path}: loads must be [layers][experts], got shape {list(loads.shape)}")
+    if not np.isfinite(loads).all() or (loads < 0).any():
+        raise PlacementError(f"{path}: loads must be finite, non-negative token counts (found NaN, Inf or a negative)")
     return loads

@@ -21,28 +21,28 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from infra.inputs import Strict
 
 
 class PlanError(ValueError):
     pass
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TokenStats(_Strict):
+class TokenStats(Strict):
     mean: float = Field(gt=0)
     p99: float = Field(gt=0)
 
 
-class DecodePoint(_Strict):
+class DecodePoint(Strict):
     tpot_ms: float = Field(gt=0)
     concurrency: float = Field(gt=0)
 
 
-class Capacity(_Strict):
+class Capacity(Strict):
     prefill_tokens_per_second: float = Field(gt=0, description="per prefill instance")
     decode: list[DecodePoint] = Field(min_length=1, description="per decode instance: slots at a TPOT")
 
@@ -52,14 +52,14 @@ class Capacity(_Strict):
         return sorted(v, key=lambda p: p.tpot_ms)
 
 
-class DayShape(_Strict):
+class DayShape(Strict):
     """How the arrival rate moves over a day: arrival_rate_rps is the peak."""
 
     valley_rps: float = Field(gt=0)
     peak_hour: float = Field(14, ge=0, lt=24)
 
 
-class Workload(_Strict):
+class Workload(Strict):
     arrival_rate_rps: float = Field(gt=0)
     input_tokens: TokenStats
     output_tokens: TokenStats

@@ -18,7 +18,8 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate import utils as kv_utils
 
-from infra.offline import SECRET_PLACEHOLDER, OfflineRun, RegisteredResource, is_secret
+from infra.inputs import InputError
+from infra.offline import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
 from infra.render.crd_schemas import crd_schema
 
 
@@ -42,13 +43,6 @@ def unwrap(value: Any) -> Any:
     if isinstance(value, list):
         return [unwrap(v) for v in value]
     return value
-
-
-def manifest_of(resource: RegisteredResource) -> dict | None:
-    """The manifest a kubernetes:* resource sends to the API server, secrets still wrapped."""
-    if not resource.type.startswith("kubernetes:") or "apiVersion" not in resource.inputs:
-        return None  # providers and other non-object resources
-    return {k: v for k, v in resource.inputs.items() if not k.startswith("__")}
 
 
 def manifests(run: OfflineRun) -> list[dict]:
@@ -126,15 +120,56 @@ def validate_manifests(items: list[dict], kubernetes_version: str) -> Validation
     return report
 
 
+RENDER_INDEX = ".pdstack-render.json"  # what the last render wrote, so the next one can remove it
+
+
+class RenderFolderError(InputError):
+    """The output folder is not one render may write into; nothing was written."""
+
+
+def manifest_path(manifest: dict) -> str:
+    meta = manifest["metadata"]
+    return f"{meta.get('namespace', '_cluster')}/{manifest['kind'].lower()}-{meta['name']}.yaml"
+
+
 def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
-    """One YAML file per manifest, secrets redacted. Returns the written paths."""
+    """One YAML file per manifest, secrets redacted; files an earlier render wrote and this one
+    does not are removed, so the folder holds exactly this render. Returns the written paths.
+
+    The folder is render's own: it keeps an index of what it wrote, and refuses a folder that
+    holds anything else (it never deletes or mixes in a file it did not write)."""
+    import json
+
+    index = out_dir / RENDER_INDEX
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RenderFolderError(f"--out {out_dir}: is a file. Fix: name a folder")
+    previous: set[str] = set()
+    if index.exists():
+        try:
+            previous = set(json.loads(index.read_text())["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise RenderFolderError(f"--out {out_dir}: its {RENDER_INDEX} is unreadable. Fix: remove the folder "
+                                    "and render again") from None
+    if out_dir.is_dir():
+        present = {str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()} - {RENDER_INDEX}
+        foreign = sorted(present - previous)
+        if foreign:
+            raise RenderFolderError(f"--out {out_dir}: holds {len(foreign)} file(s) an earlier render did not write "
+                                    f"(e.g. {foreign[0]}). Nothing was written. Fix: name a new or empty folder")
+    files = {manifest_path(m): yaml.safe_dump(redact(m), sort_keys=False) for m in items}
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for manifest in items:
-        meta = manifest["metadata"]
-        ns = meta.get("namespace", "_cluster")
-        path = out_dir / ns / f"{manifest['kind'].lower()}-{meta['name']}.yaml"
+    # The index first, naming old and new files: a render killed half way leaves a folder the
+    # next render still owns and cleans.
+    index.write_text(json.dumps({"files": sorted(previous | set(files))}, indent=1))
+    for rel, text in files.items():
+        path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(redact(manifest), sort_keys=False))
-        written.append(path)
-    return written
+        path.write_text(text)
+    for rel in sorted(previous - set(files)):
+        (out_dir / rel).unlink(missing_ok=True)
+        try:
+            (out_dir / rel).parent.rmdir()  # only when empty
+        except OSError:
+            pass
+    index.write_text(json.dumps({"files": sorted(files)}, indent=1))
+    return [out_dir / rel for rel in files]

@@ -88,7 +88,8 @@ def cost_report(api: PrometheusAPI, namespace: str, window: str = "24h", at: flo
     lived = _by(api.vector(q["instance_minutes"], at), "namespace", "role", "group")
     idle = _by(api.vector(q["idle_instance_minutes"], at), "namespace", "role", "group")
     flagged = [IdleInstance(*key, idle[key] / minutes, minutes / MINUTES_PER_HOUR)
-               for key, minutes in sorted(lived.items()) if idle.get(key, 0) / minutes > idle_instance_share]
+               for key, minutes in sorted(lived.items())
+               if minutes > 0 and idle.get(key, 0) / minutes > idle_instance_share]  # 0: a series with no samples
     return CostReport(window, roles, flagged)
 
 

@@ -108,14 +108,15 @@ class InMemoryCluster:
 
 def load_simulated(path) -> InMemoryCluster:
     """The simulated cluster saved at `path` (a new, empty one if the file does not exist)."""
-    import json
     from pathlib import Path
 
     path = Path(path)
     sweep_dead_writers(path.parent.glob(f"{path.name}.*.tmp"))
     if not path.exists():
         return InMemoryCluster(saved_to=str(path))
-    data = json.loads(path.read_text())
+    from infra.inputs import load_json
+
+    data = load_json(path, "simulated cluster")
     now = time.monotonic()
     cluster = InMemoryCluster(apply_latency=data["apply_latency"], ready_latency=data["ready_latency"],
                               unhealthy=set(data["unhealthy"]), saved_to=str(path))

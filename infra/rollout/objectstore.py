@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from infra.naming import S3_BUCKET_NAME
 from infra.rollout.faultpoints import before_change, sweep_dead_writers
 
 
@@ -224,5 +225,10 @@ def open_store(url: str, endpoint_url: str | None = None, region: str = "us-east
     """`s3://bucket/prefix` -> a bucket; anything else -> a folder (relative to the caller's directory)."""
     if url.startswith("s3://"):
         bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not S3_BUCKET_NAME.fullmatch(bucket):
+            from infra.inputs import InputError
+
+            raise InputError(f"release store {url}: {bucket!r} is not an S3 bucket name (3-63 lower-case letters, "
+                             "digits, '.' and '-'). Fix: s3://<bucket>/<prefix>")
         return BucketStore(bucket, prefix, endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or None, region)
     return FolderStore(Path(url))

@@ -24,26 +24,22 @@ from pathlib import Path
 from typing import Annotated, Callable
 
 import paramiko
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from infra.spec import SpecError, StackSpec
+from infra.inputs import Strict, load_model
+from infra.spec import StackSpec
 
 # --- inventory ----------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HostEntry(_Strict):
+class HostEntry(Strict):
     name: str
     address: str
     port: Annotated[int, Field(gt=0, lt=65536)] | None = None
     user: str | None = None
 
 
-class Inventory(_Strict):
+class Inventory(Strict):
     """GPU nodes to check, and how to reach them. Lives next to the stack (per cluster)."""
 
     user: str = "root"
@@ -58,14 +54,7 @@ class Inventory(_Strict):
 
 def load_inventory(path: str | Path) -> Inventory:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-        inventory = Inventory.model_validate(data)
-    except FileNotFoundError:
-        raise SpecError([f"{path}: no such inventory. Fix: pass --inventory with the GPU hosts"]) from None
-    except ValidationError as exc:
-        raise SpecError([f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}. Fix: see infra/rollout/preflight.py Inventory"
-                         for e in exc.errors()]) from None
+    inventory = load_model(path, Inventory, "inventory")
     base = path.parent
     resolve = lambda p: str((base / Path(p).expanduser()).resolve())  # noqa: E731  relative to the inventory
     return inventory.model_copy(update={"key_file": resolve(inventory.key_file), "known_hosts": resolve(inventory.known_hosts)})

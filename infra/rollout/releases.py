@@ -113,7 +113,8 @@ def store_for(spec: StackSpec, override: str | None = None) -> "ReleaseStore":
     if not url.startswith("s3://"):
         base = Path(url) if override else REPO_ROOT / url
         return ReleaseStore(spec.environment.name, base.resolve())
-    objects = open_store(f"{url.rstrip('/')}/{spec.environment.name}", where.endpoint_url, where.region)
+    bucket_and_prefix = url[len("s3://"):].strip("/")
+    objects = open_store(f"s3://{bucket_and_prefix}/{spec.environment.name}", where.endpoint_url, where.region)
     return ReleaseStore(spec.environment.name, objects=objects)
 
 

@@ -1,0 +1,72 @@
+"""Changing a spec file the way an operator would by hand: `pdctl plan --write` changes the
+counts and keeps everything else, comments and layout included (ruamel.yaml's round trip),
+so the result reads as a small diff in review."""
+
+from __future__ import annotations
+
+import io
+import os
+from fractions import Fraction
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
+
+from infra.inputs import InputError, read_text
+from infra.spec import SpecError, load_spec, parse_spec, ratio_value
+
+
+def _quoted(ratio: str, like) -> str:
+    """Quoted as the operator quoted the value it replaces: unquoted, PyYAML (YAML 1.1, what
+    the spec is read with) would read 1:2 as the base-60 number 62."""
+    return (DoubleQuotedScalarString if isinstance(like, DoubleQuotedScalarString) else SingleQuotedScalarString)(ratio)
+
+
+def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
+    """Write `source` with the plan's instance counts and card ratio to `target`; scaling
+    bounds and pd_ratio_bounds widened where the new counts fall outside them. Returns
+    what was widened. The written spec is validated first; nothing is written otherwise."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        raise InputError(f"--write {target}: the folder {target.parent} does not exist. Nothing was written. "
+                         "Fix: create it, or write elsewhere")
+    if target.is_dir():
+        raise InputError(f"--write {target}: is a folder. Fix: name a file")
+    yaml = YAML()  # round trip: comments, key order and flow style kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-fold a long line the operator wrote
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the shipped specs' layout: "  key:\n    - item"
+    doc = yaml.load(read_text(source, "spec"))
+    dep = doc["deployment"]
+    notes = []
+    for role in ("prefill", "decode"):
+        n = getattr(result, f"{role}_instances")
+        dep[role]["instances"] = n
+        scaling = dep[role].get("scaling")
+        if scaling is not None:
+            for bound, keep in (("max_instances", max), ("min_instances", min)):
+                if bound in scaling and keep(scaling[bound], n) != scaling[bound]:
+                    notes.append(f"widened deployment.{role}.scaling.{bound} from {scaling[bound]} to {n}")
+                    scaling[bound] = n
+    dep["pd_ratio"] = _quoted(result.pd_ratio, dep.get("pd_ratio"))
+    bounds = (dep.get("autoscaling") or {}).get("pd_ratio_bounds")
+    if bounds is not None:
+        recommended = Fraction(result.prefill_gpus, result.decode_gpus)
+        for side, outside in (("min", lambda b: recommended < b), ("max", lambda b: recommended > b)):
+            if side in bounds and outside(ratio_value(str(bounds[side]))):
+                notes.append(f"widened pd_ratio_bounds.{side} from {bounds[side]} to {result.pd_ratio}")
+                bounds[side] = _quoted(result.pd_ratio, bounds[side])
+    buffer = io.StringIO()
+    yaml.dump(doc, buffer)
+    text = buffer.getvalue()
+    import yaml as pyyaml  # the spec's own reader decides whether the result is valid
+
+    try:
+        parse_spec(pyyaml.safe_load(text))
+    except SpecError as exc:
+        raise SpecError([f"--write {target}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
+    load_spec(target)
+    return notes

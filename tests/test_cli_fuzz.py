@@ -1,0 +1,353 @@
+"""Every pdctl subcommand over a generated corpus of bad inputs, the way a fuzzer would: wrong
+types, missing files, folders, binary, UTF-16 and Latin-1 files, truncated YAML and JSON,
+extreme numbers, NaN and infinity, corrupt release stores and Prometheus servers on 127.0.0.1
+that refuse, hang, answer 503 or junk.
+
+Each case asserts what README.md documents for pdctl: no traceback (and no "unexpected
+error", the boundary's last resort, which would mean an input nobody thought of), the exit
+code (2 an input or option is wrong, 1 a check or a dependency failed, 3 refused), and no
+file created or changed anywhere the command can write (its working folder, the corpus, the
+stacks folder)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.cli import main
+from infra.spec import REPO_ROOT
+from tests.conftest import stack_data
+from tests.servers import healthy_prometheus, misbehaving_prometheus
+
+BAD, FAILED, REFUSED = 2, 1, 3
+
+# --- files that are wrong in every way a file can be ------------------------------------------
+
+BAD_FILES = {  # name -> bytes (None: the path does not exist; "dir": a folder)
+    "missing.yaml": None,
+    "folder.yaml": "dir",
+    "empty.yaml": b"",
+    "blank.yaml": b"   \n\n",
+    "binary.yaml": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x01",
+    "utf16.yaml": "environment: {name: dev}\n".encode("utf-16"),
+    "latin1.yaml": "environment: {name: caf\xe9}\n".encode("latin-1"),
+    "truncated.yaml": b"environment:\n  name: dev\n  namespace: [pdstack-dev,\n",
+    "tabs.yaml": b"environment:\n\tname: dev\n",
+    "list.yaml": b"- 1\n- 2\n",
+    "scalar.yaml": b"42\n",
+    "truncated.json": b'{"logical_count": [[1, 2], [3',
+    "nan.json": b'{"logical_count": [[NaN, 1]]}',
+    "huge.yaml": b"x: " + b"9" * 5000 + b"\n",
+    "deep.yaml": b"a: " + b"[" * 200 + b"]" * 200 + b"\n",
+}
+
+SPEC_COMMANDS = {  # each subcommand with the other options it needs, and what it does given a bad spec
+    "validate": [],
+    "preview": ["--offline"],
+    "render": ["--out", "{W}/out"],
+    "policy": [],
+    "eplb": ["--loads", "{C}/loads.json", "--out", "{W}/p.json"],
+    "plan": ["--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")],
+    "releases": ["--releases", "{W}/releases"],
+    "preflight": ["--inventory", "{C}/inventory.yaml"],
+    "canary": ["--prometheus", "http://127.0.0.1:9", "--revision", "1"],
+    "cost": ["--prometheus", "http://127.0.0.1:9"],
+    "rollout": ["--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus", "http://127.0.0.1:9"],
+    "rollback": ["--sim", "{W}/sim.json", "--releases", "{W}/releases"],
+}
+
+
+def _cases():
+    cases = []
+    for name in BAD_FILES:
+        for command, rest in SPEC_COMMANDS.items():
+            cases.append((f"{command}-spec-{name}", [command, "--spec", f"{{C}}/{name}", *rest], BAD))
+        cases.append((f"positional-spec-{name}", ["validate", f"{{C}}/{name}"], BAD))
+        cases.append((f"eplb-loads-{name}", ["eplb", "--stack", "prod", "--loads", f"{{C}}/{name}",
+                                             "--out", "{W}/p.json"], BAD))
+        cases.append((f"plan-workload-{name}", ["plan", "--stack", "prod", "--workload", f"{{C}}/{name}"], BAD))
+        cases.append((f"preflight-inventory-{name}", ["preflight", "--inventory", f"{{C}}/{name}"], BAD))
+        cases.append((f"cost-inventory-{name}", ["cost", "--prometheus", "{PROM_OK}", "--inventory",
+                                                 f"{{C}}/{name}"], BAD))
+        if BAD_FILES[name] is not None:  # a missing --sim file is a new simulated cluster
+            cases.append((f"rollback-sim-{name}", ["rollback", "--sim", f"{{C}}/{name}", "--releases",
+                                                   "{W}/releases"], BAD))
+    for name in LOAD_FILES:
+        cases.append((f"eplb-{name}", ["eplb", "--stack", "prod", "--loads", f"{{C}}/{name}", "--out",
+                                       "{W}/p.json"], BAD))
+    for name in WORKLOAD_BREAKS:
+        cases.append((f"plan-{name}", ["plan", "--stack", "prod", "--workload", f"{{C}}/workload-{name}.yaml"], BAD))
+    for name in INVENTORY_BREAKS:
+        cases.append((f"preflight-{name}", ["preflight", "--inventory", f"{{C}}/inventory-{name}.yaml"], BAD))
+    options = [
+        ("stages-words", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                          "{PROM_OK}", "--stages", "one,two"], BAD),
+        ("stages-down", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                         "{PROM_OK}", "--stages", "50,5,100"], BAD),
+        ("stages-empty", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                          "{PROM_OK}", "--stages", ""], BAD),
+        ("stages-huge", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                         "{PROM_OK}", "--stages", "1" + "0" * 400], BAD),
+        *[(f"bake-{v}", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                         "{PROM_OK}", "--bake", v], BAD) for v in ("-1", "nan", "inf", "1e400", "soon")],
+        ("rollout-no-prometheus", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases"], BAD),
+        ("rollout-resume-abort", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--resume",
+                                  "--abort"], BAD),
+        ("rollout-force-alone", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                                 "{PROM_OK}", "--force"], BAD),
+        ("rollout-resume-nothing", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                                    "{PROM_OK}", "--resume"], REFUSED),
+        ("rollout-abort-nothing", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--abort"],
+         REFUSED),
+        ("rollout-two-places", ["rollout", "--sim", "{W}/sim.json", "--pulumi-stack", "dev"], BAD),
+        ("rollback-nothing", ["rollback", "--sim", "{W}/sim.json", "--releases", "{W}/releases"], REFUSED),
+        ("rollback-to-unknown", ["rollback", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--to", "7"],
+         REFUSED),
+        ("rollback-to-words", ["rollback", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--to", "seven"],
+         BAD),
+        ("canary-revision-words", ["canary", "--prometheus", "{PROM_OK}", "--revision", "latest"], BAD),
+        ("cost-at-words", ["cost", "--prometheus", "{PROM_OK}", "--at", "yesterday"], BAD),
+        ("cost-at-nan", ["cost", "--prometheus", "{PROM_OK}", "--at", "nan"], BAD),
+        ("cost-at-negative", ["cost", "--prometheus", "{PROM_OK}", "--at", "-5"], BAD),
+        ("cost-idle-below-nan", ["cost", "--prometheus", "{PROM_OK}", "--idle-below", "nan"], BAD),
+        ("cost-idle-below-200", ["cost", "--prometheus", "{PROM_OK}", "--idle-below", "200"], BAD),
+        ("cost-share-2", ["cost", "--prometheus", "{PROM_OK}", "--idle-instance-share", "2"], BAD),
+        ("eplb-bad-role", ["eplb", "--stack", "prod", "--role", "encoder", "--loads", "{C}/loads.json",
+                           "--out", "{W}/p.json"], BAD),
+        ("eplb-bad-policy", ["eplb", "--stack", "prod", "--policy", "best", "--loads", "{C}/loads.json",
+                             "--out", "{W}/p.json"], BAD),
+        ("plan-colocated", ["plan", "--spec", "{C}/colocated.yaml", "--workload",
+                            str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")], BAD),
+        ("plan-write-missing-folder", ["plan", "--stack", "prod", "--workload",
+                                       str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--write",
+                                       "{W}/no/such/spec.yaml"], BAD),
+        ("plan-write-folder", ["plan", "--stack", "prod", "--workload",
+                               str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--write", "{C}/folder.yaml"], BAD),
+        ("render-out-is-file", ["render", "--stack", "dev", "--out", "{C}/empty.yaml"], BAD),
+        ("render-out-foreign", ["render", "--stack", "dev", "--out", "{C}/foreign"], BAD),
+        ("render-engine-unknown", ["render", "--stack", "dev", "--engine", "trt", "--out", "{W}/out"], BAD),
+        ("preview-not-offline", ["preview", "--stack", "dev"], BAD),
+        ("unknown-stack", ["validate", "--stack", "staging"], BAD),
+        ("stack-path-escape", ["validate", "--stack", "../../etc/passwd"], BAD),
+        ("two-specs", ["validate", str(REPO_ROOT / "stacks/dev.yaml"), "--spec", str(REPO_ROOT / "stacks/prod.yaml")],
+         BAD),
+        ("unknown-command", ["deploy"], BAD),
+        ("no-command", [], BAD),
+        ("output-xml", ["validate", "--output", "xml"], BAD),
+        *[(f"releases-{name}", ["releases", "--releases", where], code) for name, where, code in (
+            ("s3-no-bucket", "s3://", BAD), ("s3-bad-bucket", "s3://Bad_Bucket/x", BAD),
+            ("a-file", "{C}/empty.yaml", FAILED), ("corrupt-state", "{C}/store-corrupt-state", REFUSED),
+            ("corrupt-revision", "{C}/store-corrupt-revision", REFUSED), ("stray-file", "{C}/store-stray", 0))],
+        *[(f"rollout-on-{name}", ["rollout", "--sim", "{W}/sim.json", "--releases", where, "--prometheus", "{PROM_OK}",
+                                  "--bake", "0"], code) for name, where, code in (
+            ("corrupt-state", "{C}/store-corrupt-state", REFUSED),)],
+    ]
+    cases += options
+    for mode, code in (("refused", FAILED), ("503", FAILED), ("junk", FAILED), ("hang", FAILED)):
+        cases.append((f"canary-prometheus-{mode}", ["canary", "--prometheus", f"{{PROM_{mode}}}", "--revision", "1"],
+                      code))
+        cases.append((f"cost-prometheus-{mode}", ["cost", "--prometheus", f"{{PROM_{mode}}}"], code))
+    for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999"):
+        cases.append((f"canary-url-{url}", ["canary", "--prometheus", url, "--revision", "1"], BAD))
+        cases.append((f"rollout-url-{url}", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases",
+                                             "--prometheus", url], BAD))
+    return cases
+
+
+LOAD_FILES = {  # load files that parse, but are not loads for this model (256 experts, 58 MoE layers)
+    "loads-1d.json": json.dumps({"logical_count": [1, 2, 3]}),
+    "loads-ragged.json": json.dumps({"logical_count": [[1, 2], [3]]}),
+    "loads-negative.json": json.dumps({"logical_count": [[-1] * 256] * 58}),
+    "loads-strings.json": json.dumps({"logical_count": [["a"] * 256] * 58}),
+    "loads-empty.json": json.dumps({"logical_count": []}),
+    "loads-wrong-experts.json": json.dumps({"logical_count": [[1] * 255] * 58}),
+    "loads-wrong-layers.json": json.dumps({"logical_count": [[1] * 256] * 7}),
+    "loads-not-object.json": json.dumps([[1] * 256] * 58),
+    "loads-inf.json": '{"logical_count": [[Infinity, 1]]}',
+    "loads-minus1.csv": "layer,expert,count\n0,-1,5\n",  # numpy would read -1 as the last expert
+    "loads-too-high.csv": "layer,expert,count\n0,999,5\n",
+    "loads-junk.csv": "layer,expert,count\nzero,one,two\n",
+    "loads-header.csv": "a,b,c\n1,2,3\n",
+    "loads-short.csv": "layer,expert,count\n0,1\n",
+    "loads-nan.csv": "layer,expert,count\n0,1,nan\n",
+}
+
+WORKLOAD_BREAKS = {
+    "rate-nan": lambda w: w.update(arrival_rate_rps=math.nan),
+    "rate-inf": lambda w: w.update(arrival_rate_rps=math.inf),
+    "rate-zero": lambda w: w.update(arrival_rate_rps=0),
+    "rate-words": lambda w: w.update(arrival_rate_rps="lots"),
+    "headroom-one": lambda w: w.update(headroom=1),
+    "tokens-negative": lambda w: w["input_tokens"].update(mean=-3),
+    "tokens-missing": lambda w: w.pop("output_tokens"),
+    "capacity-empty": lambda w: w["capacity"]["decode"].clear(),
+    "capacity-typo": lambda w: w["capacity"].update(prefil_tokens_per_second=1),
+    "decode-negative": lambda w: w["capacity"]["decode"].append({"tpot_ms": 30, "concurrency": -5}),
+    "decode-huge-number": lambda w: w["capacity"]["decode"][0].update(concurrency=10 ** 400),
+}
+
+INVENTORY_BREAKS = {
+    "no-hosts": lambda i: i.update(hosts=[]),
+    "port-words": lambda i: i.update(port="ssh"),
+    "port-huge": lambda i: i.update(port=70000),
+    "timeout-nan": lambda i: i.update(timeout_seconds=math.nan),
+    "host-typo": lambda i: i["hosts"][0].update(adress="10.0.0.1"),
+    "hosts-scalar": lambda i: i.update(hosts="h100-dev-0"),
+}
+
+
+def _tree(*roots: Path) -> dict[str, str]:
+    """Every file and folder under `roots`: path -> content hash (or "dir")."""
+    seen = {}
+    for root in roots:
+        for path in [root, *root.rglob("*")]:
+            if path.is_dir():
+                seen[str(path)] = "dir"
+            elif path.exists():
+                seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from infra.rollout.releases import ReleaseStore
+    from infra.spec import parse_spec
+
+    root = tmp_path_factory.mktemp("corpus")
+    for name, content in BAD_FILES.items():
+        if content == "dir":
+            (root / name).mkdir()
+        elif content is not None:
+            (root / name).write_bytes(content)
+    (root / "loads.json").write_text(json.dumps({"logical_count": [[1] * 256] * 58}))
+    for name, text in LOAD_FILES.items():
+        (root / name).write_text(text)
+    workload = yaml.safe_load((REPO_ROOT / "stacks/workloads/prod-chat.yaml").read_text())
+    for name, change in WORKLOAD_BREAKS.items():
+        broken = copy.deepcopy(workload)
+        change(broken)
+        (root / f"workload-{name}.yaml").write_text(yaml.safe_dump(broken))
+    inventory = yaml.safe_load((REPO_ROOT / "stacks/inventory/dev.yaml").read_text())
+    (root / "inventory.yaml").write_text(yaml.safe_dump(inventory))
+    for name, change in INVENTORY_BREAKS.items():
+        broken = copy.deepcopy(inventory)
+        change(broken)
+        (root / f"inventory-{name}.yaml").write_text(yaml.safe_dump(broken))
+    colocated = stack_data("dev")
+    colocated["deployment"].update(mode="colocated", colocated={"instances": 1, "expert_parallel": 8,
+                                                                "redundant_experts": 0})
+    del colocated["deployment"]["prefill"], colocated["deployment"]["decode"]
+    (root / "colocated.yaml").write_text(yaml.safe_dump(colocated))
+    (root / "foreign").mkdir()
+    (root / "foreign" / "notes.txt").write_text("mine, not render's")
+    for name in ("store-corrupt-state", "store-corrupt-revision", "store-stray"):  # one revision each, then broken
+        store = ReleaseStore("dev", root / name)
+        store.create(parse_spec(stack_data("dev")), message="fuzz")
+        store.record(traffic={1: 100}, status={1: "good"})
+    (root / "store-corrupt-state" / "dev" / "state.json").chmod(0o644)
+    (root / "store-corrupt-state" / "dev" / "state.json").write_text("{not json")
+    revision = root / "store-corrupt-revision" / "dev" / "revisions" / "0001.json"
+    revision.chmod(0o644)
+    revision.write_text('{"revision": 1}')
+    (root / "store-stray" / "dev" / "revisions" / "0001.bak.json").write_text("a backup someone left")
+    urls = {}
+    with ExitStack() as servers:
+        for mode in ("refused", "503", "junk", "hang"):
+            urls[f"PROM_{mode}"] = servers.enter_context(misbehaving_prometheus(mode))
+        urls["PROM_OK"] = servers.enter_context(healthy_prometheus())
+        yield root, urls
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("argv, expected", [pytest.param(a, e, id=i) for i, a, e in CASES])
+def test_a_bad_input_gets_a_message_and_its_exit_code_and_changes_nothing(corpus, argv, expected, tmp_path,
+                                                                          monkeypatch, capsys):
+    root, urls = corpus
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [a.format(C=root, W=work, **urls) for a in argv]
+    monkeypatch.chdir(work)  # anything written relative to the caller lands here, and is seen
+    before = _tree(root, work, REPO_ROOT / "stacks")
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse: a usage error, exit 2
+        code = exc.code
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "Traceback" not in said and "unexpected error" not in said, said
+    assert code == expected, said
+    if code:
+        assert out.err.strip(), "a failure must say why, on stderr"
+    assert _tree(root, work, REPO_ROOT / "stacks") == before, "a refused or failed command changed a file"
+
+
+def _leaves(data, path=()):
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(data, list) and data:
+        yield from _leaves(data[0], (*path, 0))
+    else:
+        yield path, data
+
+
+def _bad_values(value):
+    """Two values of the wrong kind for a leaf, chosen by the leaf's own type."""
+    if isinstance(value, bool):
+        return ["maybe", 2]
+    if isinstance(value, (int, float)):
+        return [math.nan, -(10 ** 30)] if isinstance(value, int) else [math.inf, "fast"]
+    if isinstance(value, str):
+        return [12345, "x" * 300]
+    return [{"nested": True}, "scalar"]
+
+
+def _spec_mutations():
+    data = stack_data("prod")
+    for path, value in _leaves(data):
+        for i, bad in enumerate(_bad_values(value)):
+            yield pytest.param(path, bad, id=f"{'.'.join(map(str, path))}-{i}")
+
+
+# Free-form text the spec cannot check further (any string could be right); every other wrong
+# value must be refused.
+FREE_FORM = {"environment.release_store.url", "model.name", "model.weights.region", "model.weights.prefix",
+             "hardware.fabric.devices.0", "hardware.instance_types.0"}
+
+
+@pytest.mark.parametrize("path, bad", list(_spec_mutations()))
+def test_every_spec_field_given_a_wrong_value_is_refused_with_its_field(path, bad, tmp_path, capsys):
+    data = stack_data("prod")
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    code = main(["validate", str(spec_file)])
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "Traceback" not in said and "unexpected error" not in said, said
+    field = ".".join(map(str, path))
+    if field in FREE_FORM and isinstance(bad, str):
+        assert code == 0, said
+    else:
+        assert code == BAD, f"{field} = {bad!r} was accepted"
+        # named: the field itself, or (a cross-field rule) the mapping it belongs to
+        named = [".".join(map(str, path[:n])) for n in range(len(path), 0, -1)]
+        assert any(f"- {prefix}" in out.err for prefix in named), out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
+def test_the_corpus_is_the_size_the_issue_asks_for():
+    mutations = len(list(_spec_mutations()))
+    assert len(CASES) + mutations >= 300, (len(CASES), mutations)

@@ -1,0 +1,143 @@
+"""What pdctl prints and writes, as users of kubectl, helm and pulumi expect: previews that can be
+diffed, manifests as `kubectl get -o yaml` would show them, machine-readable output with a
+documented shape, a render folder that holds exactly one render, and `plan --write` that keeps
+the operator's file as it was apart from the counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from infra.cli import main
+from infra.spec import REPO_ROOT, load_spec
+
+PDCTL = [sys.executable, "-m", "infra.cli"]
+
+
+def test_preview_is_byte_identical_across_runs_and_hash_seeds():
+    """Registrations resolve in a different order from run to run (and Python's string hashing
+    changes with every process): the preview must not show it."""
+    outputs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([*PDCTL, "preview", "--offline", "--stack", "dev"], cwd=REPO_ROOT, env=env,
+                              capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr.decode()
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("render") / "prod"
+    assert main(["render", "--stack", "prod", "--out", str(out)]) == 0
+    return out
+
+
+def test_rendered_numbers_are_integers_and_keys_in_kubectl_order(rendered):
+    """Pulumi's wire format carries numbers as doubles (pulumi/pulumi sdk/proto/resource.proto:
+    google.protobuf.Struct); the providers send integers to the API server, and so must render."""
+    texts = {p: p.read_text() for p in rendered.rglob("*.yaml")}
+    assert texts
+    assert not [p for p, t in texts.items() if "port: 8000.0" in t or "replicas: 1.0" in t]
+    lws = next(yaml.safe_load(t) for p, t in texts.items() if p.name.startswith("leaderworkerset-"))
+    assert isinstance(lws["spec"]["leaderWorkerTemplate"]["size"], int)
+    for path, text in texts.items():
+        keys = list(yaml.safe_load(text))
+        assert keys[:3] == ["apiVersion", "kind", "metadata"], (path, keys)
+
+
+def test_render_owns_its_folder_stale_files_go_foreign_files_refuse(tmp_path):
+    out = tmp_path / "out"
+    assert main(["render", "--stack", "prod", "--out", str(out)]) == 0
+    prod_files = {p.relative_to(out) for p in out.rglob("*.yaml")}
+    assert main(["render", "--stack", "dev", "--out", str(out)]) == 0
+    dev_files = {p.relative_to(out) for p in out.rglob("*.yaml")}
+    assert dev_files and not any("pdstack-prod" in str(p) for p in dev_files)  # prod's are gone, not mixed in
+    assert prod_files - dev_files and not (out / "pdstack-prod").exists()
+    (out / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert main(["render", "--stack", "prod", "--out", str(out)]) == 2
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def _doc(capsys, argv, fmt="json"):
+    capsys.readouterr()
+    code = main([*argv, "--output", fmt])
+    out = capsys.readouterr().out
+    return code, (json.loads(out) if fmt == "json" else yaml.safe_load(out))
+
+
+def test_output_json_and_yaml_carry_kind_version_and_the_documented_fields(capsys, tmp_path):
+    code, doc = _doc(capsys, ["validate", "--stack", "prod"])
+    assert code == 0 and doc["kind"] == "pdstack/validate" and doc["version"] == 1
+    assert doc["pools"]["decode"] == {"instances": 1, "gpus_per_instance": 64}
+    code, doc = _doc(capsys, ["validate", "--stack", "prod"], "yaml")
+    assert doc["pools"]["prefill"]["instances"] == 8
+    code, doc = _doc(capsys, ["preview", "--offline", "--stack", "dev"])
+    assert code == 0 and doc["total"] == sum(layer["create"] for layer in doc["layers"])
+    assert doc["validation"]["ok"] and doc["layers"][0]["resources"][0].keys() == {"type", "name"}
+    code, doc = _doc(capsys, ["render", "--stack", "dev", "--out", str(tmp_path / "r")])
+    assert code == 0 and len(doc["files"]) == len(list((tmp_path / "r").rglob("*.yaml")))
+    code, doc = _doc(capsys, ["plan", "--stack", "prod", "--workload",
+                              str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")])
+    assert code == 0 and doc["phases"]["decode"]["recommended"] >= 1 and ":" in doc["pd_ratio"]["recommended"]
+    code, doc = _doc(capsys, ["releases", "--stack", "dev", "--releases", str(tmp_path / "none")])
+    assert code == 0 and doc == {"kind": "pdstack/releases", "version": 1, "environment": "dev", "revisions": []}
+    loads = tmp_path / "loads.json"
+    loads.write_text(json.dumps({"logical_count": [[i % 5 + 1 for i in range(256)]] * 58}))
+    code, doc = _doc(capsys, ["eplb", "--stack", "prod", "--loads", str(loads), "--out", str(tmp_path / "p.json")])
+    assert code == 0 and doc["imbalance_after"]["mean"] <= doc["imbalance_before"]["mean"]
+
+
+def test_canary_and_cost_documents_against_a_prometheus(capsys):
+    from tests.servers import healthy_prometheus
+
+    with healthy_prometheus() as url:
+        code, doc = _doc(capsys, ["canary", "--stack", "dev", "--prometheus", url, "--revision", "2"])
+        assert doc["kind"] == "pdstack/canary" and doc["passed"] is (code == 0)
+        assert {"name", "passed", "detail"} <= doc["gates"][0].keys()
+        code, doc = _doc(capsys, ["cost", "--stack", "dev", "--prometheus", url])
+        assert code == 0 and doc["kind"] == "pdstack/cost" and "total_gpu_hours" in doc
+
+
+def test_a_spec_path_is_accepted_where_spec_is(capsys):
+    path = str(REPO_ROOT / "stacks/prod.yaml")
+    assert _doc(capsys, ["validate", path])[1]["environment"] == "prod"
+    assert _doc(capsys, ["validate", "--spec", path])[1]["environment"] == "prod"
+
+
+def test_plan_write_keeps_comments_and_layout_and_changes_only_the_counts(tmp_path, capsys):
+    source = REPO_ROOT / "stacks/prod.yaml"
+    target = tmp_path / "prod.yaml"
+    assert main(["plan", "--stack", "prod", "--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"),
+                 "--write", str(target), "--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    before, after = source.read_text().splitlines(), target.read_text().splitlines()
+    assert len(before) == len(after)
+    changed = [(b, a) for b, a in zip(before, after) if b != a]
+    assert changed and all(any(k in b for k in ("instances:", "pd_ratio:", "min:", "max:")) for b, _ in changed), changed
+    assert [line for line in after if line.lstrip().startswith("#")] == \
+        [line for line in before if line.lstrip().startswith("#")]
+    written = load_spec(target)  # read back by the spec's own (YAML 1.1) reader: the ratio stayed a ratio
+    assert written.deployment.prefill.instances == doc["phases"]["prefill"]["recommended"]
+    assert written.deployment.pd_ratio == doc["pd_ratio"]["recommended"]
+
+
+def test_tables_keep_whole_timestamps_when_piped(tmp_path):
+    """rich assumes 80 columns when stdout is not a terminal and would cut a table's cells."""
+    from infra.rollout.releases import ReleaseStore
+    from infra.spec import parse_spec
+    from tests.conftest import stack_data
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    release = store.create(parse_spec(stack_data("dev")), message="a message long enough to need room " * 3)
+    done = subprocess.run([*PDCTL, "releases", "--stack", "dev", "--releases", str(tmp_path / "releases")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": ""})
+    assert done.returncode == 0, done.stderr
+    assert release.created_at in done.stdout
