@@ -47,10 +47,11 @@ def strict_json_schema(node: object) -> object:
         return [strict_json_schema(v) for v in node]
     if not isinstance(node, dict):
         return node
+    named = ("properties", "patternProperties")  # maps of names to schemas, not schemas: below
     out = {k: strict_json_schema(v) for k, v in node.items()
-           if k not in ("x-kubernetes-validations", "default", "example") and k != "nullable"}
-    for key in ("properties", "patternProperties"):
-        if key in node:  # property names are not schema keywords: keep every one
+           if k not in ("x-kubernetes-validations", "default", "example", "nullable", *named)}
+    for key in named:
+        if key in node:  # property names are not schema keywords: keep every one (each converted once)
             out[key] = {name: strict_json_schema(v) for name, v in node[key].items()}
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)

@@ -67,7 +67,7 @@ def _validator(kind: str, api_version: str, k8s_version: str) -> jsonschema.Vali
     """A cached strict validator for one kind (kubernetes_validate reloads schemas per call)."""
     import re
 
-    from referencing import Registry, Resource
+    from referencing import Resource
 
     version = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= k8s_version][-1]
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
@@ -76,9 +76,17 @@ def _validator(kind: str, api_version: str, k8s_version: str) -> jsonschema.Vali
         schema = kv_utils.schema_contents(f"{schema_dir}/{kind.lower()}-{group}.json", version)
     except FileNotFoundError:
         return None
-    definitions = kv_utils.schema_contents(f"{schema_dir}/_definitions.json", version)
-    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    registry = Resource.from_contents(schema) @ _definitions(schema_dir, version)
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(schema_dir: str, version: str):
+    """The release's shared definitions (every kind's $refs point there), read once: the file
+    is large, and reading it for every kind was most of a preview's validation time."""
+    from referencing import Registry, Resource
+
+    return Resource.from_contents(kv_utils.schema_contents(f"{schema_dir}/_definitions.json", version)) @ Registry()
 
 
 def embedded_pod_templates(manifest: dict) -> list[dict]:
