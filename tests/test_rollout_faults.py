@@ -144,3 +144,33 @@ def test_careless_inputs_are_refused_with_the_fix_and_change_nothing(tmp_path, c
     assert "no unfinished rollout to resume" in capsys.readouterr().err
     assert not releases.exists() and not (tmp_path / "c.json").exists()
     assert (tmp_path / "junk.json").read_text() == "junk"
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_bake_counts_down_with_the_gates_readings_on_a_terminal_and_is_quiet_in_a_log(tmp_path, monkeypatch,
+                                                                                         terminal):
+    import io
+
+    import infra.rollout.rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "BAKE_TICK_SECONDS", 0.2)
+    spec = parse_spec(stack_data("dev"))
+    store, cluster = ReleaseStore("dev", tmp_path / "releases"), InMemoryCluster()
+    seen = []
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=200)
+
+    def observe(rev):
+        seen.append(rev)
+        return GOOD
+
+    rollout(spec, store, cluster, observe=observe, options=RolloutOptions(stages=(100,), bake_seconds=0.6,
+                                                                          poll_seconds=0.01, timeout_scale=0.001),
+            console=console)
+    text = out.getvalue()
+    if terminal:
+        assert "baking r1 at 100%" in text and "TTFT p99 200 ms, TPOT p99 20 ms, errors 0.00%" in text
+        assert len(seen) >= 3  # a reading each tick, then the verdict's own
+    else:
+        assert "baking r1" not in text and "TTFT p99" not in text and len(seen) == 1  # the verdict's read only
+    assert cluster.traffic() == {1: 100}

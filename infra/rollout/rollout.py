@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from infra.prometheus import PrometheusError
 from infra.rollout.canary import DEFAULT_STAGES, Gate, GatePolicy, Observation, Verdict, judge
@@ -224,10 +224,8 @@ def _canary(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         store.begin_operation("rollout", rev, serving_before, stages=list(stages), baseline=baseline, stage=stage)
         _route(cluster, store, weights)
         console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
-        bake_until = time.monotonic() + options.bake_seconds
-        while (left := bake_until - time.monotonic()) > 0:
-            time.sleep(min(left, 30.0))
-            store.keep_alive()
+        _bake(store, console, options.bake_seconds, f"r{rev} at {stage}%",
+              lambda: _readings(observe, rev, baseline))
         verdict = observed_verdict(observe, rev, baseline, spec, options)
         store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
         console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
@@ -248,6 +246,38 @@ def _canary(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     store.audit("rollout", rev, "succeeded", standby=baseline)
     store.end_operation()  # last: until here a crash leaves the operation for --resume or --abort
     console.print(f"[green]revision {rev} serves 100%[/]" + (f"; r{baseline} kept warm for rollback" if baseline else ""))
+
+
+BAKE_TICK_SECONDS = 30.0  # how often a bake renews the lease and, on a terminal, reads the gates
+
+
+def _bake(store: ReleaseStore, console: Console, seconds: float, what: str, peek: Callable[[], str]) -> None:
+    """Wait out a stage's bake, renewing the lease. On a terminal: a countdown with the gates'
+    latest readings (five minutes of silence looks like a hang); elsewhere (CI, a log) quiet."""
+    bake_until = time.monotonic() + seconds
+    with Progress(TextColumn("  baking {task.description}"), BarColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[readings]}"), console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
+        task = progress.add_task(what, total=seconds, readings="")
+        while (left := bake_until - time.monotonic()) > 0:
+            if console.is_terminal:
+                progress.update(task, readings=peek())
+            time.sleep(min(left, BAKE_TICK_SECONDS))
+            progress.update(task, completed=min(seconds, seconds - (bake_until - time.monotonic())))
+            store.keep_alive()
+
+
+def _readings(observe: Callable[[int], Observation], rev: int, baseline: int | None) -> str:
+    """The gates' inputs right now, for a person watching: never a verdict, never a failure."""
+    def line(o: Observation) -> str:
+        return (f"TTFT p99 {o.ttft_p99_s * 1000:.0f} ms, TPOT p99 {o.tpot_p99_s * 1000:.0f} ms, "
+                f"errors {o.error_rate:.2%}, KV transfer errors {o.kv_transfer_errors:g}")
+
+    try:
+        text = f"r{rev}: {line(observe(rev))}"
+        return text + (f" | r{baseline}: {line(observe(baseline))}" if baseline is not None else "")
+    except PrometheusError as exc:
+        return f"no reading ({str(exc)[:60]})"
 
 
 OBSERVE_ATTEMPTS = 3  # tries per stage before an unanswered query fails the gate

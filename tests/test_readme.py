@@ -1,0 +1,127 @@
+"""Every command README.md shows, run: the lines of its shell blocks and the commands quoted in
+its text. Each one is listed below with what it must do here (exit code and a phrase of its
+output). A README command missing from the list, or a listed one README no longer shows,
+fails the test, so the two cannot drift.
+
+Most run exactly as written, from a folder of their own (the project's .venv, scripts and
+stacks linked in; outputs land there). Where this machine lacks what the command talks to,
+the table says what stands in: Prometheus at http://prometheus:9090 is a stand-in on
+127.0.0.1, AWS S3 is moto's server (AWS_ENDPOINT_URL_S3), and the prod hosts and the Pulumi
+CLI are absent, so those commands must fail the way README says they do, changing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+import pytest
+
+from infra.spec import REPO_ROOT
+from tests.servers import healthy_prometheus
+
+
+@dataclass(frozen=True)
+class Expect:
+    exit: int
+    says: str
+    instead: str = ""  # what the test runs in place of the command, when it cannot run as written
+
+
+PROM = "http://prometheus:9090"
+
+EXPECTED = {
+    "make preview": Expect(0, "plan by layer"),
+    "make test": Expect(-1, "", "not run: it is the command that runs this test (.ci/run)"),
+    ".venv/bin/pdctl validate --stack prod": Expect(0, "ok prod: disaggregated"),
+    ".venv/bin/pdctl validate stacks/prod.yaml --output json": Expect(0, '"kind": "pdstack/validate"'),
+    ".venv/bin/pdctl preview --offline --stack prod": Expect(0, "plan by layer"),
+    ".venv/bin/pdctl render --stack prod --out out/prod": Expect(0, "manifests to out/prod/"),
+    ".venv/bin/pdctl render --stack prod --engine vllm --out out/prod-vllm": Expect(0, "manifests to out/prod-vllm/"),
+    ".venv/bin/pdctl eplb --stack prod --role decode --loads stacks/examples/prod-decode-loads.json "
+    "--out out/prod-decode-placement.json": Expect(0, "wrote out/prod-decode-placement.json"),
+    ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml": Expect(0, "PD plan for prod"),
+    ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml --write out/prod-planned.yaml":
+        Expect(0, "wrote out/prod-planned.yaml"),
+    ".venv/bin/pdctl policy --stack prod": Expect(0, "0 mandatory"),
+    "scripts/upload_weights --stack prod --source /data/DeepSeek-V3": Expect(2, "--source /data/DeepSeek-V3: not a folder"),
+    ".venv/bin/python scripts/bench_eplb.py": Expect(0, "hierarchical"),
+    ".venv/bin/python scripts/bench_preview.py": Expect(0, "ratio", "with --runs 1"),
+    ".venv/bin/pdctl preflight --stack prod --inventory stacks/inventory/prod.yaml":
+        Expect(1, "gb200-rack0-n00", "as written: the prod hosts are not reachable from here, each is named failing"),
+    f".venv/bin/pdctl rollout --stack prod --pulumi-stack prod --prometheus {PROM} "
+    '--inventory stacks/inventory/prod.yaml --message "why"':
+        Expect(1, "rollout stopped before any change", "as written: the preflight fails first (no prod hosts)"),
+    f".venv/bin/pdctl canary --stack prod --prometheus {PROM} --revision 8 --baseline 7":
+        Expect(0, "canary r8 vs r7", "Prometheus: the stand-in"),
+    ".venv/bin/pdctl releases --stack prod": Expect(0, "releases of prod", "S3: moto"),
+    f".venv/bin/pdctl rollout --stack prod --pulumi-stack prod --resume --prometheus {PROM}":
+        Expect(3, "no unfinished rollout", "S3: moto; nothing to resume"),
+    ".venv/bin/pdctl rollout --stack prod --pulumi-stack prod --abort": Expect(3, "no unfinished rollout to abort",
+                                                                              "S3: moto; nothing to abort"),
+    "scripts/rollback --stack prod --pulumi-stack prod": Expect(3, "no earlier good revision to roll back to",
+                                                                "S3: moto; a store with no revision yet"),
+    ".venv/bin/python scripts/bench_rollback.py": Expect(0, "budget 60 s: met",
+                                                         "with --runs 1 --apply-latency 0.05 --health-latency 0.05"),
+    f".venv/bin/pdctl cost --stack prod --prometheus {PROM} --window 24h": Expect(0, "GPU cost of prod",
+                                                                                  "Prometheus: the stand-in"),
+    ".venv/bin/python scripts/simulate_day.py": Expect(0, "GPU-hours"),
+}
+
+SHORTER = {  # what "instead" means for a command line
+    ".venv/bin/python scripts/bench_preview.py": ".venv/bin/python scripts/bench_preview.py --runs 1",
+    ".venv/bin/python scripts/bench_rollback.py":
+        ".venv/bin/python scripts/bench_rollback.py --runs 1 --apply-latency 0.05 --health-latency 0.05",
+}
+
+
+def readme_commands() -> list[str]:
+    """Shell-block lines (continuations joined, comments dropped) and quoted commands in the text."""
+    text = (REPO_ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line:
+                commands.append(re.sub(r"\s+", " ", line))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [c for c in re.findall(r"`((?:\.venv/bin/|scripts/|make )[^`]*)`", prose) if " " in c]
+    return list(dict.fromkeys(commands))
+
+
+def test_every_readme_command_is_listed_here_and_every_listed_one_is_in_readme():
+    shown = readme_commands()
+    assert sorted(set(shown) - set(EXPECTED)) == [], "README shows a command this test does not run"
+    assert sorted(set(EXPECTED) - set(shown)) == [], "this test runs a command README no longer shows"
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory, s3_endpoint):
+    import boto3
+
+    work = tmp_path_factory.mktemp("readme")
+    for name in (".venv", "scripts", "stacks"):
+        (work / name).symlink_to(REPO_ROOT / name)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="pdstack-prod-releases")
+    with healthy_prometheus() as prom:
+        yield work, {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint, "COLUMNS": "200"}, prom, s3
+
+
+@pytest.mark.parametrize("command", list(EXPECTED))
+def test_a_readme_command_does_what_readme_says(sandbox, command):
+    expect = EXPECTED[command]
+    if expect.exit < 0:
+        pytest.skip(expect.instead)
+    work, env, prom, s3 = sandbox
+    line = SHORTER.get(command, command).replace(PROM, prom)
+    cwd = REPO_ROOT if command.startswith("make ") else work
+    done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said, said
+    assert done.returncode == expect.exit, said
+    assert expect.says in re.sub(r"\s+", " ", said), said
+    # The refused and failed rollouts changed nothing: prod's store holds no revision.
+    assert s3.list_objects_v2(Bucket="pdstack-prod-releases", Prefix="pdstack/prod/revisions/").get("KeyCount", 0) == 0
