@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from infra.inputs import InputError, load_model
+from infra.inputs import InputError, load_model, write_output
 from infra.spec import SpecError, StackSpec, load_spec, stack_spec_path, switch_engine
 
 
@@ -218,9 +218,9 @@ def cmd_eplb(args: argparse.Namespace) -> int:
     out = Path(args.out)
     report_path = out.with_suffix(".report.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.engine_file(model.num_layers)))
+    write_output(out, json.dumps(result.engine_file(model.num_layers)))
     report = result.report()
-    report_path.write_text(json.dumps(report, indent=1))
+    write_output(report_path, json.dumps(report, indent=1))
 
     def text() -> None:
         table = Table(title=f"expert placement, {args.role}: {result.policy} policy, {report['slots']} slots on "

@@ -157,3 +157,11 @@ def load_model(path: str | Path, model: type[M], what: str) -> M:
         lines = validation_problems(exc, model)
         raise InputError(f"{path}: the {what} file has {len(lines)} problem(s):\n"
                          + "\n".join(f"  - {line}" for line in lines)) from None
+
+
+def write_output(path: str | Path, text: str) -> None:
+    """Write one output file; a failure (full disk, read-only, no such folder) names the file."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None

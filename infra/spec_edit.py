@@ -12,7 +12,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 
-from infra.inputs import InputError, read_text
+from infra.inputs import InputError, read_text, write_output
 from infra.spec import SpecError, load_spec, parse_spec, ratio_value
 
 
@@ -66,7 +66,7 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     except SpecError as exc:
         raise SpecError([f"--write {target}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    write_output(tmp, text)
     os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
     load_spec(target)
     return notes

@@ -130,6 +130,13 @@ def _cases():
                                        "{W}/no/such/spec.yaml"], BAD),
         ("plan-write-folder", ["plan", "--stack", "prod", "--workload",
                                str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--write", "{C}/folder.yaml"], BAD),
+        # a full disk (/dev/full answers every write with ENOSPC) and a place nothing can be written
+        ("eplb-out-disk-full", ["eplb", "--stack", "prod", "--loads", "{C}/loads.json", "--out", "/dev/full"], FAILED),
+        ("render-out-unwritable", ["render", "--stack", "dev", "--out", "/proc/pdstack-render"], FAILED),
+        ("plan-write-unwritable", ["plan", "--stack", "prod", "--workload",
+                                   str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--write", "/proc/prod.yaml"],
+         FAILED),
+        ("preflight-hosts-not-ssh", ["preflight", "--inventory", "{C}/inventory-not-ssh.yaml"], FAILED),
         ("render-out-is-file", ["render", "--stack", "dev", "--out", "{C}/empty.yaml"], BAD),
         ("render-out-foreign", ["render", "--stack", "dev", "--out", "{C}/foreign"], BAD),
         ("render-engine-unknown", ["render", "--stack", "dev", "--engine", "trt", "--out", "{W}/out"], BAD),
@@ -262,6 +269,13 @@ def corpus(tmp_path_factory):
         for mode in ("refused", "503", "junk", "hang"):
             urls[f"PROM_{mode}"] = servers.enter_context(misbehaving_prometheus(mode))
         urls["PROM_OK"] = servers.enter_context(healthy_prometheus())
+        # hosts that are not SSH servers: an HTTP server's port (paramiko's banner error) and nothing
+        (root / "known_hosts").write_text("")
+        (root / "key").write_text("not a key")
+        (root / "inventory-not-ssh.yaml").write_text(yaml.safe_dump({
+            "key_file": "key", "known_hosts": "known_hosts", "timeout_seconds": 3, "hosts": [
+                {"name": "http-not-ssh", "address": "127.0.0.1", "port": int(urls["PROM_OK"].rsplit(":", 1)[1])},
+                {"name": "nothing-there", "address": "127.0.0.1", "port": 9}]}))
         yield root, urls
 
 
@@ -351,3 +365,19 @@ def test_every_spec_field_given_a_wrong_value_is_refused_with_its_field(path, ba
 def test_the_corpus_is_the_size_the_issue_asks_for():
     mutations = len(list(_spec_mutations()))
     assert len(CASES) + mutations >= 300, (len(CASES), mutations)
+
+
+def test_a_host_that_is_not_an_ssh_server_is_a_row_not_a_traceback(corpus):
+    """paramiko logs a failed handshake with its traceback from its transport thread; in a
+    whole process (not under pytest, whose log capture would swallow it) nothing may reach
+    stderr but our report."""
+    import subprocess
+    import sys
+
+    root, _ = corpus
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "preflight", "--inventory",
+                           str(root / "inventory-not-ssh.yaml")], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == FAILED
+    assert "Traceback" not in done.stderr and "Exception (client)" not in done.stderr, done.stderr
+    assert "http-not-ssh ssh: no SSH server answered on that port" in done.stderr

@@ -18,7 +18,7 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate import utils as kv_utils
 
-from infra.inputs import InputError
+from infra.inputs import InputError, write_output
 from infra.offline import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
 from infra.render.crd_schemas import crd_schema
 
@@ -172,7 +172,7 @@ def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
     for rel, text in files.items():
         path = out_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_output(path, text)
     for rel in sorted(previous - set(files)):
         (out_dir / rel).unlink(missing_ok=True)
         try:

@@ -15,6 +15,7 @@ The parsers (`parse_*`) and `judge_*` functions are pure and tested on their own
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
@@ -28,6 +29,10 @@ from pydantic import Field
 
 from infra.inputs import Strict, load_model
 from infra.spec import StackSpec
+
+# paramiko's transport thread logs a failed handshake with its traceback; with no handler
+# configured, Python would print that to stderr. The failure is reported in the table instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # --- inventory ----------------------------------------------------------------------------
 
@@ -273,6 +278,10 @@ def connect_error(exc: Exception) -> str:
         return "connection refused"
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return "connection timed out"
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        return "no SSH server answered on that port (no SSH banner). Fix: check the host's address and port"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot connect: {exc.strerror}"
     return f"{type(exc).__name__}: {exc}"
 
 
