@@ -25,6 +25,10 @@ ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode 
 RELEASE_LABEL = "pdstack.io/release"  # pods: the release revision they run (canary gates read it)
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader
 ROLE_TAINT_EFFECT = "NoSchedule"
+# On pod templates: a digest of the ConfigMaps the pods read at start (launch scripts, cache and
+# router configs). Kubernetes restarts nothing when a mounted ConfigMap changes; a changed digest
+# changes the template, so the controller rolls the pods and the new flags take effect.
+CONFIG_HASH_ANNOTATION = "pdstack.io/config-hash"
 
 ROUTER = "router"
 ENCODER = "encoder"

@@ -11,13 +11,12 @@ from __future__ import annotations
 import pulumi
 
 from infra import naming
-from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP
-from infra.components.k8s import Layer, LayerContext, disruption_budget
+from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP, placement_files
+from infra.components.k8s import Layer, LayerContext, config_hash, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
 from infra.render.router_config import RouterLaunch, router_launch
-from infra.spec import REPO_ROOT
 
 ROUTER_LABELS = {"app.kubernetes.io/name": naming.ROUTER}
 
@@ -39,7 +38,8 @@ def router_rbac(ctx: LayerContext) -> list[dict]:
     ]
 
 
-def router_deployment(ctx: LayerContext, launch: RouterLaunch) -> dict:
+def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, str] | None = None) -> dict:
+    """`reads`: the data of the router's launch ConfigMap (its digest goes on the pod template)."""
     spec = ctx.spec
     mounts = [{"name": "launch", "mountPath": "/etc/pdstack/launch", "readOnly": True}]
     if launch.files:
@@ -69,7 +69,8 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch) -> dict:
             "replicas": spec.deployment.load_balancer.replicas,
             "selector": {"matchLabels": ROUTER_LABELS},
             "template": {
-                "metadata": {"labels": ctx.pod_labels(**ROUTER_LABELS)},
+                "metadata": {"labels": ctx.pod_labels(**ROUTER_LABELS),
+                             "annotations": {naming.CONFIG_HASH_ANNOTATION: config_hash(reads or {})}},
                 "spec": {"serviceAccountName": naming.ROUTER, "containers": [container], "volumes": volumes},
             },
         },
@@ -117,14 +118,6 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
     ]
 
 
-def placement_files(ctx: LayerContext) -> dict[str, str]:
-    files = {}
-    for role, phase in ctx.spec.deployment.pools().items():
-        if phase.expert_placement:
-            files[f"{role}.json"] = (REPO_ROOT / phase.expert_placement).read_text()
-    return files
-
-
 class Balancers(Layer):
     layer = "balancers"
 
@@ -135,14 +128,15 @@ class Balancers(Layer):
         for manifest in router_rbac(ctx):
             self.add(manifest)
         script = launch_script(f"{launch.implementation} router", [*launch.entrypoint, *launch.args], notes=launch.notes)
+        router_data = {"launch.sh": script, **launch.files,
+                       "balancers.txt": f"encoder: {encoder_summary}\nrouter: {launch.implementation}, "
+                                        f"strategy {ctx.spec.deployment.load_balancer.strategy}\n"}
         self.add({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": ctx.metadata(f"{naming.ROUTER}-launch", "router"),
-            "data": {"launch.sh": script, **launch.files,
-                     "balancers.txt": f"encoder: {encoder_summary}\nrouter: {launch.implementation}, "
-                                      f"strategy {ctx.spec.deployment.load_balancer.strategy}\n"},
+            "data": router_data,
         })
-        self.deployment = self.add(router_deployment(ctx, launch))
+        self.deployment = self.add(router_deployment(ctx, launch, router_data))
         # Drains take one router at a time; with one replica (dev) that is a short outage.
         self.add(disruption_budget(ctx, naming.ROUTER, "router", ROUTER_LABELS, max_unavailable=1))
         self.service = self.add({

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pulumi
 
 from infra import naming
-from infra.components.k8s import Layer, LayerContext, disruption_budget
+from infra.components.k8s import Layer, LayerContext, config_hash, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import domain_placement, pool_capacity
 from infra.components.storage import weights_init_container, weights_volumes
@@ -20,7 +20,7 @@ from infra.render.engine_args import (
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
 from infra.render.router_config import routing_sidecar_container
-from infra.spec import StackSpec, pod_memory_gib
+from infra.spec import REPO_ROOT, StackSpec, pod_memory_gib
 
 ENGINE_SERVICE_ACCOUNT = "engine"
 ENGINE_PORT_NAME = "engine"  # the engine's own HTTP port (and /metrics), behind a sidecar or not
@@ -134,10 +134,20 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     }
 
 
-def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan) -> dict:
+def placement_files(ctx: LayerContext) -> dict[str, str]:
+    """The expert placements the engines load at start (the Expert balancer's ConfigMap)."""
+    files = {}
+    for role, phase in ctx.spec.deployment.pools().items():
+        if phase.expert_placement:
+            files[f"{role}.json"] = (REPO_ROOT / phase.expert_placement).read_text()
+    return files
+
+
+def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan, reads: tuple[dict, ...] = ()) -> dict:
+    """`reads`: the data of the ConfigMaps the pods read at start (their digest goes on the template)."""
     spec, role = ctx.spec, launch.role
     phase = spec.deployment.pools()[role]
-    pod_annotations = dict(kv.pod_annotations)
+    pod_annotations = {**kv.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash(*reads)}
     if spec.engine.kind == "sglang" and role == "prefill":
         pod_annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
     labels = pod_labels(spec, role, ctx.pod_labels())
@@ -178,18 +188,21 @@ class Engines(Layer):
             "automountServiceAccountToken": False,  # engines never call the API server
         })
         self.groups, self.services = {}, {}
+        placements = placement_files(ctx)
         for role, launch in self.launches.items():
+            launch_data = {"launch.sh": launch.script()}
             script = self.add({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": ctx.metadata(f"{naming.engine(role)}-launch", "engine", **{naming.ROLE_LABEL: role}),
-                "data": {"launch.sh": launch.script()},
+                "data": launch_data,
             })
             # With autoscaling on, the scaler owns the group count after the first apply.
             scaled = ["spec.replicas"] if ctx.spec.deployment.autoscaling.enabled else None
             needs = [script]
             if uses_multi_node_nvlink(ctx.spec, role):
                 needs.append(self.add(compute_domain_manifest(ctx, role)))
-            self.groups[role] = self.add(lws_manifest(ctx, launch, kv), depends_on=needs, ignore_changes=scaled)
+            self.groups[role] = self.add(lws_manifest(ctx, launch, kv, (launch_data, kv.files, placements)),
+                                         depends_on=needs, ignore_changes=scaled)
             # Not named after the LWS: LWS creates a headless Service of that name if none exists
             # (selecting the whole group, publishing not-ready addresses), and workers resolve
             # their leader through it before anything is Ready (kubernetes-sigs/lws v0.10.0,

@@ -99,3 +99,11 @@ class Layer(pulumi.ComponentResource):
                 self.ctx.name_prefix + logical_name(manifest), api_version=api_version, kind=kind, opts=opts, **body
             )
         return cls(self.ctx.name_prefix + logical_name(manifest), opts=opts, **{_snake(k): v for k, v in body.items()})
+
+
+def config_hash(*configs: dict[str, str]) -> str:
+    """The digest naming.CONFIG_HASH_ANNOTATION carries: of every ConfigMap's data a pod reads."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(configs, sort_keys=True).encode()).hexdigest()[:16]
