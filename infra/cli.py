@@ -528,6 +528,35 @@ def cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """What a change does to the fleet: the spec against another state of it, both rendered offline."""
+    from infra.review.compare import diff_specs, spec_at
+    from infra.review.diff import IMPACT_CLASSES
+    from infra.review.report import as_data, markdown, text
+
+    fail_on = [c.strip() for c in (args.fail_on or "").split(",") if c.strip()]
+    unknown = [c for c in fail_on if c not in IMPACT_CLASSES]
+    if unknown:
+        raise InputError(f"--fail-on {args.fail_on}: {', '.join(unknown)} is not an impact class. Fix: some of "
+                         f"{', '.join(IMPACT_CLASSES)}")
+    current = Path(args.spec_path or args.spec or stack_spec_path(args.stack))
+    after = _spec_from_args(args)
+    before, against = spec_at(args.against, args.stack, current)
+    report = diff_specs(before, after)
+    if args.output == "json":
+        sys.stdout.write(json.dumps({"kind": "pdstack/diff", "version": 1, "against": against,
+                                     **_plain(as_data(report))}, indent=2) + "\n")
+    elif args.output == "markdown":
+        sys.stdout.write(markdown(report, f"`{against}`"))
+    else:
+        sys.stdout.write(text(report, against))
+    hit = [c for c in fail_on if c in report.classes()]
+    if hit:
+        err_console.print(f"[red]--fail-on: {', '.join(hit)} in this change[/red]", highlight=False)
+        return EXIT_FAILED
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -618,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", help="also list stale node cache folders on these hosts (SSH)")
     p.set_defaults(func=cmd_cost)
     with_spec(sub.add_parser("policy", help="run the policy pack's rules on the offline preview")).set_defaults(func=cmd_policy)
+    p = with_spec(sub.add_parser("diff", help="what a change does to the fleet: restarts, node replacement, "
+                                              "traffic, flags, policy"))
+    p.add_argument("--against", default="merge-base",
+                   help="a git ref, or a spec file, to compare with (default: the merge base with main)")
+    p.add_argument("--output", "-o", choices=["text", "markdown", "json"], default="text")
+    p.add_argument("--fail-on", help="exit 1 if any of these impact classes occur, e.g. restart,node-replacement")
+    p.set_defaults(func=cmd_diff)
     p = with_spec(sub.add_parser("releases", help="list revisions, their status and traffic"), output=True)
     p.add_argument("--releases", help=RELEASES_HELP)
     p.set_defaults(func=cmd_releases)

@@ -139,6 +139,13 @@ class WeightsSpec(Strict):
     node_cache_path: str = "/mnt/weights"
     node_cache_retention_hours: PositiveInt = Field(
         168, description="`pdctl cost` flags weight-cache folders on nodes unused for longer than this.")
+    size_gib: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Total size of the weight files; with load_gib_per_second, how long an instance is "
+                          "out of service when it restarts (`pdctl diff`'s capacity estimate).")
+    load_gib_per_second: Annotated[float, Field(gt=0)] = Field(
+        4.0, description="Rate an instance reads its weights from the node cache into GPU memory.")
+    start_minutes: Annotated[float, Field(ge=0)] = Field(
+        3.0, description="Minutes an engine needs after loading (CUDA graphs, warm-up) before it serves.")
     credentials_secret: str = Field(
         "weights-s3-credentials",
         description="Name of an existing Kubernetes Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.",

@@ -68,6 +68,7 @@ EXPECTED = {
     f".venv/bin/pdctl cost --stack prod --prometheus {PROM} --window 24h": Expect(0, "GPU cost of prod",
                                                                                   "Prometheus: the stand-in"),
     ".venv/bin/python scripts/simulate_day.py": Expect(0, "GPU-hours"),
+    ".venv/bin/pdctl diff --stack prod --against HEAD": Expect(0, "pdstack diff of prod against stacks/prod.yaml at"),
 }
 
 SHORTER = {  # what "instead" means for a command line

@@ -65,3 +65,64 @@ def test_merges_deploy_dev_then_prod_behind_its_environment():
     assert up["environment"] == "${{ inputs.stack }}"  # prod's environment carries the approval rule
     (pulumi,) = [s for s in up["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
     assert pulumi["with"]["command"] == "up" and pulumi["with"]["policyPacks"] == "policy"
+
+
+def test_every_pull_request_gets_the_fleet_diff_without_credentials_and_one_updated_comment():
+    wf = load("pull-request.yml")
+    job = wf["jobs"]["fleet-diff"]
+    assert "secrets." not in yaml.safe_dump(job)  # runs for forks: nothing it needs is secret
+    assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
+    steps = {s.get("name"): s for s in job["steps"]}
+    assert "scripts/fleet_diff" in steps["pdctl diff of every stack against the base"]["run"]
+    assert "GITHUB_STEP_SUMMARY" in steps["pdctl diff of every stack against the base"]["run"]
+    comment = steps["One comment on the pull request, updated on each push"]
+    assert comment["if"] == "github.event.pull_request.head.repo.full_name == github.repository"
+    preview = wf["jobs"]["preview"]
+    assert preview["if"] == comment["if"]  # cluster credentials only where GitHub gives them
+    (pulumi,) = [s for s in preview["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
+    assert pulumi["with"]["comment-on-pr"] is True and pulumi["with"]["edit-pr-comment"] is True
+
+
+def test_pr_comment_edits_its_own_comment_and_creates_one_only_once(tmp_path):
+    """scripts/pr_comment against a fake `gh` that keeps the PR's comments in a file."""
+    import json
+    import os
+
+    state = tmp_path / "comments.json"
+    state.write_text(json.dumps([{"id": 7, "body": "a reviewer's comment"}]))
+    fake = tmp_path / "bin" / "gh"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import json, sys
+args, state = sys.argv[1:], {str(state)!r}
+comments = json.load(open(state))
+method = args[args.index("--method") + 1] if "--method" in args else "GET"
+if method == "GET":
+    for c in comments:
+        if c["body"].startswith("<!-- pdstack-diff -->"):
+            print(c["id"])
+else:
+    body = open(args[args.index("-F") + 1].split("=@", 1)[1]).read()
+    if method == "PATCH":
+        cid = int(args[args.index("--method") + 2].rsplit("/", 1)[1])
+        next(c for c in comments if c["id"] == cid)["body"] = body
+    else:
+        comments.append({{"id": 100 + len(comments), "body": body}})
+    json.dump(comments, open(state, "w"))
+""")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    for push in ("first push", "second push"):
+        (tmp_path / "diff.md").write_text(f"<!-- pdstack-diff -->\n{push}\n")
+        done = subprocess.run([str(REPO_ROOT / "scripts/pr_comment"), "o/r", "5", str(tmp_path / "diff.md")],
+                              env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    comments = json.loads(state.read_text())
+    assert [c["body"] for c in comments] == ["a reviewer's comment", "<!-- pdstack-diff -->\nsecond push\n"]
+
+
+def test_fleet_diff_lists_changed_stacks_and_names_the_unchanged_ones():
+    done = subprocess.run([str(REPO_ROOT / "scripts/fleet_diff"), "HEAD"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<!-- pdstack-diff -->\n## What this change does to the fleet")
+    assert done.stdout.count("<!-- pdstack-diff -->") == 1

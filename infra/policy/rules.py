@@ -113,6 +113,14 @@ def _secret_shapes(text: str) -> list[str]:
     return [what for what, pattern in _SECRET_SHAPES.items() if pattern.search(text)]
 
 
+def mask_secret_shapes(text: str) -> str:
+    """`text` with anything shaped like a credential replaced, for reports that quote values
+    (a diff posted on a pull request must not repeat a key someone pasted into a spec)."""
+    for what, pattern in _SECRET_SHAPES.items():
+        text = pattern.sub(f"<{what} redacted>", text)
+    return text
+
+
 def no_plaintext_secrets(res: Resource) -> list[str]:
     """Secret values belong in a Kubernetes Secret (whose data Pulumi keeps encrypted)."""
     if res.kind == "Secret" or not res.type.startswith("kubernetes:"):
