@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup system-deps preview test
+.PHONY: setup system-deps loadtest-tool preview test
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,8 +18,18 @@ setup: $(VENV)/.installed
 system-deps:
 	bash scripts/install-system-deps
 
+# NVIDIA's aiperf, at the pin in pyproject.toml's `loadtest` extra, in a virtualenv of its own.
+LOADTEST_VENV := .venv-loadtest
+$(LOADTEST_VENV)/.installed: pyproject.toml $(VENV)/.installed
+	python3 -m venv $(LOADTEST_VENV)
+	$(LOADTEST_VENV)/bin/pip install --quiet --disable-pip-version-check \
+		$$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['loadtest']))")
+	touch $@
+
+loadtest-tool: $(LOADTEST_VENV)/.installed
+
 preview: setup
 	$(VENV)/bin/pdctl preview --offline --stack dev
 
-test: setup system-deps
+test: setup system-deps loadtest-tool
 	$(PY) -m pytest

@@ -223,8 +223,12 @@ class ImagesSpec(Strict):
         None, description="llm-d's routing sidecar for decode pods (gateway_epp, disaggregated), e.g. "
                           "ghcr.io/llm-d/llm-d-routing-sidecar@sha256:... of v0.8.0.")
 
+    loadtest: str | None = Field(
+        None, description="NVIDIA aiperf at the release pdstack pins (infra/validation/loadtest.py), for the "
+                          "in-cluster load-test Job `pdctl validate-deployment --render-job` writes.")
+
     @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector",
-                     "endpoint_picker", "routing_sidecar")
+                     "endpoint_picker", "routing_sidecar", "loadtest")
     @classmethod
     def _by_digest(cls, v: str | None) -> str | None:
         return v if v is None else EngineSpec._image_by_digest(v)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from infra.render.metrics import ENGINE_METRICS
 
@@ -28,6 +28,8 @@ class Behaviour:
     itl_s: float
     abort_share: float = 0.0
     kv_failures_per_tick: int = 0
+    running: float = 20.0  # requests in flight on this instance (the balancer's spread is read from it)
+    expert_balancedness: float = 0.95
 
 
 HEALTHY = Behaviour(ttft_s=0.2, itl_s=0.015)
@@ -45,6 +47,8 @@ class EngineExporter:
         self.started = Counter(_base(SGLANG.requests_started, "_total"), "requests", registry=reg)
         self.aborted = Counter(_base(SGLANG.requests_failed, "_total"), "aborted", registry=reg)
         self.kv_failed = Counter(_base(SGLANG.kv_transfer_failures, "_total"), "kv failures", registry=reg)
+        Gauge(SGLANG.running, "running", registry=reg).set(behaviour.running)
+        Gauge(SGLANG.expert_balancedness, "eplb balancedness", registry=reg).set(behaviour.expert_balancedness)
         self._stop = threading.Event()
         self.port: int | None = None
 

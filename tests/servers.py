@@ -212,6 +212,18 @@ def cuttable_proxy(target_port: int, cut_flag):
 # --- Prometheus stand-ins: an HTTP server on 127.0.0.1 answering each query as told ---------------
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A threaded HTTP server for stand-ins that keeps quiet about clients that went away."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that gave up (a "hang" mode outlasts its timeout) makes the late answer
+        # fail with a broken pipe; socketserver would print that traceback into whichever
+        # test runs next.
+        pass
+
+
 @contextmanager
 def http_server(answer):
     """A server on 127.0.0.1 whose every GET is answered by `answer(query) -> (status, body)`."""
@@ -228,16 +240,14 @@ def http_server(answer):
         def log_message(self, *args):
             pass
 
-    class QuietServer(http.server.ThreadingHTTPServer):
-        daemon_threads = True
+    with serving(Handler) as url:
+        yield url
 
-        def handle_error(self, request, client_address):
-            # A client that gave up (the "hang" mode outlasts its timeout) makes the late answer
-            # fail with a broken pipe; socketserver would print that traceback into whichever
-            # test runs next.
-            pass
 
-    server = QuietServer(("127.0.0.1", 0), Handler)
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]):
+    """`handler` on a free port of 127.0.0.1, in threads, until the block ends; yields its URL."""
+    server = QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -61,6 +61,8 @@ SPEC_COMMANDS = {  # each subcommand with the other options it needs, and what i
     "cost": ["--prometheus", "http://127.0.0.1:9"],
     "rollout": ["--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus", "http://127.0.0.1:9"],
     "rollback": ["--sim", "{W}/sim.json", "--releases", "{W}/releases"],
+    "diff": ["--against", str(REPO_ROOT / "stacks/dev.yaml")],
+    "validate-deployment": ["--url", "http://127.0.0.1:9", "--out", "{W}/v"],
 }
 
 
@@ -145,6 +147,17 @@ def _cases():
         ("stack-path-escape", ["validate", "--stack", "../../etc/passwd"], BAD),
         ("two-specs", ["validate", str(REPO_ROOT / "stacks/dev.yaml"), "--spec", str(REPO_ROOT / "stacks/prod.yaml")],
          BAD),
+        ("diff-against-missing", ["diff", "--against", "{C}/missing.yaml"], BAD),
+        ("diff-against-bad-spec", ["diff", "--against", "{C}/list.yaml"], BAD),
+        ("diff-fail-on-unknown", ["diff", "--against", str(REPO_ROOT / "stacks/dev.yaml"), "--fail-on", "boom"], BAD),
+        ("diff-output-yaml", ["diff", "--output", "yaml"], BAD),
+        *[(f"validate-deployment-{name}", ["validate-deployment", "--url", "http://127.0.0.1:9", "--out", "{W}/v",
+                                           *extra], BAD) for name, extra in (
+            ("concurrency-words", ["--concurrency", "many"]), ("concurrency-zero", ["--concurrency", "0"]),
+            ("scale-big", ["--scale", "5"]), ("requests-zero", ["--requests", "0"]),
+            ("scenario-unknown", ["--scenario", "bursty"]), ("key-env-empty", ["--api-key-env", "PDSTACK_NO_SUCH_VAR"]),
+            ("job-without-claim", ["--render-job", "{W}/jobs.yaml"]))],
+        ("validate-deployment-down", ["validate-deployment", "--url", "http://127.0.0.1:9", "--out", "{W}/v"], FAILED),
         ("unknown-command", ["deploy"], BAD),
         ("no-command", [], BAD),
         ("output-xml", ["validate", "--output", "xml"], BAD),

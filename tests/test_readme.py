@@ -31,10 +31,12 @@ class Expect:
 
 
 PROM = "http://prometheus:9090"
+GATEWAY = "https://api.pdstack.example.com"
 
 EXPECTED = {
     "make preview": Expect(0, "plan by layer"),
     "make test": Expect(-1, "", "not run: it is the command that runs this test (.ci/run)"),
+    "make loadtest-tool": Expect(0, ""),  # make test has made it already: nothing to do
     ".venv/bin/pdctl validate --stack prod": Expect(0, "ok prod: disaggregated"),
     ".venv/bin/pdctl validate stacks/prod.yaml --output json": Expect(0, '"kind": "pdstack/validate"'),
     ".venv/bin/pdctl preview --offline --stack prod": Expect(0, "plan by layer"),
@@ -69,6 +71,10 @@ EXPECTED = {
                                                                                   "Prometheus: the stand-in"),
     ".venv/bin/python scripts/simulate_day.py": Expect(0, "GPU-hours"),
     ".venv/bin/pdctl diff --stack prod --against HEAD": Expect(0, "pdstack diff of prod against stacks/prod.yaml at"),
+    f"PDSTACK_API_KEY=... .venv/bin/pdctl validate-deployment --stack prod --url {GATEWAY} --api-key-env PDSTACK_API_KEY "
+    f"--prometheus {PROM} --profile-out out/prod-measured.yaml":
+        Expect(1, "validation failed: authenticated request: HTTP 401",
+               "the gateway: a streaming stand-in; the key as written (...) is refused, so it stops at the first gate"),
 }
 
 SHORTER = {  # what "instead" means for a command line
@@ -107,8 +113,10 @@ def sandbox(tmp_path_factory, s3_endpoint):
         (work / name).symlink_to(REPO_ROOT / name)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     s3.create_bucket(Bucket="pdstack-prod-releases")
-    with healthy_prometheus() as prom:
-        yield work, {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint, "COLUMNS": "200"}, prom, s3
+    from tests.openai_stub import Behaviour, openai_stub
+
+    with healthy_prometheus() as prom, openai_stub(Behaviour()) as gateway:
+        yield work, {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint, "COLUMNS": "200"}, prom, gateway, s3
 
 
 @pytest.mark.parametrize("command", list(EXPECTED))
@@ -116,8 +124,8 @@ def test_a_readme_command_does_what_readme_says(sandbox, command):
     expect = EXPECTED[command]
     if expect.exit < 0:
         pytest.skip(expect.instead)
-    work, env, prom, s3 = sandbox
-    line = SHORTER.get(command, command).replace(PROM, prom)
+    work, env, prom, gateway, s3 = sandbox
+    line = SHORTER.get(command, command).replace(PROM, prom).replace(GATEWAY, gateway)
     cwd = REPO_ROOT if command.startswith("make ") else work
     done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     said = done.stdout + done.stderr

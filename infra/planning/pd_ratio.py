@@ -59,6 +59,15 @@ class DayShape(Strict):
     peak_hour: float = Field(14, ge=0, lt=24)
 
 
+class Measurement(Strict):
+    """Where a workload's figures come from, when `pdctl validate-deployment` measured them."""
+
+    where: str
+    when: str
+    tool: str
+    scenario: str
+
+
 class Workload(Strict):
     arrival_rate_rps: float = Field(gt=0)
     input_tokens: TokenStats
@@ -66,6 +75,7 @@ class Workload(Strict):
     capacity: Capacity
     headroom: float = Field(0.2, ge=0, lt=1)
     day: DayShape | None = None
+    measured: Measurement | None = None  # None: typed in by hand
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,175 @@
+"""Load tests with NVIDIA's aiperf, pinned, and what pdstack makes of its results. Pure: the
+command line for a scenario, the tool's own result file read at its pinned schema, the SLO
+gates, and the measured capacity written as the workload profile `pdctl plan` reads.
+
+Why aiperf (compared in README.md): it measures TTFT and inter-token latency per streamed
+chunk, has multi-turn and shared-prefix synthetic datasets, SLO goodput, and installs without
+PyTorch (1.2 GB against guidellm's 6 GB with torch; inference-perf needs Python 3.12).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AIPERF_VERSION = "0.13.0"  # pinned in pyproject.toml's `loadtest` extra; the Job's image is the same release
+RESULT_FILE = "profile_export_aiperf.json"
+RESULT_SCHEMA = "1.4"  # profile_export_aiperf.json's schema_version at that release
+
+
+class LoadTestError(RuntimeError):
+    """The tool did not run, or left no result pdstack can read; the message says which."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A dataset shape that exercises what PD serving is for (aiperf's synthetic generators)."""
+
+    name: str
+    input_tokens: int
+    output_tokens: int
+    turns: int = 1  # multi-turn conversations re-send their history: the prefix cache's work
+    shared_prefix_tokens: int = 0  # a system prompt every conversation shares
+
+    def args(self) -> list[str]:
+        out = ["--prompt-input-tokens-mean", str(self.input_tokens), "--prompt-input-tokens-stddev", "0",
+               "--prompt-output-tokens-mean", str(self.output_tokens), "--prompt-output-tokens-stddev", "0"]
+        if self.turns > 1:
+            out += ["--conversation-turn-mean", str(self.turns), "--conversation-turn-stddev", "0"]
+        if self.shared_prefix_tokens:
+            out += ["--shared-system-prompt-length", str(self.shared_prefix_tokens)]
+        return out
+
+    def scaled(self, factor: float) -> "Scenario":
+        """The same shape, smaller (for a loopback stand-in or a smoke run)."""
+        n = lambda v: max(1, round(v * factor))  # noqa: E731
+        return Scenario(self.name, n(self.input_tokens), n(self.output_tokens), self.turns,
+                        n(self.shared_prefix_tokens) if self.shared_prefix_tokens else 0)
+
+
+SCENARIOS = {
+    "chat-shared-prefix": Scenario("chat-shared-prefix", 400, 200, turns=4, shared_prefix_tokens=2000),
+    "long-input-short-output": Scenario("long-input-short-output", 8000, 64),
+    "short-input-long-output": Scenario("short-input-long-output", 128, 1024),
+}
+
+
+def aiperf_command(aiperf: str, url: str, model: str, scenario: Scenario, concurrency: int, requests: int,
+                   out_dir: Path, tokenizer: str, api_key: str | None = None) -> list[str]:
+    """One aiperf run at a fixed concurrency: streaming chat, so TTFT and ITL are measured per chunk."""
+    cmd = [aiperf, "profile", "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
+           "--tokenizer", tokenizer, "--concurrency", str(concurrency), "--request-count", str(requests),
+           *scenario.args(), "--random-seed", "7", "--output-artifact-dir", str(out_dir), "--ui-type", "none",
+           "--no-server-metrics"]
+    return cmd + (["--api-key", api_key] if api_key else [])
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one run measured, from the tool's own result file."""
+
+    scenario: str
+    concurrency: int
+    requests: int
+    errors: int
+    ttft_p99_ms: float
+    ttft_p50_ms: float
+    itl_p99_ms: float  # inter-token latency: the TPOT a user sees
+    itl_p50_ms: float
+    tokens_per_second_per_user: float  # p50 of per-request output tokens/s
+    output_tokens_per_second: float  # all requests together
+    requests_per_second: float
+    input_tokens_mean: float
+    input_tokens_p99: float
+    output_tokens_mean: float
+    output_tokens_p99: float
+
+
+def read_result(path: Path, scenario: str, concurrency: int) -> LoadResult:
+    """aiperf's profile_export_aiperf.json, checked against the schema pdstack was written for."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise LoadTestError(f"{path}: aiperf wrote no result (see its log beside it)") from None
+    except (OSError, ValueError) as exc:
+        raise LoadTestError(f"{path}: not aiperf's result file ({exc})") from None
+    if str(data.get("schema_version")) != RESULT_SCHEMA or data.get("aiperf_version") != AIPERF_VERSION:
+        raise LoadTestError(f"{path}: schema {data.get('schema_version')} from aiperf {data.get('aiperf_version')}; "
+                            f"pdstack reads schema {RESULT_SCHEMA} of aiperf {AIPERF_VERSION}. Fix: the pinned aiperf")
+
+    def metric(name: str, stat: str) -> float:
+        value = (data.get(name) or {}).get(stat)
+        return float(value) if value is not None else math.nan
+
+    count = int(metric("request_count", "avg")) if not math.isnan(metric("request_count", "avg")) else 0
+    errors = sum(int(e.get("count", 0)) for e in data.get("error_summary") or [])
+    return LoadResult(scenario, concurrency, count, errors,
+                      metric("time_to_first_token", "p99"), metric("time_to_first_token", "p50"),
+                      metric("inter_token_latency", "p99"), metric("inter_token_latency", "p50"),
+                      metric("output_token_throughput_per_user", "p50"), metric("output_token_throughput", "avg"),
+                      metric("request_throughput", "avg"),
+                      metric("input_sequence_length", "avg"), metric("input_sequence_length", "p99"),
+                      metric("output_sequence_length", "avg"), metric("output_sequence_length", "p99"))
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    passed: bool
+    detail: str
+
+
+def judge(result: LoadResult, ttft_p99_ms: float, tpot_p99_ms: float, tokens_per_second_per_user: float,
+          max_error_rate: float = 0.0) -> list[Gate]:
+    """The spec's SLOs against one run. A missing figure fails its gate: no data is no pass."""
+    def gate(name: str, value: float, limit: float, below: bool, unit: str) -> Gate:
+        ok = not math.isnan(value) and (value <= limit if below else value >= limit)
+        return Gate(name, ok, f"{value:.1f} {unit} ({'at most' if below else 'at least'} {limit:g})")
+
+    error_rate = result.errors / max(result.requests + result.errors, 1)
+    return [gate("ttft_p99", result.ttft_p99_ms, ttft_p99_ms, True, "ms"),
+            gate("tpot_p99", result.itl_p99_ms, tpot_p99_ms, True, "ms"),
+            gate("tokens_per_second_per_user", result.tokens_per_second_per_user, tokens_per_second_per_user, False,
+                 "tokens/s"),
+            Gate("errors", error_rate <= max_error_rate and result.requests > 0,
+                 f"{result.errors} failed of {result.requests + result.errors} requests")]
+
+
+@dataclass
+class Sweep:
+    """Runs of one scenario at rising concurrency, each judged."""
+
+    scenario: str
+    runs: list[tuple[LoadResult, list[Gate]]] = field(default_factory=list)
+
+    def passed(self) -> bool:
+        return bool(self.runs) and all(g.passed for g in self.runs[0][1])  # the lightest load must meet the SLO
+
+    def best_within_slo(self) -> LoadResult | None:
+        ok = [r for r, gates in self.runs if all(g.passed for g in gates)]
+        return max(ok, key=lambda r: r.concurrency) if ok else None
+
+
+def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: int, where: str, when: str,
+                      headroom: float = 0.2) -> dict:
+    """The workload profile `pdctl plan --workload` reads, from a sweep: the traffic shape seen, and
+    capacity per instance (prefill tokens/s at the highest load inside the SLO; decode slots
+    at each measured TPOT), with where and when it was measured."""
+    best = sweep.best_within_slo()
+    if best is None:
+        raise LoadTestError(f"{sweep.scenario}: no run met the SLO, so no capacity can be stated. Fix: the "
+                            "deployment (balancing and cache settings first), or a lighter sweep")
+    points = sorted({(round(r.itl_p99_ms, 1), r.concurrency) for r, _ in sweep.runs if not math.isnan(r.itl_p99_ms)})
+    return {
+        "arrival_rate_rps": round(best.requests_per_second, 3),
+        "input_tokens": {"mean": round(best.input_tokens_mean, 1), "p99": round(best.input_tokens_p99, 1)},
+        "output_tokens": {"mean": round(best.output_tokens_mean, 1), "p99": round(best.output_tokens_p99, 1)},
+        "headroom": headroom,
+        "capacity": {
+            "prefill_tokens_per_second": round(best.requests_per_second * best.input_tokens_mean / prefill_instances, 1),
+            "decode": [{"tpot_ms": tpot, "concurrency": round(c / decode_instances, 3)} for tpot, c in points],
+        },
+        "measured": {"where": where, "when": when, "tool": f"aiperf {AIPERF_VERSION}", "scenario": sweep.scenario},
+    }

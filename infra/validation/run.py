@@ -1,0 +1,83 @@
+"""`pdctl validate-deployment`: the checks the design ends a rollout with, against a running
+endpoint. Connectivity and the auth chain first (a request with the key is served, one without
+is refused), then a load-test sweep with aiperf judged against the spec's SLOs. Each check is a
+gate with its figures; the first failing class stops what would only measure noise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.validation.loadtest import (RESULT_FILE, Gate, LoadTestError, Scenario, Sweep, aiperf_command, judge,
+                                       read_result)
+
+
+@dataclass
+class Validation:
+    url: str
+    gates: list[tuple[str, Gate]] = field(default_factory=list)  # (stage, gate)
+    sweep: Sweep | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.gates) and all(g.passed for _, g in self.gates)
+
+    def add(self, stage: str, gates: list[Gate]) -> bool:
+        self.gates += [(stage, g) for g in gates]
+        return all(g.passed for g in gates)
+
+
+def _chat(url: str, model: str, api_key: str | None, timeout: float) -> tuple[int, str]:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read(200).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(200).decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(getattr(exc, "reason", exc))
+
+
+def endpoint_gates(url: str, model: str, api_key: str | None, timeout: float = 10.0) -> list[Gate]:
+    """Served with the key; refused (401/403) without one. Status 0: nothing answered."""
+    code, text = _chat(url, model, api_key, timeout)
+    served = Gate("authenticated request", 200 <= code < 300,
+                  f"HTTP {code}" if code else f"no answer from {url} ({text})")
+    if not served.passed:
+        return [served]
+    code, _ = _chat(url, model, None, timeout)
+    refused = Gate("request without a key is refused", code in (401, 403),
+                   f"HTTP {code}" + ("" if code in (401, 403) else ": the gateway serves without an API key"))
+    return [served, refused]
+
+
+def run_sweep(aiperf: str, url: str, model: str, scenario: Scenario, concurrencies: list[int], requests: int,
+              out_dir: Path, tokenizer: str, api_key: str | None, slo, env: dict[str, str],
+              timeout_seconds: float = 900) -> Sweep:
+    """aiperf once per concurrency, each run's own result file read and judged."""
+    sweep = Sweep(scenario.name)
+    for concurrency in concurrencies:
+        run_dir = out_dir / f"{scenario.name}-c{concurrency}"
+        cmd = aiperf_command(aiperf, url, model, scenario, concurrency, requests, run_dir, tokenizer, api_key)
+        started = time.monotonic()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_seconds)
+        except FileNotFoundError:
+            raise LoadTestError(f"{aiperf}: not installed. Fix: `make loadtest-tool` (aiperf, pinned)") from None
+        except subprocess.TimeoutExpired:
+            raise LoadTestError(f"aiperf at concurrency {concurrency} ran past {timeout_seconds:g}s") from None
+        (out_dir / f"{scenario.name}-c{concurrency}.log").write_text(done.stdout + done.stderr)
+        if done.returncode:
+            tail = " ".join((done.stdout + done.stderr).split()[-40:])
+            raise LoadTestError(f"aiperf at concurrency {concurrency} exited {done.returncode} after "
+                                f"{time.monotonic() - started:.0f}s: ...{tail}")
+        result = read_result(run_dir / RESULT_FILE, scenario.name, concurrency)
+        sweep.runs.append((result, judge(result, slo.ttft_p99_ms, slo.tpot_p99_ms, slo.tokens_per_second_per_user)))
+    return sweep

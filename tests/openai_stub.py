@@ -1,0 +1,96 @@
+"""A small OpenAI-compatible streaming server on 127.0.0.1 that stands in for the gateway in the
+load-test tests: it answers /v1/chat/completions as server-sent events after a configured
+time to first token, then one chunk per output token at a configured inter-token delay, fails
+a configured share of requests with HTTP 500, and requires an API key (401 without one)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import random
+import time
+from dataclasses import dataclass
+
+from tests.servers import serving
+
+
+@dataclass
+class Behaviour:
+    ttft_s: float = 0.2
+    itl_s: float = 0.02
+    error_rate: float = 0.0
+    api_key: str | None = "test-key"  # None: serve anyone
+
+
+def _handler(b: Behaviour, rng: random.Random):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # the body ends when the connection closes: simplest streaming
+
+        def log_message(self, *args):
+            pass
+
+        def _json(self, status: int, payload: dict) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self._json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+
+        def do_POST(self):  # noqa: N802
+            request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if b.api_key is not None and self.headers.get("Authorization") != f"Bearer {b.api_key}":
+                return self._json(401, {"error": {"message": "missing or wrong API key"}})
+            if rng.random() < b.error_rate:
+                return self._json(500, {"error": {"message": "injected failure"}})
+            tokens = int(request.get("max_completion_tokens") or request.get("max_tokens") or 16)
+            if not request.get("stream"):
+                time.sleep(b.ttft_s)
+                return self._json(200, {"id": "c", "object": "chat.completion", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(b.ttft_s)
+            for i in range(tokens):
+                if i:
+                    time.sleep(b.itl_s)
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                         "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+def openai_stub(behaviour: Behaviour):
+    """The stand-in on a free port of 127.0.0.1 (a context manager yielding its URL)."""
+    return serving(_handler(behaviour, random.Random(7)))
+
+
+def offline_tokenizer(hf_home) -> str:
+    """A word-level tokenizer in the Hugging Face cache layout, so aiperf counts tokens with no
+    network (HF_HUB_OFFLINE=1, HF_HOME=hf_home). Its words are what the stub streams."""
+    from pathlib import Path
+
+    name = "pdstack/loopback-tokenizer"
+    revision = "0" * 40
+    snapshot = Path(hf_home) / "hub" / "models--pdstack--loopback-tokenizer" / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(4096)}}
+    (snapshot / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [
+            {"id": 0, "content": "[UNK]", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}}))
+    (snapshot / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                "unk_token": "[UNK]"}))
+    refs = snapshot.parent.parent / "refs"
+    refs.mkdir(exist_ok=True)
+    (refs / "main").write_text(revision)
+    return name

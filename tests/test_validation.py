@@ -1,0 +1,202 @@
+"""`pdctl validate-deployment` end to end, with the real aiperf (pinned, `make loadtest-tool`)
+against an OpenAI-compatible streaming stand-in on 127.0.0.1 (tests/openai_stub.py) told what
+latencies to produce. The verdict and the profile written for `pdctl plan` must match what the
+stand-in was told (within aiperf's measurement error, seen here well under 10%: TTFT 200 ms
+measured as 201-216 ms), an SLO breach must fail with its gate named, and an unreachable or
+erroring endpoint must fail cleanly.
+
+aiperf's result schema (profile_export_aiperf.json, schema_version 1.4) is read as aiperf
+0.13.0 writes it (ai-dynamo/aiperf, src/aiperf/exporters/); infra/validation/loadtest.py
+refuses any other version."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from infra.cli import main
+from infra.planning.pd_ratio import Workload
+from infra.spec import REPO_ROOT
+from infra.validation.loadtest import (AIPERF_VERSION, LoadResult, LoadTestError, Sweep, judge, measured_workload,
+                                       read_result)
+from tests.conftest import stack_data
+from tests.openai_stub import Behaviour, offline_tokenizer, openai_stub
+
+AIPERF = REPO_ROOT / ".venv-loadtest/bin/aiperf"
+KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def aiperf_env(tmp_path_factory):
+    if not AIPERF.exists():
+        pytest.fail("aiperf is not installed: run `make loadtest-tool` (make test does)")
+    hf_home = tmp_path_factory.mktemp("hf")
+    tokenizer = offline_tokenizer(hf_home)
+    return tokenizer, {"HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home), "PDSTACK_TEST_KEY": KEY}
+
+
+@pytest.fixture
+def slo_spec(tmp_path):
+    """dev's spec with SLOs the stand-in's latencies are measured against."""
+    data = stack_data("dev")
+    data["slo"].update(ttft_p99_ms=400, tpot_p99_ms=40, tokens_per_second_per_user=20)
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _validate(spec, url, tokenizer, env, tmp_path, capsys, monkeypatch, *extra):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    capsys.readouterr()
+    code = main(["validate-deployment", str(spec), "--url", url, "--api-key-env", "PDSTACK_TEST_KEY",
+                 "--tokenizer", tokenizer, "--aiperf", str(AIPERF), "--scale", "0.05", "--requests", "12",
+                 "--out", str(tmp_path / "runs"), "--output", "json", *extra])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_a_healthy_endpoint_passes_and_its_measured_capacity_feeds_the_planner(aiperf_env, slo_spec, tmp_path,
+                                                                                capsys, monkeypatch):
+    tokenizer, env = aiperf_env
+    profile = tmp_path / "measured.yaml"
+    with openai_stub(Behaviour(ttft_s=0.2, itl_s=0.02, api_key=KEY)) as url:
+        code, doc = _validate(slo_spec, url, tokenizer, env, tmp_path, capsys, monkeypatch,
+                              "--concurrency", "1,4", "--profile-out", str(profile))
+    assert code == 0 and doc["passed"], doc["gates"]
+    stages = [(g["stage"], g["name"], g["passed"]) for g in doc["gates"]]
+    assert ("endpoint", "request without a key is refused", True) in stages
+    for run in doc["runs"]:  # what the stand-in was told, as aiperf measured it
+        assert 200 <= run["ttft_p50_ms"] <= 220, run
+        assert 20 <= run["itl_p50_ms"] <= 22, run
+    workload = Workload.model_validate(yaml.safe_load(profile.read_text()))
+    assert workload.measured.tool == f"aiperf {AIPERF_VERSION}" and workload.measured.where == url
+    assert [round(p.concurrency) for p in workload.capacity.decode] == [1, 4]
+    assert all(20 <= p.tpot_ms <= 25 for p in workload.capacity.decode)
+    capsys.readouterr()
+    assert main(["plan", "--stack", "prod", "--workload", str(profile)]) == 0  # the planner reads it
+    assert f"capacity measured by aiperf {AIPERF_VERSION}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_an_slo_breach_fails_the_validation_with_the_gate_named(aiperf_env, slo_spec, tmp_path, capsys, monkeypatch):
+    tokenizer, env = aiperf_env
+    with openai_stub(Behaviour(ttft_s=0.6, itl_s=0.02, api_key=KEY)) as url:  # TTFT 600 ms > 400 ms
+        code, doc = _validate(slo_spec, url, tokenizer, env, tmp_path, capsys, monkeypatch, "--concurrency", "1")
+    failed = [g["name"] for g in doc["gates"] if not g["passed"]]
+    assert code == 1 and failed == ["ttft_p99"], doc["gates"]
+
+
+def test_an_endpoint_that_is_down_erroring_or_open_without_a_key_fails_cleanly(slo_spec, tmp_path, capsys,
+                                                                              monkeypatch):
+    monkeypatch.setenv("PDSTACK_TEST_KEY", KEY)
+
+    def run(url):
+        capsys.readouterr()
+        code = main(["validate-deployment", str(slo_spec), "--url", url, "--api-key-env", "PDSTACK_TEST_KEY",
+                     "--aiperf", str(AIPERF), "--out", str(tmp_path / "r"), "--output", "json"])
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err
+        return code, {g["name"]: g for g in json.loads(out.out)["gates"]}
+
+    code, gates = run("http://127.0.0.1:9")
+    assert code == 1 and "no answer from http://127.0.0.1:9" in gates["authenticated request"]["detail"]
+    with openai_stub(Behaviour(error_rate=1.0, api_key=KEY)) as url:
+        code, gates = run(url)
+    assert code == 1 and gates["authenticated request"]["detail"] == "HTTP 500"
+    with openai_stub(Behaviour(api_key=None)) as url:  # a gateway that serves anyone
+        code, gates = run(url)
+    assert code == 1 and not gates["request without a key is refused"]["passed"]
+    assert "serves without an API key" in gates["request without a key is refused"]["detail"]
+
+
+def test_the_result_file_is_read_at_the_pinned_schema_only(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"schema_version": "9.9", "aiperf_version": "1.0.0"}))
+    with pytest.raises(LoadTestError, match="pdstack reads schema 1.4 of aiperf 0.13.0"):
+        read_result(tmp_path / "r.json", "chat", 1)
+    with pytest.raises(LoadTestError, match="aiperf wrote no result"):
+        read_result(tmp_path / "missing.json", "chat", 1)
+
+
+def test_judging_and_the_profile_are_pure_functions_of_the_results():
+    def result(c, ttft, itl):
+        return LoadResult("chat", c, 100, 0, ttft, ttft, itl, itl, 1000 / itl, 50.0 * c, 2.0 * c, 400, 400, 200, 200)
+
+    light, heavy = result(1, 200, 20), result(8, 900, 45)  # heavy breaks both latency SLOs
+    gates = {g.name: g.passed for g in judge(heavy, 400, 40, 20)}
+    assert gates == {"ttft_p99": False, "tpot_p99": False, "tokens_per_second_per_user": True, "errors": True}
+    sweep = Sweep("chat", [(light, judge(light, 400, 40, 20)), (heavy, judge(heavy, 400, 40, 20))])
+    assert sweep.passed() and sweep.best_within_slo() is light
+    profile = measured_workload(sweep, prefill_instances=2, decode_instances=1, where="w", when="t")
+    assert profile["capacity"]["prefill_tokens_per_second"] == 400.0  # 2 req/s x 400 tokens over 2 instances
+    assert profile["capacity"]["decode"] == [{"tpot_ms": 20.0, "concurrency": 1.0}, {"tpot_ms": 45.0, "concurrency": 8.0}]
+    with pytest.raises(LoadTestError, match="no run met the SLO"):
+        measured_workload(Sweep("chat", [(heavy, judge(heavy, 400, 40, 20))]), 1, 1, "w", "t")
+
+
+def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_manifest(tmp_path, capsys):
+    """batch/v1 Job against Kubernetes 1.34's own schema (kubernetes-validate, strict); the key
+    reaches aiperf by $(VAR) expansion from a secretKeyRef (kubernetes.io/docs/tasks/inject-data-
+    application/define-interdependent-environment-variables/)."""
+    data = stack_data("prod")
+    data["images"]["loadtest"] = "nvcr.io/nvidia/aiperf@sha256:" + "ab" * 32
+    spec_file = tmp_path / "prod.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    out = tmp_path / "jobs.yaml"
+    assert main(["validate-deployment", str(spec_file), "--url", "http://gateway.pdstack-prod.svc",
+                 "--concurrency", "1,32", "--render-job", str(out), "--results-claim", "loadtest-results",
+                 "--api-key-secret", "api-keys/batch-eval"]) == 0
+    jobs = list(yaml.safe_load_all(out.read_text()))
+    assert [j["metadata"]["name"] for j in jobs] == ["loadtest-chat-shared-prefix-c1", "loadtest-chat-shared-prefix-c32"]
+    container = jobs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].endswith("ab" * 32) and "$(PDSTACK_API_KEY)" in container["args"]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "api-keys", "key": "batch-eval"}
+    capsys.readouterr()
+    del data["images"]["loadtest"]
+    spec_file.write_text(yaml.safe_dump(data))
+    assert main(["validate-deployment", str(spec_file), "--url", "http://g", "--render-job", str(tmp_path / "x.yaml"),
+                 "--results-claim", "r", "--api-key-secret", "s/k"]) == 2
+    assert "images.loadtest: no aiperf image is named" in capsys.readouterr().err
+
+
+def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheus(tmp_path):
+    """Engine exporters with the pinned SGLang's metric names behind a real Prometheus: an even
+    fleet passes; a hot spot (one decode instance at 40 running requests, the other at 10: 1.6x the
+    mean), poor expert balance and failed KV transfers each fail their gate."""
+    from contextlib import ExitStack
+
+    from infra.prometheus import PrometheusAPI
+    from infra.validation.health import fleet_gates, fleet_queries
+    from tests.engine_exporter import HEALTHY, Behaviour, EngineExporter
+    from tests.servers import free_port, prometheus
+
+    even = {("pdstack-a", "prefill", 1): HEALTHY, ("pdstack-a", "decode", 1): HEALTHY,
+            ("pdstack-a", "decode", 2): HEALTHY}
+    skewed = {("pdstack-b", "prefill", 1): HEALTHY,
+              ("pdstack-b", "decode", 1): Behaviour(0.2, 0.015, running=40, expert_balancedness=0.6,
+                                                    kv_failures_per_tick=1),
+              ("pdstack-b", "decode", 2): Behaviour(0.2, 0.015, running=10)}
+    with ExitStack() as stack:
+        targets = []
+        for (ns, role, i), behaviour in {**even, **skewed}.items():
+            exporter = EngineExporter(behaviour)
+            exporter.start(free_port())
+            stack.callback(exporter.stop)
+            targets.append((exporter.port, {"namespace": ns, "pdstack_io_role": role, "instance_no": str(i)}))
+        api = PrometheusAPI(stack.enter_context(prometheus(tmp_path, targets)))
+        deadline = time.monotonic() + 30
+        while api.query("count(sglang:num_running_reqs)") != len(targets) or \
+                api.query("count(rate(sglang:num_requests_total[1m]) > 0)") != len(targets):
+            assert time.monotonic() < deadline, "Prometheus has no samples from the exporters"
+            time.sleep(0.5)
+
+        def gates(ns):
+            return {g.name: g for g in fleet_gates({n: api.query(q) for n, q in
+                                                    fleet_queries("sglang", ns, "1m", ["prefill", "decode"]).items()})}
+
+        good, bad = gates("pdstack-a"), gates("pdstack-b")
+    assert all(g.passed for g in good.values()), good
+    assert not bad["decode load spread"].passed and bad["decode load spread"].detail.startswith("1.60x")
+    assert not bad["decode expert balancedness"].passed and not bad["KV transfer failures"].passed
+    assert bad["prefill load spread"].passed
