@@ -586,6 +586,46 @@ def _render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, c
     return 0
 
 
+def _compare(args, spec, model, scenario, concurrencies, api_key, out: Path, result) -> list[dict] | None:
+    """The same sweep against a second endpoint (a colocated baseline, the previous revision):
+    one table, as the design's "compare on the same test set" asks. Informational: no gate."""
+    import os
+
+    from infra.validation.loadtest import Gate, LoadTestError
+    from infra.validation.run import endpoint_gates, run_sweep
+
+    reached = endpoint_gates(args.compare_url, model, api_key)
+    if not reached[0].passed:
+        result.add("compare", [Gate(f"{reached[0].name} (B)", False, reached[0].detail)])
+        return None
+    try:
+        other = run_sweep(args.aiperf, args.compare_url, model, scenario, concurrencies, args.requests,
+                          out / "compare", args.tokenizer or spec.model.name, api_key, spec.slo, dict(os.environ))
+    except LoadTestError as exc:
+        result.add("compare", [Gate("aiperf (B)", False, str(exc))])
+        return None
+    b = {r.concurrency: r for r, _ in other.runs}
+    return [{"concurrency": r.concurrency, "a": r, "b": b[r.concurrency]} for r, _ in result.sweep.runs
+            if r.concurrency in b]
+
+
+def _plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
+    """Latency against load as a PNG, drawn in the load-test tool's environment (matplotlib)."""
+    import subprocess
+
+    python = Path(args.aiperf).parent / "python"
+    series = [f"A {args.url}=" + ",".join(str(out / f"{scenario.name}-c{r.concurrency}") for r, _ in sweep.runs)]
+    if comparison:
+        series.append(f"B {args.compare_url}=" + ",".join(str(out / "compare" / f"{scenario.name}-c{row['concurrency']}")
+                                                        for row in comparison))
+    done = subprocess.run([str(python), str(Path(__file__).resolve().parent.parent / "scripts/plot_sweeps.py"),
+                           "--out", args.plot, "--ttft-slo", str(spec.slo.ttft_p99_ms), "--tpot-slo",
+                           str(spec.slo.tpot_p99_ms), "--title", f"{spec.environment.name}: {scenario.name}", *series],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode:
+        raise InputError(f"--plot {args.plot}: {' '.join(done.stderr.split()[-30:])}")
+
+
 def cmd_validate_deployment(args: argparse.Namespace) -> int:
     """The launch validation: endpoint and auth chain, then an aiperf sweep judged against the SLOs."""
     import datetime
@@ -624,6 +664,9 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
             result.add("load test", [Gate("aiperf", False, str(exc))])
         else:
             result.add("load test", [g for _, gates in result.sweep.runs[:1] for g in gates])
+    comparison = None
+    if args.compare_url and result.sweep:
+        comparison = _compare(args, spec, model, scenario, concurrencies, api_key, out, result)
     if args.prometheus and result.passed:
         from infra.prometheus import PrometheusAPI
         from infra.validation.health import fleet_gates, fleet_queries
@@ -632,6 +675,8 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         queries = fleet_queries(spec.engine.kind, spec.environment.namespace, args.window,
                                 list(spec.deployment.pools()))
         result.add("fleet", fleet_gates({name: api.query(q) for name, q in queries.items()}))
+    if args.plot and result.sweep:
+        _plot(args, spec, scenario, result.sweep, comparison, out)
     profile = None
     if args.profile_out and result.sweep and result.passed:
         import yaml
@@ -659,12 +704,23 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
                            f"{r.itl_p50_ms:.1f} / {r.itl_p99_ms:.1f}", f"{r.tokens_per_second_per_user:.1f}",
                            f"{r.output_tokens_per_second:.0f}", "yes" if all(x.passed for x in g) else "no")
                           for r, g in result.sweep.runs])
+        if comparison:
+            _print_table(f"side by side, the same load: {args.url} (A) and {args.compare_url} (B)",
+                         ("concurrency", "TTFT p99 A / B ms", "TPOT p99 A / B ms", "tok/s/user A / B",
+                          "output tok/s A / B", "B / A output"),
+                         [(str(row["concurrency"]), f"{row['a'].ttft_p99_ms:.0f} / {row['b'].ttft_p99_ms:.0f}",
+                           f"{row['a'].itl_p99_ms:.1f} / {row['b'].itl_p99_ms:.1f}",
+                           f"{row['a'].tokens_per_second_per_user:.1f} / {row['b'].tokens_per_second_per_user:.1f}",
+                           f"{row['a'].output_tokens_per_second:.0f} / {row['b'].output_tokens_per_second:.0f}",
+                           f"{row['b'].output_tokens_per_second / row['a'].output_tokens_per_second:.2f}x")
+                          for row in comparison])
         if profile:
             console.print(f"wrote {args.profile_out}: the measured capacity `pdctl plan --workload` reads")
 
     _emit(args, "validation", {"environment": spec.environment.name, "url": args.url, "passed": result.passed,
                                "gates": [{"stage": s, **dataclasses.asdict(g)} for s, g in result.gates],
-                               "runs": runs, "profile": args.profile_out if profile else None}, text)
+                               "runs": runs, "profile": args.profile_out if profile else None,
+                               "comparison": comparison, "plot": args.plot if result.sweep and args.plot else None}, text)
     if not result.passed:
         failed = "; ".join(f"{g.name}: {g.detail}" for _, g in result.gates if not g.passed)
         err_console.print(f"[red]validation failed: {escape(failed)}[/red]", highlight=False, soft_wrap=True)
@@ -779,6 +835,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "and request failures from the engines' metrics")
     p.add_argument("--window", default="5m", help="PromQL range the fleet checks look back over (default 5m)")
     p.add_argument("--profile-out", help="write the measured capacity as a workload file for `pdctl plan`")
+    p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
+    p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
     p.add_argument("--render-job", help="instead of running here, write the sweep as Kubernetes Jobs to this file")
     p.add_argument("--results-claim", help="with --render-job: PVC the Jobs write aiperf's results to")
     p.add_argument("--api-key-secret", help="with --render-job: SECRET/KEY of a gateway API key")

@@ -200,3 +200,20 @@ def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheu
     assert not bad["decode load spread"].passed and bad["decode load spread"].detail.startswith("1.60x")
     assert not bad["decode expert balancedness"].passed and not bad["KV transfer failures"].passed
     assert bad["prefill load spread"].passed
+
+
+def test_two_endpoints_under_the_same_load_compare_side_by_side_and_plot(aiperf_env, slo_spec, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The design's "compare on the same test set": B (TTFT 350 ms, 30 ms between tokens) against
+    A (200 ms, 20 ms), one table and one PNG (matplotlib from the load-test environment)."""
+    tokenizer, env = aiperf_env
+    png = tmp_path / "sweep.png"
+    with openai_stub(Behaviour(ttft_s=0.2, itl_s=0.02, api_key=KEY)) as a, \
+            openai_stub(Behaviour(ttft_s=0.35, itl_s=0.03, api_key=KEY)) as b:
+        code, doc = _validate(slo_spec, a, tokenizer, env, tmp_path, capsys, monkeypatch, "--concurrency", "1",
+                              "--compare-url", b, "--plot", str(png))
+    assert code == 0, doc["gates"]
+    (row,) = doc["comparison"]
+    assert 200 <= row["a"]["ttft_p50_ms"] <= 220 and 350 <= row["b"]["ttft_p50_ms"] <= 375
+    assert 30 <= row["b"]["itl_p50_ms"] <= 33 and row["b"]["output_tokens_per_second"] < row["a"]["output_tokens_per_second"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000 and doc["plot"] == str(png)
