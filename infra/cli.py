@@ -237,20 +237,27 @@ def cmd_eplb(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _planned(spec: StackSpec, workload_path: str):
+    """The workload file and the planner's answer for this spec's pools (today's counts as `current`)."""
     from infra.planning.pd_ratio import SLO, PlanError, Workload, plan
 
-    spec = _spec_from_args(args)
     dep = spec.deployment
     if dep.mode != "disaggregated":
         raise InputError("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
-    workload = load_model(args.workload, Workload, "workload")
+    workload = load_model(workload_path, Workload, "workload")
     try:
-        result = plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user),
-                      dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
-                      current=(dep.prefill.instances, dep.decode.instances))
+        return workload, plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms,
+                                            spec.slo.tokens_per_second_per_user),
+                              dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+                              current=(dep.prefill.instances, dep.decode.instances))
     except PlanError as exc:
-        raise InputError(f"plan: {args.workload}: {exc}") from None
+        raise InputError(f"plan: {workload_path}: {exc}") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    dep = spec.deployment
+    workload, result = _planned(spec, args.workload)
     written, notes = None, []
     if args.write:
         from infra.spec_edit import write_counts
@@ -586,6 +593,16 @@ def _render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, c
     return 0
 
 
+def _planned_sweep(args: argparse.Namespace, spec: StackSpec) -> list[int]:
+    """--concurrency plan: 25%, 50%, 100% and 125% of the decode concurrency the planner predicts."""
+    from infra.validation.loadtest import sweep_from_plan
+
+    if not args.workload:
+        raise InputError("--concurrency plan needs --workload (the workload file pdctl plan reads). Fix: add it")
+    _, predicted = _planned(spec, args.workload)
+    return sweep_from_plan(predicted.decode_slots_per_instance, spec.deployment.decode.instances)
+
+
 def _compare(args, spec, model, scenario, concurrencies, api_key, out: Path, result) -> list[dict] | None:
     """The same sweep against a second endpoint (a colocated baseline, the previous revision):
     one table, as the design's "compare on the same test set" asks. Informational: no gate."""
@@ -631,18 +648,22 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     import datetime
     import os
 
-    from infra.validation.loadtest import SCENARIOS, Gate, LoadTestError, measured_workload
+    from infra.validation.loadtest import SCENARIOS, Gate, LoadTestError, Sweep, judge, measured_workload, read_result
     from infra.validation.run import Validation, endpoint_gates, run_sweep
 
     spec = _spec_from_args(args)
     if args.scenario not in SCENARIOS:
         raise InputError(f"--scenario {args.scenario}: not a scenario. Fix: one of {', '.join(SCENARIOS)}")
-    try:
-        concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
-        if not concurrencies or concurrencies[0] < 1:
-            raise ValueError
-    except ValueError:
-        raise InputError(f"--concurrency {args.concurrency}: whole numbers of 1 or more, e.g. 1,8,32") from None
+    if args.concurrency == "plan":
+        concurrencies = _planned_sweep(args, spec)
+    else:
+        try:
+            concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
+            if not concurrencies or concurrencies[0] < 1:
+                raise ValueError
+        except ValueError:
+            raise InputError(f"--concurrency {args.concurrency}: whole numbers of 1 or more (e.g. 1,8,32), or plan "
+                             "(with --workload)") from None
     if not (0 < args.scale <= 1) or args.requests < 1:
         raise InputError("--scale is a share above 0 and at most 1, --requests 1 or more. Fix: e.g. --scale 1 --requests 200")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
@@ -655,7 +676,18 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         return _render_loadtest_jobs(args, spec, scenario, concurrencies)
     out = Path(args.out)
     result = Validation(args.url)
-    if result.add("endpoint", endpoint_gates(args.url, model, api_key)):
+    if args.results:  # the in-cluster Jobs' result folders, copied off their PVC: judged, not run again
+        out = Path(args.results)
+        result.sweep = Sweep(scenario.name)
+        for c in concurrencies:
+            try:
+                run = read_result(out / f"{scenario.name}-c{c}" / "profile_export_aiperf.json", scenario.name, c)
+            except LoadTestError as exc:
+                raise InputError(f"--results {args.results}: {exc}") from None
+            result.sweep.runs.append((run, judge(run, spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms,
+                                                 spec.slo.tokens_per_second_per_user)))
+        result.add("load test", result.sweep.runs[0][1])
+    elif result.add("endpoint", endpoint_gates(args.url, model, api_key)):
         out.mkdir(parents=True, exist_ok=True)  # only once there is something to measure
         try:
             result.sweep = run_sweep(args.aiperf, args.url, model, scenario, concurrencies, args.requests, out,
@@ -824,7 +856,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name to request (default: the spec's model.name)")
     p.add_argument("--scenario", default="chat-shared-prefix", help="dataset shape: chat-shared-prefix, "
                                                                     "long-input-short-output, short-input-long-output")
-    p.add_argument("--concurrency", default="1,8,32", help="concurrency levels of the sweep (default 1,8,32)")
+    p.add_argument("--concurrency", default="1,8,32",
+                   help="concurrency levels of the sweep (default 1,8,32), or plan: 25/50/100/125%% of the "
+                        "decode concurrency the planner predicts from --workload")
+    p.add_argument("--workload", help="with --concurrency plan: the workload file pdctl plan reads")
     p.add_argument("--requests", type=int, default=200, help="requests per level (default 200)")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the scenario's token counts by this share")
     p.add_argument("--tokenizer", help="tokenizer aiperf counts with (default: the spec's model.name)")
@@ -838,6 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
     p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
     p.add_argument("--render-job", help="instead of running here, write the sweep as Kubernetes Jobs to this file")
+    p.add_argument("--results", help="judge the Jobs' result folders (copied off their PVC) instead of running")
     p.add_argument("--results-claim", help="with --render-job: PVC the Jobs write aiperf's results to")
     p.add_argument("--api-key-secret", help="with --render-job: SECRET/KEY of a gateway API key")
     p.set_defaults(func=cmd_validate_deployment)

@@ -148,6 +148,22 @@ def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_
                  "--concurrency", "1,32", "--render-job", str(out), "--results-claim", "loadtest-results",
                  "--api-key-secret", "api-keys/batch-eval"]) == 0
     jobs = list(yaml.safe_load_all(out.read_text()))
+    planned = tmp_path / "planned.yaml"  # levels around the planner's predicted decode concurrency
+    assert main(["validate-deployment", str(spec_file), "--url", "http://gateway.pdstack-prod.svc", "--concurrency",
+                 "plan", "--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--render-job", str(planned),
+                 "--results-claim", "loadtest-results", "--api-key-secret", "api-keys/batch-eval"]) == 0
+    from infra.planning.pd_ratio import SLO, plan
+    from infra.spec import parse_spec
+    from infra.validation.loadtest import sweep_from_plan
+
+    spec = parse_spec(data)
+    predicted = plan(Workload.model_validate(yaml.safe_load((REPO_ROOT / "stacks/workloads/prod-chat.yaml").read_text())),
+                     SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user),
+                     spec.deployment.prefill.gpus_per_instance(), spec.deployment.decode.gpus_per_instance())
+    levels = sweep_from_plan(predicted.decode_slots_per_instance, spec.deployment.decode.instances)
+    assert levels[-1] > predicted.decode_slots_per_instance * spec.deployment.decode.instances  # past it
+    assert [j["metadata"]["name"] for j in yaml.safe_load_all(planned.read_text())] == \
+        [f"loadtest-chat-shared-prefix-c{c}" for c in levels]
     assert [j["metadata"]["name"] for j in jobs] == ["loadtest-chat-shared-prefix-c1", "loadtest-chat-shared-prefix-c32"]
     container = jobs[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].endswith("ab" * 32) and "$(PDSTACK_API_KEY)" in container["args"]
@@ -213,6 +229,13 @@ def test_two_endpoints_under_the_same_load_compare_side_by_side_and_plot(aiperf_
         code, doc = _validate(slo_spec, a, tokenizer, env, tmp_path, capsys, monkeypatch, "--concurrency", "1",
                               "--compare-url", b, "--plot", str(png))
     assert code == 0, doc["gates"]
+    # The same result folders judged again, as the in-cluster Jobs' would be after `kubectl cp`
+    # off their PVC: no request sent, the same verdict.
+    capsys.readouterr()
+    code = main(["validate-deployment", str(slo_spec), "--url", "http://in-cluster", "--concurrency", "1",
+                 "--scale", "0.05", "--results", str(tmp_path / "runs"), "--output", "json"])
+    again = json.loads(capsys.readouterr().out)
+    assert code == 0 and again["runs"][0]["ttft_p99_ms"] == doc["runs"][0]["ttft_p99_ms"]
     (row,) = doc["comparison"]
     assert 200 <= row["a"]["ttft_p50_ms"] <= 220 and 350 <= row["b"]["ttft_p50_ms"] <= 375
     assert 30 <= row["b"]["itl_p50_ms"] <= 33 and row["b"]["output_tokens_per_second"] < row["a"]["output_tokens_per_second"]

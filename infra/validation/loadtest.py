@@ -66,6 +66,16 @@ def aiperf_command(aiperf: str, url: str, model: str, scenario: Scenario, concur
     return cmd + (["--api-key", api_key] if api_key else [])
 
 
+SWEEP_SHARES = (0.25, 0.5, 1.0, 1.25)  # of the planner's predicted capacity: up to it, and past it
+
+
+def sweep_from_plan(decode_slots_per_instance: float, decode_instances: int) -> list[int]:
+    """Concurrency levels around what the planner predicts the decode pool holds at the TPOT
+    target: the sweep must reach it and go past it, or the capacity it reports is a guess."""
+    capacity = decode_slots_per_instance * decode_instances
+    return sorted({max(1, round(capacity * share)) for share in SWEEP_SHARES})
+
+
 @dataclass(frozen=True)
 class LoadResult:
     """What one run measured, from the tool's own result file."""
