@@ -42,6 +42,11 @@ def track_namespace(namespace: str, revision: int) -> str:
     return f"{namespace}-r{revision}"
 
 
+def serving_revision(traffic: dict[int, int]) -> int | None:
+    """The revision that takes the most of `traffic` (revision -> percent), None if none does."""
+    return max(traffic, key=traffic.get) if traffic else None
+
+
 def namespaces_matcher(namespace: str, revision: int | None = None) -> str:
     """PromQL matcher for an environment's series, wherever they serve from: its namespace
     (no tracks) or its release tracks' namespaces (one revision's, or all)."""

@@ -105,7 +105,8 @@ def sshd(workdir, path_dirs: list[str], authorized_key: str):
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
         f"SetEnv PATH={':'.join(path_dirs)}:/usr/local/bin:/usr/bin:/bin", "LogLevel ERROR", "",
     ]))
-    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = open(workdir / "sshd.log", "wb")  # a file, not a pipe nobody reads (see running())
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -116,13 +117,14 @@ def sshd(workdir, path_dirs: list[str], authorized_key: str):
             except OSError:
                 pass
             if proc.poll() is not None:
-                raise RuntimeError(f"sshd exited: {proc.stderr.read().decode()}")
+                raise RuntimeError(f"sshd exited: {(workdir / 'sshd.log').read_text(errors='replace')[-2000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError("sshd did not start")
             time.sleep(0.1)
         yield port, (workdir / "host_ed25519.pub").read_text().strip()
     finally:
         stop(proc)
+        log.close()
 
 
 @contextmanager

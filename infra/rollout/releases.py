@@ -35,6 +35,7 @@ from infra.render.router_config import router_launch
 from infra.rollout.faultpoints import process_alive
 from infra.rollout.objectstore import Conflict, FolderStore, ObjectStore, StoreUnavailable, open_store
 from infra.spec import REPO_ROOT, StackSpec, parse_spec
+from infra.tracks import serving_revision
 
 RELEASES_DIR = REPO_ROOT / "releases"
 STATE, LEASE = "state.json", "lease.json"
@@ -272,7 +273,7 @@ class ReleaseStore:
     def previous_good(self) -> int | None:
         """The newest good revision other than the one serving most traffic now."""
         traffic = self.traffic()
-        current = max(traffic, key=traffic.get) if traffic else None
+        current = serving_revision(traffic)
         older = [r for r in self.good_revisions() if r != current and (current is None or r < current)]
         return older[-1] if older else None
 

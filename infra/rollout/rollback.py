@@ -18,6 +18,7 @@ from rich.console import Console
 from infra.rollout.cluster import Cluster, RecordedCluster
 from infra.rollout.releases import ReleaseError, ReleaseStore
 from infra.rollout.rollout import RolloutOptions, apply_steps, steps_for
+from infra.tracks import serving_revision
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def choose_target(store: ReleaseStore, to: int | None, unfinished: dict | None) 
     recorded), the one that served before it (recorded, not guessed); else the previous good one."""
     if to is None and unfinished is not None and unfinished["serving_before"]:
         before = {int(k): v for k, v in unfinished["serving_before"].items()}
-        to = max(before, key=before.get)
+        to = serving_revision(before)
     if to is None:
         target = store.previous_good()
         if target is None:

@@ -19,7 +19,7 @@ from infra.rollout.cluster import Cluster, RecordedCluster
 from infra.rollout.releases import Release, ReleaseError, ReleaseStore
 from infra.rollout.steps import Step, plan_steps
 from infra.spec import SpecError, StackSpec
-from infra.tracks import plan_tracks, splits_traffic_by_weight
+from infra.tracks import plan_tracks, serving_revision, splits_traffic_by_weight
 
 
 class StepFailed(ReleaseError):
@@ -137,7 +137,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     if unfinished is not None:
         raise _unfinished_refusal(store, unfinished)
     live = cluster.traffic()
-    _refuse_unless_it_fits(store, spec, max(live, key=live.get) if live else None)
+    _refuse_unless_it_fits(store, spec, serving_revision(live))
     with store.lock("rollout"):
         unfinished = store.operation()  # again: another may have started meanwhile
         if unfinished is not None:
@@ -147,7 +147,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         if serving != recorded:
             console.print(f"[yellow]the cluster serves {serving}, the release store says {recorded}: "
                           "acting on the cluster's[/yellow]")
-        baseline = max(serving, key=serving.get) if serving else None
+        baseline = serving_revision(serving)
         stages = list(options.stages) if baseline is not None else [100]
         store.begin_operation("rollout", None, serving, stages=stages)  # intent first: a crash from here is recoverable
         # One warm standby is kept (the baseline, after this rollout); older ones make room.
