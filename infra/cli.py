@@ -46,12 +46,17 @@ LAYER_ORDER = [
 ]
 
 
-def _spec_from_args(args: argparse.Namespace) -> StackSpec:
-    """The spec named by a positional path, --spec, or --stack (stacks/<stack>.yaml)."""
+def _spec_path(args: argparse.Namespace) -> Path:
+    """The spec file named by a positional path, --spec, or --stack (stacks/<stack>.yaml)."""
     if args.spec_path and args.spec and Path(args.spec_path) != Path(args.spec):
         raise InputError(f"two specs given: {args.spec_path} and --spec {args.spec}. Fix: give one")
     given = args.spec_path or args.spec
-    spec = load_spec(Path(given) if given else stack_spec_path(args.stack))
+    return Path(given) if given else stack_spec_path(args.stack)
+
+
+def _spec_from_args(args: argparse.Namespace) -> StackSpec:
+    """The spec `_spec_path` names, switched to --engine where a command has one."""
+    spec = load_spec(_spec_path(args))
     if getattr(args, "engine", None):
         spec, notes = switch_engine(spec, args.engine)
         for note in notes:
@@ -74,9 +79,9 @@ def _plain(value):
 
 def _emit(args: argparse.Namespace, kind: str, data: dict, text) -> None:
     """With --output json or yaml, `data` under a `kind` and `version` (the shapes README.md
-    documents) is all that goes to stdout; otherwise `text()` prints it for a person."""
+    documents) is all that goes to stdout; otherwise (text, markdown) `text()` prints it for a person."""
     fmt = getattr(args, "output", "text")
-    if fmt == "text":
+    if fmt not in ("json", "yaml"):
         text()
         return
     doc = {"kind": f"pdstack/{kind}", "version": 1, **_plain(data)}
@@ -262,7 +267,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.write:
         from infra.spec_edit import write_counts
 
-        notes = write_counts(args.spec_path or args.spec or stack_spec_path(args.stack), args.write, result)
+        notes = write_counts(_spec_path(args), args.write, result)
         written = args.write
     phases = {role: {"now": getattr(dep, role).instances, "recommended": getattr(result, f"{role}_instances"),
                      "gpus": getattr(result, f"{role}_gpus"), "utilisation": getattr(result, f"{role}_utilisation"),
@@ -458,12 +463,10 @@ def cmd_releases(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     """The policy pack's rules on the offline preview (what `pulumi preview --policy-pack` runs)."""
     from infra.offline import run_spec
-    from infra.policy.rules import Resource, evaluate
-    from infra.render.manifests import unwrap
+    from infra.policy.rules import evaluate_offline
 
     spec = _spec_from_args(args)
-    run = run_spec(spec)
-    violations = evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()])
+    violations = evaluate_offline(run_spec(spec))
     mandatory = [v for v in violations if v.level == "mandatory"]
     _print_table(f"policy: {spec.environment.name}", ("rule", "level", "problem"),
                  [(v.rule, v.level, v.message) for v in violations])
@@ -549,17 +552,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"--fail-on {args.fail_on}: {', '.join(unknown)} is not an impact class. Fix: some of "
                          f"{', '.join(IMPACT_CLASSES)}")
-    current = Path(args.spec_path or args.spec or stack_spec_path(args.stack))
     after = _spec_from_args(args)
-    before, against = spec_at(args.against, args.stack, current)
+    before, against = spec_at(args.against, args.stack, _spec_path(args))
     report = diff_specs(before, after)
-    if args.output == "json":
-        sys.stdout.write(json.dumps({"kind": "pdstack/diff", "version": 1, "against": against,
-                                     **_plain(as_data(report))}, indent=2) + "\n")
-    elif args.output == "markdown":
-        sys.stdout.write(markdown(report, f"`{against}`"))
-    else:
-        sys.stdout.write(text(report, against))
+    # Markdown is one more way to show it to a person; json goes through the one emitter.
+    _emit(args, "diff", {"against": against, **as_data(report)},
+          lambda: sys.stdout.write(markdown(report, f"`{against}`") if args.output == "markdown"
+                                   else text(report, against)))
     hit = [c for c in fail_on if c in report.classes()]
     if hit:
         err_console.print(f"[red]--fail-on: {', '.join(hit)} in this change[/red]", highlight=False)
@@ -606,9 +605,8 @@ def _planned_sweep(args: argparse.Namespace, spec: StackSpec) -> list[int]:
 def _compare(args, spec, model, scenario, concurrencies, api_key, out: Path, result) -> list[dict] | None:
     """The same sweep against a second endpoint (a colocated baseline, the previous revision):
     one table, as the design's "compare on the same test set" asks. Informational: no gate."""
-    import os
-
-    from infra.validation.loadtest import Gate, LoadTestError
+    from infra.rollout.canary import Gate
+    from infra.validation.loadtest import LoadTestError
     from infra.validation.run import endpoint_gates, run_sweep
 
     reached = endpoint_gates(args.compare_url, model, api_key)
@@ -646,10 +644,10 @@ def _plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
 def cmd_validate_deployment(args: argparse.Namespace) -> int:
     """The launch validation: endpoint and auth chain, then an aiperf sweep judged against the SLOs."""
     import datetime
-    import os
 
-    from infra.validation.loadtest import SCENARIOS, Gate, LoadTestError, Sweep, judge, measured_workload, read_result
-    from infra.validation.run import Validation, endpoint_gates, run_sweep
+    from infra.rollout.canary import Gate
+    from infra.validation.loadtest import SCENARIOS, LoadTestError, measured_workload
+    from infra.validation.run import Validation, endpoint_gates, read_sweep, run_sweep
 
     spec = _spec_from_args(args)
     if args.scenario not in SCENARIOS:
@@ -678,15 +676,10 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     result = Validation(args.url)
     if args.results:  # the in-cluster Jobs' result folders, copied off their PVC: judged, not run again
         out = Path(args.results)
-        result.sweep = Sweep(scenario.name)
-        for c in concurrencies:
-            try:
-                run = read_result(out / f"{scenario.name}-c{c}" / "profile_export_aiperf.json", scenario.name, c)
-            except LoadTestError as exc:
-                raise InputError(f"--results {args.results}: {exc}") from None
-            result.sweep.runs.append((run, judge(run, spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms,
-                                                 spec.slo.tokens_per_second_per_user)))
-        result.add("load test", result.sweep.runs[0][1])
+        try:
+            result.sweep = read_sweep(out, scenario.name, concurrencies, spec.slo)
+        except LoadTestError as exc:
+            raise InputError(f"--results {args.results}: {exc}") from None
     elif result.add("endpoint", endpoint_gates(args.url, model, api_key)):
         out.mkdir(parents=True, exist_ok=True)  # only once there is something to measure
         try:
@@ -694,8 +687,8 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
                                      args.tokenizer or spec.model.name, api_key, spec.slo, dict(os.environ))
         except LoadTestError as exc:
             result.add("load test", [Gate("aiperf", False, str(exc))])
-        else:
-            result.add("load test", [g for _, gates in result.sweep.runs[:1] for g in gates])
+    if result.sweep:  # the lightest load is judged: it must meet the SLO (the rest measures capacity)
+        result.add("load test", result.sweep.runs[0][1])
     comparison = None
     if args.compare_url and result.sweep:
         comparison = _compare(args, spec, model, scenario, concurrencies, api_key, out, result)

@@ -98,8 +98,9 @@ def validation_problems(exc: ValidationError, model: type[BaseModel],
         loc = [str(p) for p in err["loc"]]
         path = ".".join(loc)
         msg = err["msg"].removeprefix("Value error, ")
-        if hint(err):
-            msg = hint(err)
+        hinted = hint(err)
+        if hinted:
+            msg = hinted
         elif err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(loc[-1], fields_at(model, err["loc"][:-1]), n=1, cutoff=0.75)
             msg = (f"unknown key. Fix: did you mean {close[0]}?" if close

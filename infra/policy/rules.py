@@ -348,6 +348,13 @@ class Violation:
     message: str
 
 
+def evaluate_offline(run) -> list[Violation]:
+    """Every rule over an offline run's registrations (infra/offline.py), secrets unwrapped in memory."""
+    from infra.render.manifests import unwrap  # not at import: the policy pack itself does without it
+
+    return evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()])
+
+
 def evaluate(resources: list[Resource], rules: tuple[Rule, ...] = RULES) -> list[Violation]:
     """Every rule over a stack's resources, as the policy pack would report them."""
     found = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra.inputs import InputError
 from infra.offline import run_spec
-from infra.policy.rules import Resource, evaluate
+from infra.policy.rules import evaluate_offline
 from infra.render.engine_args import all_launches
 from infra.render.manifests import unwrap
 from infra.review.diff import (CapacityModel, FieldChange, FleetDiff, Impact, classify, flag_changes, gpus_of,
@@ -26,7 +26,7 @@ def capacity_model(spec: StackSpec) -> CapacityModel:
 
 
 def _violations(run) -> set[str]:
-    found = evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()])
+    found = evaluate_offline(run)
     return {f"{v.rule}: {v.message}" for v in found if v.level == "mandatory"}
 
 

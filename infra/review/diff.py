@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from infra import naming
 from infra.offline import OfflineRun, RegisteredResource, SECRET_PLACEHOLDER, is_secret
 from infra.render.engine_args import EngineLaunch
 
@@ -245,15 +246,11 @@ class CapacityModel:
     gpus_per_node: int
 
 
-def _role_of(change: ResourceChange, labels: dict[str, str]) -> str | None:
-    return labels.get("pdstack.io/role")
-
-
 def classify(change: ResourceChange, labels: dict[str, str], capacity: CapacityModel, gpu_pods: int = 0) -> list[Impact]:
     """The impacts of one resource change, from how its controller acts on it. `gpu_pods`: the
     GPUs a workload's pods hold (0 for CPU-only ones)."""
     ref = f"{change.kind}/{change.name}"
-    role = _role_of(change, labels)
+    role = labels.get(naming.ROLE_LABEL)
     if change.action in ("create", "delete"):
         return [Impact(change.action, ref, f"{change.kind} {change.action}d")]
     paths = [f.path for f in change.fields]

@@ -9,7 +9,7 @@ import math
 
 from infra.render.metrics import ENGINE_METRICS, with_selector
 from infra.tracks import namespaces_matcher
-from infra.validation.loadtest import Gate
+from infra.rollout.canary import Gate
 
 MAX_LOAD_SPREAD = 1.5  # busiest instance's running requests over the mean, averaged over the window
 MIN_EXPERT_BALANCEDNESS = 0.8  # SGLang's eplb_balancedness: mean over max GPU load of experts, 1 is even

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.rollout.canary import Gate  # one gate type for every verdict: name, passed, detail
+
 AIPERF_VERSION = "0.13.0"  # pinned in pyproject.toml's `loadtest` extra; the Job's image is the same release
 RESULT_FILE = "profile_export_aiperf.json"
 RESULT_SCHEMA = "1.4"  # profile_export_aiperf.json's schema_version at that release
@@ -122,13 +124,6 @@ def read_result(path: Path, scenario: str, concurrency: int) -> LoadResult:
                       metric("request_throughput", "avg"),
                       metric("input_sequence_length", "avg"), metric("input_sequence_length", "p99"),
                       metric("output_sequence_length", "avg"), metric("output_sequence_length", "p99"))
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    passed: bool
-    detail: str
 
 
 def judge(result: LoadResult, ttft_p99_ms: float, tpot_p99_ms: float, tokens_per_second_per_user: float,

@@ -78,6 +78,16 @@ def run_sweep(aiperf: str, url: str, model: str, scenario: Scenario, concurrenci
             tail = " ".join((done.stdout + done.stderr).split()[-40:])
             raise LoadTestError(f"aiperf at concurrency {concurrency} exited {done.returncode} after "
                                 f"{time.monotonic() - started:.0f}s: ...{tail}")
-        result = read_result(run_dir / RESULT_FILE, scenario.name, concurrency)
-        sweep.runs.append((result, judge(result, slo.ttft_p99_ms, slo.tpot_p99_ms, slo.tokens_per_second_per_user)))
+        sweep.runs.append(judged_run(run_dir, scenario.name, concurrency, slo))
     return sweep
+
+
+def judged_run(run_dir: Path, scenario: str, concurrency: int, slo) -> tuple:
+    """One run's result file (aiperf's own), read and judged against the SLO."""
+    result = read_result(run_dir / RESULT_FILE, scenario, concurrency)
+    return result, judge(result, slo.ttft_p99_ms, slo.tpot_p99_ms, slo.tokens_per_second_per_user)
+
+
+def read_sweep(results: Path, scenario: str, concurrencies: list[int], slo) -> Sweep:
+    """A sweep that ran elsewhere (the in-cluster Jobs), from its result folders <scenario>-c<N>."""
+    return Sweep(scenario, [judged_run(results / f"{scenario}-c{c}", scenario, c, slo) for c in concurrencies])
