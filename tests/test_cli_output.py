@@ -141,3 +141,31 @@ def test_tables_keep_whole_timestamps_when_piped(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": ""})
     assert done.returncode == 0, done.stderr
     assert release.created_at in done.stdout
+
+
+def test_an_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Every output pdctl writes (placements, manifests, planned specs, profiles) goes through one
+    writer: a write that fails half way (here the disk fills on the first byte written) leaves the
+    file it replaces as it was, and no temporary file behind."""
+    import errno
+    from pathlib import Path
+
+    from infra.inputs import write_output
+
+    target = tmp_path / "placement.json"
+    target.write_text("the old placement")
+    real_write = Path.write_text
+
+    def disk_full(self, *args, **kwargs):
+        if self.name.endswith(".tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError) as caught:
+        write_output(target, "the new placement")
+    assert caught.value.filename == str(target) and caught.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert target.read_text() == "the old placement" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.json"]
+    write_output(target, "the new placement")
+    assert target.read_text() == "the new placement" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.json"]
