@@ -6,8 +6,8 @@ measured as 201-216 ms), an SLO breach must fail with its gate named, and an unr
 erroring endpoint must fail cleanly.
 
 aiperf's result schema (profile_export_aiperf.json, schema_version 1.4) is read as aiperf
-0.13.0 writes it (ai-dynamo/aiperf, src/aiperf/exporters/); infra/validation/loadtest.py
-refuses any other version."""
+0.13.0 writes it (aiperf/common/models/export_models.py, JsonExportData.SCHEMA_VERSION, in the
+installed package: checked below); infra/validation/loadtest.py refuses any other version."""
 
 from __future__ import annotations
 
@@ -109,6 +109,18 @@ def test_an_endpoint_that_is_down_erroring_or_open_without_a_key_fails_cleanly(s
         code, gates = run(url)
     assert code == 1 and not gates["request without a key is refused"]["passed"]
     assert "serves without an API key" in gates["request without a key is refused"]["detail"]
+
+
+def test_the_pinned_schema_is_the_one_the_installed_aiperf_writes():
+    import subprocess
+
+    from infra.validation.loadtest import RESULT_SCHEMA
+
+    done = subprocess.run([str(AIPERF.parent / "python"), "-c",
+                           "import importlib.metadata as m; from aiperf.common.models.export_models import "
+                           "JsonExportData as J; print(m.version('aiperf'), J.SCHEMA_VERSION)"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == [AIPERF_VERSION, RESULT_SCHEMA], done.stderr
 
 
 def test_the_result_file_is_read_at_the_pinned_schema_only(tmp_path):
