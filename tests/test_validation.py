@@ -252,3 +252,19 @@ def test_two_endpoints_under_the_same_load_compare_side_by_side_and_plot(aiperf_
     assert 200 <= row["a"]["ttft_p50_ms"] <= 220 and 350 <= row["b"]["ttft_p50_ms"] <= 375
     assert 30 <= row["b"]["itl_p50_ms"] <= 33 and row["b"]["output_tokens_per_second"] < row["a"]["output_tokens_per_second"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000 and doc["plot"] == str(png)
+
+
+def test_a_result_left_by_an_earlier_run_is_never_judged_again(slo_spec, tmp_path, capsys, monkeypatch):
+    """A run that exits 0 without writing its result (here a stand-in for aiperf that does
+    nothing) fails, even though the folder still holds the previous run's passing result."""
+    stale = tmp_path / "runs" / "chat-shared-prefix-c1"
+    stale.mkdir(parents=True)
+    (stale / "profile_export_aiperf.json").write_text(json.dumps({"schema_version": "1.4",
+                                                                   "aiperf_version": AIPERF_VERSION}))
+    monkeypatch.setenv("PDSTACK_TEST_KEY", KEY)
+    capsys.readouterr()
+    with openai_stub(Behaviour(api_key=KEY)) as url:
+        code = main(["validate-deployment", str(slo_spec), "--url", url, "--api-key-env", "PDSTACK_TEST_KEY",
+                     "--aiperf", "/bin/true", "--concurrency", "1", "--out", str(tmp_path / "runs"), "--output", "json"])
+    gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
+    assert code == 1 and "aiperf wrote no result" in gates["aiperf"]["detail"]

@@ -65,6 +65,7 @@ def run_sweep(aiperf: str, url: str, model: str, scenario: Scenario, concurrenci
     sweep = Sweep(scenario.name)
     for concurrency in concurrencies:
         run_dir = out_dir / f"{scenario.name}-c{concurrency}"
+        (run_dir / RESULT_FILE).unlink(missing_ok=True)  # a result left from an earlier run is never judged
         cmd = aiperf_command(aiperf, url, model, scenario, concurrency, requests, run_dir, tokenizer, api_key)
         started = time.monotonic()
         try:
