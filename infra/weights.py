@@ -33,11 +33,12 @@ DEFAULT_WORKERS = 8  # files hashed (and fetched) at once: sha256 runs outside t
 # characters" for object keys (docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html:
 # 0-9 a-z A-Z ! - _ . * ' ( )) less ! * ' ( ), which shells and URLs treat specially; '/'
 # between parts; no empty, "." or ".." part and no leading '/', so a name can never leave the
-# folder it is fetched to. The same text is a Python regex and a POSIX ERE (the aws-cli fetch
+# folder it is fetched to; no part starts with '-', so none reads as an option. The same text is a Python regex and a POSIX ERE (the aws-cli fetch
 # script checks SHA256SUMS with `grep -E`).
-_PART = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)"
+_PART = r"([A-Za-z0-9_][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)"
 SAFE_NAME = rf"{_PART}(/{_PART})*"
 KEY_MAX_BYTES = 1024  # S3's limit on a whole key
+PART_MAX_BYTES = 255  # NAME_MAX of Linux filesystems: a longer part cannot be a file or folder on the node
 
 
 class BucketPostureError(RuntimeError):
@@ -56,6 +57,8 @@ def unsafe_name(name: object) -> str | None:
                 "(it could leave the folder it is fetched to)")
     if len(name.encode()) > KEY_MAX_BYTES:
         return f"{name[:40]!r}... is longer than an S3 key may be ({KEY_MAX_BYTES} bytes)"
+    if any(len(part.encode()) > PART_MAX_BYTES for part in name.split("/")):
+        return f"{name[:40]!r}... has a part longer than a file name on the node may be ({PART_MAX_BYTES} bytes)"
     return None
 
 
