@@ -256,7 +256,10 @@ def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
     before the first write, and again under the folder's lock."""
     import json
 
-    files = {manifest_path(m): yaml.safe_dump(redact(m), sort_keys=False) for m in items}
+    from infra.redaction import redact_text
+
+    # Secret-marked values become a placeholder; anything else shaped like a credential too.
+    files = {manifest_path(m): redact_text(yaml.safe_dump(redact(m), sort_keys=False)) for m in items}
     _check_folder(out_dir, files)  # refuse before anything is created
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
