@@ -13,6 +13,39 @@ _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.
 _LABEL_NAME = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
+# Hugging Face repo ids (what --served-model-name and tokenizers take): huggingface_hub
+# src/huggingface_hub/utils/_validators.py, validate_repo_id: REPO_ID_REGEX
+# r"^(\b[\w\-.]+\b/)?\b[\w\-.]+\b$", at most 96 characters, no "--" or "..", not ending in ".git"
+# (here in ASCII: \w would admit any Unicode letter).
+_HF_REPO_ID = re.compile(r"(?=.{1,96}$)([A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?/)?[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+# OCI image references: the grammar of github.com/distribution/reference (reference.go, regexp.go):
+# [domain[:port]/]path-component(/path-component)*[:tag][@digest], path components lower-case
+# alpha-numerics joined by '.', '_', '__' or runs of '-'; tags [\w][\w.-]{0,127}; here the digest is
+# required and sha256 (pdstack pins every image by digest).
+_DOMAIN = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+OCI_DIGEST_REFERENCE = re.compile(
+    rf"(?=.{{1,255}}@)(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"@sha256:[0-9a-f]{64}")
+# Kubernetes label values: kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set
+_LABEL_VALUE = re.compile(r"(?=.{0,63}$)(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+# A node-local folder pdstack mounts (hostPath) and names in scripts: absolute, normalised, each part
+# of letters, digits, '.', '_' and '-' (not '.' or '..'), so it means the same to every tool.
+_HOST_PATH = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._-]+)+/?")
+
+
+def is_hf_repo_id(name: str) -> bool:
+    return bool(_HF_REPO_ID.fullmatch(name)) and "--" not in name and ".." not in name and not name.endswith(".git")
+
+
+def is_label_value(value: str) -> bool:
+    return bool(_LABEL_VALUE.fullmatch(value))
+
+
+def is_host_path(path: str) -> bool:
+    return bool(_HOST_PATH.fullmatch(path))
+
+
 def is_dns_subdomain(name: str) -> bool:
     return bool(_DNS_SUBDOMAIN.fullmatch(name))
 

@@ -18,7 +18,9 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
-from infra.naming import S3_BUCKET_NAME, is_dns_subdomain, is_label_key
+from infra.naming import (
+    OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value)
+from infra.weights import SAFE_NAME, unsafe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -26,7 +28,6 @@ STACKS_DIR = REPO_ROOT / "stacks"
 # The engine versions pdstack renders for. Their flag sets live in infra/render/pinned/.
 PINNED_ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 
-_DIGEST_IMAGE = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -88,6 +89,34 @@ def _dns_subdomain(v: str) -> str:
     return v
 
 
+def _shown(v: str) -> str:
+    return repr(v[:80])
+
+
+def _checked(test, fix: str):
+    """A field validator: `test(v)` must hold, else the value (cut, quoted) and the fix. Every
+    string that reaches a rendered script, a command line or a path is held to what the system
+    that reads it accepts, so no spec value can be read as shell syntax, an option or a path
+    elsewhere."""
+    def check(cls, v):
+        if v is not None and not test(v):
+            raise ValueError(f"{_shown(v)} {fix}")
+        return v
+    return classmethod(check)
+
+
+def _key_prefix(v: str) -> bool:
+    """An S3 key prefix of weight files: a name infra/weights.py would fetch (SAFE_NAME, parts that
+    fit a node's file names), optionally ending in '/'."""
+    return unsafe_name(v.removesuffix("/")) is None and len(v.encode()) <= 512
+
+
+_REGION = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?")  # us-east-1; a MinIO/RGW zone group like "default"
+_RDMA_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:]{0,63}")  # ibv_devices names: mlx5_0, rdmap79s0
+# Karpenter v1.14.1 NodePool spec.disruption.budgets[].nodes (pkg/apis/crds/karpenter.sh_nodepools.yaml)
+_BUDGET = re.compile(r"((100|[0-9]{1,2})%|[0-9]+)")
+
+
 def _version_number(v: str) -> str:
     if not re.fullmatch(r"\d+(\.\d+){0,3}", v):
         raise ValueError(f"{v[:40]!r} is not a version number. Fix: e.g. 570.124.06 (what nvidia-smi prints)")
@@ -124,6 +153,17 @@ class WeightsSpec(Strict):
     _url = field_validator("endpoint_url")(classmethod(lambda cls, v: _service_url(v)))
     region: str = "us-east-1"
     bucket: str
+    _region = field_validator("region")(_checked(_REGION.fullmatch, "is not a region name (lower-case letters, digits "
+                                                 "and '-'). Fix: e.g. us-east-1"))
+    _prefix = field_validator("prefix")(_checked(_key_prefix, (
+        "is not a key prefix pdstack fetches from: parts of letters, digits, '.', '_' and '-' joined by '/', no '..' "
+        "part, no leading '/' (AWS's safe characters for object keys). Fix: e.g. deepseek-v3/")))
+    _manifest = field_validator("checksum_manifest")(_checked(lambda v: re.fullmatch(SAFE_NAME, v), (
+        "is not a key name (letters, digits, '.', '_', '-', '/'). Fix: SHA256SUMS.json")))
+    _cache_path = field_validator("node_cache_path")(_checked(is_host_path, (
+        "is not an absolute node path of letters, digits, '.', '_' and '-' parts (no '..'). Fix: e.g. /mnt/weights")))
+    _secret = field_validator("credentials_secret")(_checked(is_dns_subdomain, (
+        "is not a Kubernetes Secret name (lower-case DNS subdomain). Fix: e.g. weights-s3-credentials")))
 
     @field_validator("bucket")
     @classmethod
@@ -154,6 +194,9 @@ class WeightsSpec(Strict):
 
 class ModelSpec(Strict):
     name: str = Field(description="Served model name, e.g. deepseek-ai/DeepSeek-V3.")
+    _name = field_validator("name")(_checked(is_hf_repo_id, (
+        "is not a Hugging Face model id ([owner/]name of letters, digits, '_', '.' and '-', at most 96, no '--' or "
+        "'..'). Fix: e.g. deepseek-ai/DeepSeek-V3")))
     num_layers: PositiveInt
     num_moe_layers: PositiveInt
     num_routed_experts: PositiveInt
@@ -197,9 +240,10 @@ class EngineSpec(Strict):
     @field_validator("image")
     @classmethod
     def _image_by_digest(cls, v: str) -> str:
-        if not _DIGEST_IMAGE.match(v):
+        if not OCI_DIGEST_REFERENCE.fullmatch(v):
             raise ValueError(
-                f"image {v!r} is not pinned by digest. Fix: use name@sha256:<64 hex digits>"
+                f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
+                "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
             )
         return v
 
@@ -239,6 +283,12 @@ class NodeClassRef(Strict):
     kind: str = "EC2NodeClass"
     name: str = "gpu"
 
+    _group = field_validator("group")(_checked(is_dns_subdomain, "is not an API group. Fix: karpenter.k8s.aws"))
+    _kind = field_validator("kind")(_checked(lambda v: re.fullmatch(r"[A-Z][A-Za-z0-9]{0,62}", v),
+                                             "is not a Kubernetes kind. Fix: EC2NodeClass"))
+    _name = field_validator("name")(_checked(is_dns_subdomain, "is not an object name (lower-case DNS subdomain). "
+                                                               "Fix: the node class's metadata.name"))
+
 
 class SupernodeSpec(Strict):
     gpus: PositiveInt = Field(description="GPUs in one NVLink domain, e.g. 72 for GB200 NVL72.")
@@ -268,6 +318,12 @@ class FabricSpec(Strict):
     devices: list[str] = Field(min_length=1, description="Device names the engines bind (ibv_devices), "
                                                          "e.g. rdmap79s0 on EFA, mlx5_0 on InfiniBand.")
 
+    _resource = field_validator("resource")(_checked(is_label_key, (
+        "is not a Kubernetes extended resource name ([domain/]name). Fix: e.g. vpc.amazonaws.com/efa or rdma/ib")))
+    _devices = field_validator("devices")(classmethod(lambda cls, v: [
+        _checked(_RDMA_DEVICE.fullmatch, "is not an RDMA device name as ibv_devices lists it. Fix: e.g. mlx5_0")
+        .__func__(cls, d) for d in v]))
+
 
 class HardwareSpec(Strict):
     gpu_type: Literal["H100", "H200", "B200", "GB200"]
@@ -295,6 +351,12 @@ class HardwareSpec(Strict):
     max_gpus: PositiveInt | None = Field(
         None, description="GPU quota of the environment: the pools' limits together may not exceed it.")
     disruption_budget: str = Field("10%", description="Karpenter: nodes that may be disrupted at once.")
+
+    _budget = field_validator("disruption_budget")(_checked(_BUDGET.fullmatch, (
+        "is not a Karpenter budget (a count or a percentage). Fix: e.g. 10% or 1")))
+    _instance_types = field_validator("instance_types")(classmethod(lambda cls, v: [
+        _checked(lambda t: t and is_label_value(t), "is not an instance type (a node label value). Fix: e.g. "
+                                                    "p5.48xlarge").__func__(cls, t) for t in v]))
 
 
 # --- deployment (the seed's sketch) -------------------------------------------------------
@@ -389,6 +451,10 @@ class PhaseSpec(Strict):
     expert_placement: str | None = Field(
         None, description="Placement JSON written by `pdctl eplb`, relative to the project root."
     )
+    _placement = field_validator("expert_placement")(_checked(
+        lambda v: re.fullmatch(SAFE_NAME, v) or is_host_path(v), (
+            "is not a file path of letters, digits, '.', '_', '-' and '/' parts (no '..'; relative to the project, "
+            "or absolute). Fix: e.g. stacks/placements/prod-decode.json")))
 
     def gpus_per_instance(self) -> int:
         return self.expert_parallel
@@ -420,6 +486,8 @@ class CacheSpec(Strict):
     capacity_gib: PositiveInt = 512
     disk_path: str | None = Field(
         None, description="Node-local folder for a disk tier of the prefix cache (LMCache local_disk).")
+    _disk_path = field_validator("disk_path")(_checked(is_host_path, (
+        "is not an absolute node path of letters, digits, '.', '_' and '-' parts (no '..'). Fix: e.g. /mnt/kvcache")))
     disk_gib: PositiveInt = Field(500, description="Disk tier size per engine node.")
     retention_hours: PositiveInt = Field(
         24, description="`pdctl cost` flags disk-tier prefix-cache entries untouched for longer than this.")
@@ -527,6 +595,10 @@ class AccessSpec(Strict):
                              "rate-limit service counts across replicas (needs its Redis backend enabled).")
 
     _cidrs = field_validator("allowlist_cidrs")(classmethod(lambda cls, v: _cidr_list(v, "10.0.0.0/8")))
+    _class = field_validator("gateway_class")(_checked(is_dns_subdomain, "is not a GatewayClass name. Fix: e.g. "
+                                                                         "envoy-gateway"))
+    _gw_ns = field_validator("gateway_namespace")(_checked(lambda v: _DNS_LABEL.fullmatch(v) and len(v) <= 63,
+                                                           "is not a namespace name. Fix: e.g. envoy-gateway-system"))
 
     @field_validator("api_keys")
     @classmethod
@@ -553,6 +625,7 @@ class ReleaseStoreSpec(Strict):
 
     _no_credentials = field_validator("url")(classmethod(lambda cls, v: _url_without_credentials(v)))
     _url = field_validator("endpoint_url")(classmethod(lambda cls, v: _service_url(v)))
+    _region = field_validator("region")(_checked(_REGION.fullmatch, "is not a region name. Fix: e.g. us-east-1"))
 
     @field_validator("url")
     @classmethod

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from infra.cli import main
-from infra.spec import REPO_ROOT
+from infra.spec import REPO_ROOT, StackSpec
 from tests.conftest import stack_data
 from tests.servers import healthy_prometheus, misbehaving_prometheus
 
@@ -348,10 +348,9 @@ def _spec_mutations():
             yield pytest.param(path, bad, id=f"{'.'.join(map(str, path))}-{i}")
 
 
-# Free-form text the spec cannot check further (any string could be right); every other wrong
-# value must be refused.
-FREE_FORM = {"environment.release_store.url", "model.name", "model.weights.region", "model.weights.prefix",
-             "hardware.fabric.devices.0", "hardware.instance_types.0"}
+# Free-form text the spec cannot check further (any folder name could be right); every other
+# wrong value must be refused (names, keys, paths and ids are held to their systems' rules).
+FREE_FORM = {"environment.release_store.url"}
 
 
 @pytest.mark.parametrize("path, bad", list(_spec_mutations()))
@@ -378,8 +377,56 @@ def test_every_spec_field_given_a_wrong_value_is_refused_with_its_field(path, ba
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
+def _hostile_mutations():
+    """Every string field of the spec model (walked, not listed) given each hostile string of
+    tests/test_script_injection.py: shell syntax, quotes, newlines, globs, a leading '-'."""
+    from tests.test_script_injection import HOSTILE, string_fields
+
+    data = stack_data("prod")
+    for path in string_fields(StackSpec):
+        parent = data
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else (parent[key] if parent else None)
+        if parent is None:
+            continue  # a section prod does not have (colocated): the same model is reached elsewhere
+        for i, hostile in enumerate(HOSTILE):
+            yield pytest.param(path, hostile, id=f"{'.'.join(map(str, path))}-hostile{i}")
+
+
+# A folder of the project's release history: read and written by pdctl in Python (no shell), any
+# folder name a filesystem takes is its own.
+HOSTILE_ACCEPTED = {"environment.release_store.url"}
+
+
+@pytest.mark.parametrize("path, hostile", list(_hostile_mutations()))
+def test_every_spec_string_field_refuses_shell_syntax_with_its_field(path, hostile, tmp_path, capsys):
+    """validate holds each field to what its system accepts (S3 keys, paths, Hugging Face ids, OCI
+    references, Kubernetes names...), so `x; touch INJECTED #` in a weights prefix (issue #24) or
+    anywhere else is refused, exit 2, naming the field. The rendering side quotes anyway:
+    tests/test_script_injection.py."""
+    data = stack_data("prod")
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    value = hostile.format(mark=tmp_path / "INJECTED")
+    node[path[-1]] = value
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    code = main(["validate", str(spec_file)])
+    out = capsys.readouterr()
+    field = ".".join(map(str, path))
+    assert "Traceback" not in out.out + out.err and "unexpected error" not in out.out + out.err
+    if field in HOSTILE_ACCEPTED:
+        assert code in (0, BAD)
+    else:
+        assert code == BAD, f"{field} = {value!r} was accepted"
+        named = [".".join(map(str, path[:n])) for n in range(len(path), 0, -1)]
+        assert any(f"- {prefix}" in out.err for prefix in named), out.err
+    assert not (tmp_path / "INJECTED").exists()
+
+
 def test_the_corpus_is_the_size_the_issue_asks_for():
-    mutations = len(list(_spec_mutations()))
+    mutations = len(list(_spec_mutations())) + len(list(_hostile_mutations()))
     assert len(CASES) + mutations >= 300, (len(CASES), mutations)
 
 

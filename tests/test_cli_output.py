@@ -169,3 +169,101 @@ def test_an_output_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert target.read_text() == "the old placement" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.json"]
     write_output(target, "the new placement")
     assert target.read_text() == "the new placement" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.json"]
+
+
+def _snapshot(*roots):
+    return {str(p): (p.is_symlink(), p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+            for root in roots for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("entry", ["../keep/precious.txt", "{keep}/precious.txt", "pdstack-dev/../../keep/precious.txt",
+                                   "./x.yaml", "a\nb.yaml", 7])
+def test_render_never_touches_a_file_its_index_names_outside_the_folder(tmp_path, entry, capsys):
+    """The index is read back from the folder: a name in it that leaves the folder is refused,
+    exit 2, and nothing anywhere is touched (issue #24: the next render deleted ../keep/precious.txt)."""
+    out, keep = tmp_path / "out", tmp_path / "keep"
+    assert main(["render", "--stack", "dev", "--out", str(out)]) == 0
+    keep.mkdir()
+    (keep / "precious.txt").write_text("precious")
+    index = out / ".pdstack-render.json"
+    names = json.loads(index.read_text())["files"]
+    index.write_text(json.dumps({"files": [*names, entry.format(keep=keep) if isinstance(entry, str) else entry]}))
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    assert main(["render", "--stack", "prod", "--out", str(out)]) == 2  # prod: dev's files would all go
+    assert _snapshot(tmp_path) == before
+    err = capsys.readouterr().err
+    assert ".pdstack-render.json" in err and "Nothing was touched" in err and "Traceback" not in err
+
+
+def test_render_writes_through_no_symbolic_link_inside_its_folder(tmp_path, capsys):
+    """A folder inside --out that is a link elsewhere: render refuses before writing anything
+    (issue #24: 41 files landed in the folder the link pointed to)."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    assert main(["render", "--stack", "dev", "--out", str(out)]) == 0
+    elsewhere.mkdir()
+    (out / "pdstack-dev").rename(tmp_path / "moved")
+    (out / "pdstack-dev").symlink_to(elsewhere, target_is_directory=True)
+    before = _snapshot(tmp_path)
+    assert main(["render", "--stack", "dev", "--out", str(out)]) == 2
+    assert _snapshot(tmp_path) == before and not list(elsewhere.iterdir())
+    assert "pdstack-dev is a symbolic link" in capsys.readouterr().err
+    (out / "pdstack-dev").unlink()  # a link to a file render wrote before: also refused, nothing followed
+    (tmp_path / "moved").rename(out / "pdstack-dev")
+    victim = next((out / "pdstack-dev").glob("*.yaml"))
+    (tmp_path / "target.txt").write_text("not render's")
+    victim.unlink()
+    victim.symlink_to(tmp_path / "target.txt")
+    before = _snapshot(tmp_path)
+    assert main(["render", "--stack", "prod", "--out", str(out)]) == 2
+    assert _snapshot(tmp_path) == before
+
+
+def test_two_renders_into_one_folder_take_turns_on_its_lock(tmp_path, monkeypatch):
+    """A render holds an flock on the folder's lock file while it checks, writes and cleans, so
+    a second render waits instead of seeing half a render (which it would refuse as foreign
+    files: issue #24). Here the test holds the lock: the render reaches it, writes nothing until
+    it is released, then finishes."""
+    import fcntl
+    import threading
+
+    from infra.render.manifests import manifests, write_manifests
+    from tests.conftest import shipped_run
+
+    prod = manifests(shipped_run("prod"))  # rendered here: Pulumi's mocks run on the main thread
+    out = tmp_path / "out"
+    assert main(["render", "--stack", "dev", "--out", str(out)]) == 0
+    index_before = (out / ".pdstack-render.json").read_text()
+    reached = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fd, op):
+        reached.set()
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    holder = os.open(out / ".pdstack-render.lock", os.O_RDWR)
+    real_flock(holder, fcntl.LOCK_EX)
+    result = {}
+    render = threading.Thread(target=lambda: result.setdefault("written", write_manifests(prod, out)))
+    render.start()
+    try:
+        assert reached.wait(300), "render never took the folder's lock"
+        assert (out / ".pdstack-render.json").read_text() == index_before
+        assert not (out / "pdstack-prod").exists()
+    finally:
+        os.close(holder)  # releases the lock
+    render.join(300)
+    assert len(result["written"]) == len(prod)
+    assert not (out / "pdstack-dev").exists() and (out / "pdstack-prod").is_dir()
+
+
+def test_concurrent_renders_leave_a_folder_the_next_render_accepts(tmp_path):
+    out = str(tmp_path / "out")
+    procs = [subprocess.Popen([*PDCTL, "render", "--stack", stack, "--out", out], cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for stack in ("dev", "prod", "dev")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()
+    assert main(["render", "--stack", "prod", "--out", out]) == 0
+    assert not (tmp_path / "out" / "pdstack-dev").exists()

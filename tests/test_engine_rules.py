@@ -7,12 +7,10 @@ pinned engines' real validation; these tests keep the reasons visible and fail f
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from infra.components.storage import aws_cli_fetch_script
 from infra.render.engine_args import all_launches, dense_mlp_fully_data_parallel
 from infra.render.engine_check import (
     committed_commands, launch_argv, load_verdicts, unverified, variant_spec)
@@ -210,43 +208,6 @@ def test_mixed_hardware_profiles_are_rejected_with_field_and_fix():
     data["deployment"]["decode"]["expert_parallel"] = 16
     data["hardware"]["max_gpus"] = 32
     assert any(p.startswith("engine.moe_a2a_backend: deepep across nodes (prefill") for p in problems_of(data))
-
-
-def test_aws_cli_fetcher_verifies_and_repairs_with_real_sha256sum(tmp_path):
-    """amazon/aws-cli ships `aws` and coreutils, not python3/boto3. The script runs under the real
-    /bin/sh and sha256sum; `aws` is a stand-in copying from a folder (what `aws s3 cp/sync` do)."""
-    spec = variant_spec("dev", "sglang")
-    bucket = tmp_path / "bucket"
-    (bucket / "qwen3-30b-a3b").mkdir(parents=True)
-    (bucket / "qwen3-30b-a3b" / "model.safetensors").write_bytes(b"weights" * 1000)
-    sums = subprocess.run(["sha256sum", "model.safetensors"], cwd=bucket / "qwen3-30b-a3b",
-                          capture_output=True, text=True, check=True).stdout
-    (bucket / "qwen3-30b-a3b" / "SHA256SUMS").write_text(sums)
-    fake_aws = tmp_path / "bin" / "aws"
-    fake_aws.parent.mkdir()
-    fake_aws.write_text(f"""#!/bin/sh
-# aws --only-show-errors --endpoint-url E --region R s3 (cp SRC DST | sync [--exclude X]... SRC DST)
-while [ "$1" != s3 ]; do shift; done; shift; op=$1; shift
-while [ "$1" = --exclude ]; do shift 2; done
-src=$(echo "$1" | sed 's#^s3://[^/]*#{bucket}#'); dst=$2
-if [ "$op" = cp ]; then cp "$src" "$dst"; else
-  for f in "$src"/*; do n=$(basename "$f"); [ "$n" = SHA256SUMS ] && continue; [ -e "$dst/$n" ] || cp "$f" "$dst/$n"; done
-fi
-""")
-    fake_aws.chmod(0o755)
-    cache = tmp_path / "cache"
-    script = aws_cli_fetch_script(spec).replace(spec.model.weights.node_cache_path, str(cache))
-    env = {"PATH": f"{fake_aws.parent}:/usr/bin:/bin"}
-    subprocess.run(["/bin/sh", "-c", script], env=env, check=True, capture_output=True)
-    target = cache / "qwen3-30b-a3b" / "model.safetensors"
-    assert target.read_bytes() == b"weights" * 1000
-    target.write_bytes(b"corrupt" * 1000)  # same size: `sync` alone would keep it
-    subprocess.run(["/bin/sh", "-c", script], env=env, check=True, capture_output=True)
-    assert target.read_bytes() == b"weights" * 1000
-    (bucket / "qwen3-30b-a3b" / "model.safetensors").write_bytes(b"tampered" * 1000)
-    target.unlink()
-    failed = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True)
-    assert failed.returncode != 0
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,13 @@ EXIT_FAILED, EXIT_REFUSED = 1, 3  # a rollout that stopped (and rolled back) / a
 
 def _console(stderr: bool) -> Console:
     # Piped into a file or `less`, rich would assume 80 columns and cut cells; wide enough
-    # instead that a table's rows stay whole (a terminal keeps its own width).
+    # instead that a table's rows stay whole (a terminal keeps its own width). Everything it
+    # prints goes through the one redaction (infra/redaction.py).
+    from infra.redaction import RedactingStream
+
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else max(int(os.environ.get("COLUMNS") or 0), 200))
+    return Console(file=RedactingStream("stderr" if stderr else "stdout"),
+                   width=None if stream.isatty() else max(int(os.environ.get("COLUMNS") or 0), 200))
 
 
 console = _console(stderr=False)

@@ -97,28 +97,15 @@ def images_by_digest(res: Resource) -> list[str]:
     return problems
 
 
-# Shapes of credentials that must never sit in plain text (outside a Secret).
-_SECRET_SHAPES = {
-    "private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    "AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
-    "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
-    "OpenAI-style API key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}\b"),
-    "bearer token": re.compile(r"\bBearer\s+[A-Za-z0-9._~+/-]{20,}"),
-    "JWT": re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
-}
+# Shapes of credentials that must never sit in plain text (outside a Secret): the one list every
+# output is redacted with (infra/redaction.py).
 _SECRET_ENV_NAME = re.compile(r"(^|_)(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|ACCESS_KEY)(_|$)")
 
 
 def _secret_shapes(text: str) -> list[str]:
-    return [what for what, pattern in _SECRET_SHAPES.items() if pattern.search(text)]
+    from infra.redaction import secret_shapes
 
-
-def mask_secret_shapes(text: str) -> str:
-    """`text` with anything shaped like a credential replaced, for reports that quote values
-    (a diff posted on a pull request must not repeat a key someone pasted into a spec)."""
-    for what, pattern in _SECRET_SHAPES.items():
-        text = pattern.sub(f"<{what} redacted>", text)
-    return text
+    return secret_shapes(text)
 
 
 def no_plaintext_secrets(res: Resource) -> list[str]:

@@ -13,6 +13,7 @@ the engine's rank arguments (shell variables, expanded when the container starts
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 
 from infra import naming
@@ -281,7 +282,8 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         notes.append("workers (NODE_RANK > 0) run headless: only the leader serves HTTP")
         worker_only = ["--headless", "--data-parallel-start-rank", "$START_RANK"]
         worker = " ".join(f'"{w}"' if w.startswith("$") else w for w in worker_only)
-        prelude.append(f'if [ "$NODE_RANK" -gt 0 ]; then set -- {worker}; else set -- {" ".join(leader_only)}; fi')
+        leader = " ".join(map(shlex.quote, leader_only))  # values (the encoder's URL) arrive whole
+        prelude.append(f'if [ "$NODE_RANK" -gt 0 ]; then set -- {worker}; else set -- {leader}; fi')
         rank_flags = [*leader_only, *("0" if w.startswith("$") else w for w in worker_only)]
     else:
         args += leader_only

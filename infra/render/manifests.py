@@ -129,6 +129,8 @@ def validate_manifests(items: list[dict], kubernetes_version: str) -> Validation
 
 
 RENDER_INDEX = ".pdstack-render.json"  # what the last render wrote, so the next one can remove it
+RENDER_LOCK = ".pdstack-render.lock"  # held (flock) while a render reads, writes and cleans the folder
+_RENDER_OWN = {RENDER_INDEX, RENDER_LOCK}
 
 
 class RenderFolderError(InputError):
@@ -140,44 +142,141 @@ def manifest_path(manifest: dict) -> str:
     return f"{meta.get('namespace', '_cluster')}/{manifest['kind'].lower()}-{meta['name']}.yaml"
 
 
+def _inside(out_dir: Path, rel: object, what: str) -> str:
+    """`rel` if it names a file strictly inside the output folder; else the refusal.
+
+    The index is read back from the folder, so it is input like any other: a name with `..`,
+    an absolute name, or a control character would make render remove or write a file it
+    never wrote (issue #24: `../keep/precious.txt` in the index was deleted)."""
+    import posixpath
+
+    fix = "Fix: remove the folder (or that entry) and render again"
+    if not isinstance(rel, str) or not rel or any(ord(c) < 32 or c == "\\" for c in rel):
+        raise RenderFolderError(f"--out {out_dir}: {what} names {rel!r}, not a file name. Nothing was touched. {fix}")
+    parts = rel.split("/")
+    if rel.startswith("/") or posixpath.normpath(rel) != rel or ".." in parts or "." in parts:
+        raise RenderFolderError(f"--out {out_dir}: {what} names {rel!r}, which is outside the folder. Nothing was "
+                                f"touched. {fix}")
+    return rel
+
+
+def _folder_contents(out_dir: Path) -> set[str]:
+    """Every file under out_dir, relative; a symbolic link anywhere is refused (render writes and
+    removes only through real folders, so nothing it does can land where a link points)."""
+    import os
+
+    present = set()
+    for top, dirs, files in os.walk(out_dir, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(top) / name
+            rel = path.relative_to(out_dir).as_posix()
+            if path.is_symlink():
+                raise RenderFolderError(f"--out {out_dir}: {rel} is a symbolic link; render follows none (it "
+                                        "would write or delete where the link points). Nothing was touched. "
+                                        "Fix: name a new or empty folder, or remove the link")
+            if name in files:
+                present.add(rel)
+    return present
+
+
+def _previous_files(out_dir: Path) -> set[str]:
+    """What the last render wrote (its index), each name checked to lie inside the folder."""
+    import json
+
+    index = out_dir / RENDER_INDEX
+    if not index.exists():
+        return set()
+    try:
+        names = json.loads(index.read_text())["files"]
+        if not isinstance(names, list):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RenderFolderError(f"--out {out_dir}: its {RENDER_INDEX} is unreadable. Nothing was touched. Fix: "
+                                "remove the folder and render again") from None
+    return {_inside(out_dir, rel, RENDER_INDEX) for rel in names}
+
+
+def _check_folder(out_dir: Path, files: dict[str, str]) -> set[str]:
+    """Everything render checks before it touches the folder; returns the previous render's files."""
+    if out_dir.is_symlink() and not out_dir.is_dir() or out_dir.exists() and not out_dir.is_dir():
+        raise RenderFolderError(f"--out {out_dir}: is a file. Fix: name a folder")
+    for rel in files:
+        _inside(out_dir, rel, "a manifest")
+    if not out_dir.exists():
+        return set()
+    previous = _previous_files(out_dir)
+    foreign = sorted(_folder_contents(out_dir) - previous - _RENDER_OWN)
+    if foreign:
+        raise RenderFolderError(f"--out {out_dir}: holds {len(foreign)} file(s) an earlier render did not write "
+                                f"(e.g. {foreign[0]}). Nothing was written. Fix: name a new or empty folder")
+    return previous
+
+
+def _locked(out_dir: Path):
+    """An exclusive flock on the folder's lock file: two renders into one folder take turns, so
+    neither sees the other's files half written (and refuses them as foreign)."""
+    import contextlib
+    import fcntl
+    import os
+
+    @contextlib.contextmanager
+    def hold():
+        fd = os.open(out_dir / RENDER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+    return hold()
+
+
+def _write_inside(root: Path, rel: str, text: str) -> Path:
+    """Write root/rel, making its folders, refusing any step that is not a real folder inside root."""
+    path = root / rel
+    folder = root
+    for part in rel.split("/")[:-1]:
+        folder = folder / part
+        if folder.is_symlink() or folder.exists() and not folder.is_dir():
+            raise RenderFolderError(f"--out {root}: {folder.relative_to(root)} is not a folder render made. "
+                                    "Fix: name a new or empty folder")
+        folder.mkdir(exist_ok=True)
+    if path.is_symlink():
+        raise RenderFolderError(f"--out {root}: {rel} is a symbolic link. Fix: name a new or empty folder")
+    write_output(path, text)
+    return path
+
+
 def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
     """One YAML file per manifest, secrets redacted; files an earlier render wrote and this one
     does not are removed, so the folder holds exactly this render. Returns the written paths.
 
     The folder is render's own: it keeps an index of what it wrote, and refuses a folder that
-    holds anything else (it never deletes or mixes in a file it did not write)."""
+    holds anything else (it never deletes or mixes in a file it did not write). Every name it
+    writes or removes lies inside the folder, through no symbolic link; all of that is checked
+    before the first write, and again under the folder's lock."""
     import json
 
-    index = out_dir / RENDER_INDEX
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RenderFolderError(f"--out {out_dir}: is a file. Fix: name a folder")
-    previous: set[str] = set()
-    if index.exists():
-        try:
-            previous = set(json.loads(index.read_text())["files"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise RenderFolderError(f"--out {out_dir}: its {RENDER_INDEX} is unreadable. Fix: remove the folder "
-                                    "and render again") from None
-    if out_dir.is_dir():
-        present = {str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()} - {RENDER_INDEX}
-        foreign = sorted(present - previous)
-        if foreign:
-            raise RenderFolderError(f"--out {out_dir}: holds {len(foreign)} file(s) an earlier render did not write "
-                                    f"(e.g. {foreign[0]}). Nothing was written. Fix: name a new or empty folder")
-    files = {manifest_path(m): yaml.safe_dump(redact(m), sort_keys=False) for m in items}
+    from infra.redaction import redact_text
+
+    # Secret-marked values become a placeholder; anything else shaped like a credential too.
+    files = {manifest_path(m): redact_text(yaml.safe_dump(redact(m), sort_keys=False)) for m in items}
+    _check_folder(out_dir, files)  # refuse before anything is created
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The index first, naming old and new files: a render killed half way leaves a folder the
-    # next render still owns and cleans.
-    index.write_text(json.dumps({"files": sorted(previous | set(files))}, indent=1))
-    for rel, text in files.items():
-        path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_output(path, text)
-    for rel in sorted(previous - set(files)):
-        (out_dir / rel).unlink(missing_ok=True)
-        try:
-            (out_dir / rel).parent.rmdir()  # only when empty
-        except OSError:
-            pass
-    index.write_text(json.dumps({"files": sorted(files)}, indent=1))
-    return [out_dir / rel for rel in files]
+    with _locked(out_dir):
+        previous = _check_folder(out_dir, files)  # again: another render may have run meanwhile
+        # The index first, naming old and new files: a render killed half way leaves a folder the
+        # next render still owns and cleans.
+        write_output(out_dir / RENDER_INDEX, json.dumps({"files": sorted(previous | set(files))}, indent=1))
+        written = [_write_inside(out_dir, rel, text) for rel, text in files.items()]
+        for rel in sorted(previous - set(files)):
+            path = out_dir / rel
+            if not path.is_symlink():
+                path.unlink(missing_ok=True)
+            for folder in path.relative_to(out_dir).parents:  # only when empty, never out_dir itself
+                if str(folder) != ".":
+                    try:
+                        (out_dir / folder).rmdir()
+                    except OSError:
+                        break
+        write_output(out_dir / RENDER_INDEX, json.dumps({"files": sorted(files)}, indent=1))
+    return written

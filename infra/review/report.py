@@ -10,18 +10,15 @@ from infra.review.diff import IMPACT_CLASSES, FleetDiff
 COMMENT_MARKER = "<!-- pdstack-diff -->"  # the workflow finds and updates its own comment by this line
 
 def redacted(render):
-    """Every rendering goes out through the policy's credential shapes (see mask_secret_shapes)."""
+    """Every rendering goes out through the one redaction (infra/redaction.py)."""
     import functools
-    import json
 
-    from infra.policy.rules import mask_secret_shapes
+    from infra.redaction import redact_data, redact_text
 
     @functools.wraps(render)
     def wrapper(*args, **kwargs):
         out = render(*args, **kwargs)
-        if isinstance(out, str):
-            return mask_secret_shapes(out)
-        return json.loads(mask_secret_shapes(json.dumps(out)))
+        return redact_text(out) if isinstance(out, str) else redact_data(out)
     return wrapper
 
 
@@ -56,7 +53,11 @@ def as_data(d: FleetDiff) -> dict:
 
 
 def _short(text: str, most: int = 80) -> str:
-    """Long values keep both ends: image digests and paths differ at either."""
+    """Long values keep both ends: image digests and paths differ at either. Redacted before it
+    is cut: a credential cut in half no longer has its shape, and its half would be shown."""
+    from infra.redaction import redact_text
+
+    text = redact_text(text)
     return text if len(text) <= most else f"{text[:most // 2 - 2]}...{text[-(most // 2 - 1):]}"
 
 

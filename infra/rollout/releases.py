@@ -280,12 +280,14 @@ class ReleaseStore:
     # --- audit log -------------------------------------------------------------------------------
 
     def audit(self, action: str, revision: int | None, outcome: str, **detail: Any) -> None:
+        from infra.redaction import redact_data  # an operator's --message may quote a credential
+
         entry = {"time": _now(), "actor": actor(), "environment": self.environment, "action": action,
                  "revision": revision, "outcome": outcome, **detail}
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
         while True:
             try:
-                self.objects.create(f"audit/{stamp}-{secrets.token_hex(4)}.json", _dump(entry))
+                self.objects.create(f"audit/{stamp}-{secrets.token_hex(4)}.json", _dump(redact_data(entry)))
                 return
             except Conflict:
                 continue

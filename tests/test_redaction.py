@@ -1,0 +1,118 @@
+"""One redaction for every output (infra/redaction.py): each credential shape, then each place
+output goes: diff (text, Markdown, JSON), pdctl's messages, audit entries, rendered manifests.
+
+Issue #24: `pdctl diff` and its Markdown showed an AWS secret key and a GitHub token (5 times
+each) and cut an AWS key id to a prefix that still identified it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from infra.cli import main
+from infra.redaction import redact_text, secret_shapes
+from tests.conftest import stack_data
+
+AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"  # AWS's documented example key pair
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+GITHUB = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+
+SAMPLES = {  # shape -> (text holding it, the part that must not survive)
+    "AWS access key id": (f"key {AWS_KEY_ID} here", AWS_KEY_ID[4:]),
+    "AWS secret access key (bare)": (f"s3 secret {AWS_SECRET} end", AWS_SECRET[:12]),
+    "AWS secret access key (in a path)": (f"/mnt/weights/v3/{AWS_SECRET}/x", AWS_SECRET[:12]),
+    "AWS secret access key (quoted)": (f'aws_secret_access_key = "{AWS_SECRET}"', AWS_SECRET[:12]),
+    "AWS secret access key (env)": (f"AWS_SECRET_ACCESS_KEY={AWS_SECRET}", AWS_SECRET[:12]),
+    "GitHub token": (f"token {GITHUB}", GITHUB[4:]),
+    "GitHub OAuth token": ("gho_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2", "Z9y8X7w6V5u4"),
+    "GitHub fine-grained token": ("github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+                                  "WXYZ0123456789abcdef", "11ABCDEFG0123456789"),
+    "Slack token": ("xoxb-1234567890-1234567890123-abcdefghijklmnopqrstuvwx", "abcdefghijklmnop"),
+    "Slack webhook": ("https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+                      "XXXXXXXXXXXXXXXX"),
+    "JWT": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "dozjgNryP4J3"),
+    "private key": ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
+                    "-----END OPENSSH PRIVATE KEY-----", "b3BlbnNzaC1rZXkt"),
+    "bearer token": ("Authorization: Bearer abc.DEF-123_xyz~tok", "abc.DEF-123"),
+    "password": ("db password=hunter2-correct-horse", "hunter2"),
+    "password in a URL": ("https://admin:s3cr3tpass@registry.internal/v2", "s3cr3tpass"),
+}
+
+
+@pytest.mark.parametrize("shape", SAMPLES)
+def test_every_credential_shape_is_redacted_whole(shape):
+    text, secret = SAMPLES[shape]
+    out = redact_text(text)
+    assert secret not in out and "redacted>" in out, out
+    assert secret_shapes(text)
+
+
+def test_what_pdstack_renders_is_not_taken_for_a_credential():
+    """Digests, config hashes, paths and flags of both shipped stacks pass untouched."""
+    from infra.render.manifests import manifests, redact
+    from tests.conftest import shipped_run
+
+    for stack in ("dev", "prod"):
+        text = yaml.safe_dump_all([redact(m) for m in manifests(shipped_run(stack))])
+        assert redact_text(text) == text
+
+
+def _secret_spec(tmp_path):
+    """prod with an AWS key pair pasted into the weights prefix and a GitHub token as an
+    instance type: both pass validate (the characters are legal there), both must never show."""
+    data = stack_data("prod")
+    data["model"]["weights"]["prefix"] = f"deepseek-v3/{AWS_SECRET}/{AWS_KEY_ID}/"
+    data["hardware"]["instance_types"] = ["p6e-gb200.36xlarge", GITHUB]
+    path = tmp_path / "prod-secret.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _leaks(text: str) -> list[str]:
+    return [piece for piece in (AWS_SECRET[:10], AWS_SECRET[-10:], "AKIA", AWS_KEY_ID[4:12], GITHUB[:8], GITHUB[-8:])
+            if piece in text]
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json"])
+def test_diff_shows_no_credential_in_any_format(tmp_path, capsys, fmt):
+    """Before: the secret and the token 5 times each in the Markdown, the key id cut to AKIA...."""
+    from infra.spec import REPO_ROOT
+
+    spec = _secret_spec(tmp_path)
+    capsys.readouterr()
+    assert main(["diff", "--stack", "prod", "--spec", str(spec), "--against", str(REPO_ROOT / "stacks/prod.yaml"),
+                 "--output", fmt]) == 0
+    out = capsys.readouterr()
+    assert "redacted>" in out.out
+    assert _leaks(out.out + out.err) == []
+    if fmt == "json":
+        json.loads(out.out)
+
+
+def test_render_writes_no_credential(tmp_path):
+    spec = _secret_spec(tmp_path)
+    assert main(["render", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*.yaml"))
+    assert "redacted>" in written and _leaks(written) == []
+
+
+def test_a_refusal_quoting_a_credential_prints_it_redacted(tmp_path, capsys):
+    data = stack_data("prod")
+    data["model"]["weights"]["region"] = AWS_KEY_ID
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "model.weights.region" in err and "<AWS access key id redacted>" in err and _leaks(err) == []
+
+
+def test_audit_entries_are_written_redacted(tmp_path):
+    from infra.rollout.releases import ReleaseStore
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    store.audit("rollout", 1, "started", message=f"ship it; temp creds {AWS_KEY_ID} {AWS_SECRET} {GITHUB}")
+    stored = "".join(p.read_text() for p in (tmp_path / "releases").rglob("audit/*.json"))
+    assert "redacted>" in stored and _leaks(stored) == []
