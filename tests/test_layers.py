@@ -116,14 +116,19 @@ def test_global_rate_limits_count_across_replicas():
     assert [r["limit"]["requests"] for r in rules] == [6000, 600]
 
 
-def test_only_group_leaders_are_scraped():
-    """In a multi-node group only rank 0 serves HTTP and /metrics; a PodMonitor over workers
-    would report them down (prometheus-operator v0.93.0 PodMonitor: every selected pod's port
+def test_every_pod_that_serves_metrics_is_scraped_and_no_other():
+    """Every node of an SGLang group serves its own schedulers' /metrics (sglang 0.5.23
+    srt/entrypoints/engine.py: node_rank >= 1 runs launch_dummy_health_check_server with
+    --enable-metrics), so the PodMonitor selects every engine pod; vLLM's headless workers serve
+    nothing (vllm 0.33.0 entrypoints/cli/serve.py run_headless), so their targets are dropped
+    rather than reported down (prometheus-operator v0.93.0 PodMonitor: every selected pod's port
     is a target)."""
     from tests.conftest import shipped_run
 
     (monitor,) = [m for m in shipped_run("prod").by_kind("PodMonitor") if m["metadata"]["name"] == "engines"]
-    assert monitor["spec"]["selector"]["matchLabels"] == {naming.LWS_WORKER_INDEX_LABEL: "0"}
+    assert "matchLabels" not in monitor["spec"]["selector"]
+    assert "relabelings" not in monitor["spec"]["podMetricsEndpoints"][0]
+    assert naming.LWS_WORKER_INDEX_LABEL in monitor["spec"]["podTargetLabels"]
 
 
 def _services(run) -> dict[str, dict]:
