@@ -24,7 +24,6 @@ import ast
 import hashlib
 import io
 import json
-import re
 import subprocess
 import sys
 import tempfile
