@@ -121,6 +121,22 @@ def requests_per_replica(spec: StackSpec, requests_per_minute: int) -> int:
     return -(-requests_per_minute // acc.gateway_replicas)
 
 
+def router_affinity(backends: list[Backend]) -> dict:
+    """Each API key's requests go to one replica of the SGLang router (Envoy Gateway v1.9.0,
+    BackendTrafficPolicy loadBalancer ConsistentHash on a header: a ring over the Service's
+    endpoints, so losing a replica moves only its keys). The router keeps its cache-aware tree in
+    memory, per replica (sglang-router 0.3.2 has no option to share it), and a tenant's prompts
+    share their prefixes: hashed by key, a replica sees all of a tenant's turns and its tree is as
+    good as one tree; spread round robin, each replica would see a third and send later turns to
+    workers without their prefix (infra/planning/prefix_affinity.py; scripts/bench_balancer_replicas.py
+    measures it). The key's client id header is set by the API key check, which runs before the
+    route picks an endpoint. The endpoint picker needs none of this: its replicas elect a leader."""
+    if not any(b.router.implementation == "sglang_router" for b in backends):
+        return {}
+    return {"loadBalancer": {"type": "ConsistentHash",
+                             "consistentHash": {"type": "Header", "header": {"name": CLIENT_ID_HEADER}}}}
+
+
 def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
     spec, acc = ctx.spec, ctx.spec.access
     gw_meta = ctx.metadata(naming.GATEWAY, "access")
@@ -180,6 +196,7 @@ def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
                   "limit": {"requests": requests_per_replica(spec, key.requests_per_minute), "unit": "Minute"}}
                  for key in acc.api_keys]}},
              "retry": {"numRetries": spec.timeouts.gateway_to_router.retries},
+             **router_affinity(backends),
          }},
     ]
 
