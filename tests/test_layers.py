@@ -86,8 +86,9 @@ def test_default_deny_plus_allowlist(run, spec):
     ingress = policies["allow-gateway-to-router"]["ingress"][0]["from"]
     assert [b["ipBlock"]["cidr"] for b in ingress if "ipBlock" in b] == spec.access.allowlist_cidrs
     (gateway,) = run.by_kind("Gateway")
-    ranges = gateway["spec"]["infrastructure"]["annotations"]["service.beta.kubernetes.io/load-balancer-source-ranges"]
-    assert ranges.split(",") == spec.access.allowlist_cidrs
+    (proxy,) = run.by_kind("EnvoyProxy")
+    service = proxy["spec"]["provider"]["kubernetes"]["envoyService"]
+    assert service["loadBalancerSourceRanges"] == spec.access.allowlist_cidrs
     (auth,) = run.by_kind("SecurityPolicy")
     assert auth["spec"]["authorization"]["defaultAction"] == "Deny"
     (limits,) = run.by_kind("BackendTrafficPolicy")
@@ -97,7 +98,6 @@ def test_default_deny_plus_allowlist(run, spec):
     replicas = spec.access.gateway_replicas
     assert [r["limit"]["requests"] for r in rules] == [-(-k.requests_per_minute // replicas) for k in spec.access.api_keys]
     assert "type" not in limits["spec"]["rateLimit"]  # deprecated in Envoy Gateway v1.9: local/global say it
-    (proxy,) = run.by_kind("EnvoyProxy")
     assert gateway["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
     # Unset, a Gateway's EnvoyProxy replaces the GatewayClass's settings whole
     # (envoyproxy/gateway v1.9.0, EnvoyProxySpec.mergeType).

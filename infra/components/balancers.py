@@ -18,6 +18,7 @@ from infra.components.storage import weights_init_container, weights_volumes
 from infra.render import rbac
 from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
 from infra.render.router_config import RouterLaunch, router_launch
+from infra.spec import image_platforms
 
 ROUTER_LABELS = {"app.kubernetes.io/name": naming.ROUTER}
 RBAC_COMPONENT = {"sglang_router": "sglang_router", "gateway_epp": "endpoint_picker"}
@@ -51,6 +52,13 @@ def router_probes(launch: RouterLaunch) -> dict:
     return {"readinessProbe": {"grpc": {"port": launch.health_port, "service": "readiness"}, "periodSeconds": 2},
             "livenessProbe": {"grpc": {"port": launch.health_port, "service": "liveness"},
                               "initialDelaySeconds": 5, "periodSeconds": 10}}
+
+
+def architecture_pin(spec, image: str) -> dict:
+    """A CPU pod whose image digest runs on one architecture only (images.platforms) is kept to
+    nodes of it (kubernetes.io/arch, set by the kubelet): elsewhere it would not start."""
+    platforms = image_platforms(spec, image)
+    return {"nodeSelector": {"kubernetes.io/arch": platforms[0]}} if platforms and len(platforms) == 1 else {}
 
 
 def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, str] | None = None) -> dict:
@@ -89,7 +97,8 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, 
             "template": {
                 "metadata": {"labels": ctx.pod_labels(**ROUTER_LABELS),
                              "annotations": {naming.CONFIG_HASH_ANNOTATION: config_hash(reads or {})}},
-                "spec": {"serviceAccountName": naming.ROUTER, "containers": [container], "volumes": volumes},
+                "spec": {"serviceAccountName": naming.ROUTER, **architecture_pin(spec, container["image"]),
+                         "containers": [container], "volumes": volumes},
             },
         },
     }
