@@ -30,8 +30,21 @@ def test_every_alert_reads_series_the_pinned_engine_exposes(spec):
         assert query_problems(rule.expr, spec.engine.kind) == [], rule.name
 
 
-def test_router_panel_names_a_metric_the_pinned_router_declares():
+def test_router_panel_reads_the_balancer_that_runs():
+    """sglang-router 0.3.2 declares smg_http_requests_total (its wheel); the endpoint picker counts
+    inference_objective_request_total (gateway-api-inference-extension v1.5.0
+    pkg/epp/metrics/metrics.go), and exports no smg_ series."""
+    import json
+
+    from infra.components.k8s import LayerContext
+    from infra.components.monitoring import dashboard
+    from tests.test_endpoint_picker import epp_spec
+
     assert flagset("sglang-router").has_metric("smg_http_requests_total")
+    spec = epp_spec("prod")
+    (panel,) = [p for p in dashboard(LayerContext(spec, spec.environment.namespace))["panels"]
+                if p["title"] == "Router requests"]
+    assert "inference_objective_request_total" in json.dumps(panel)
 
 
 def test_alert_rules_pass_promtool(tmp_path):

@@ -11,8 +11,8 @@ from infra.components.balancers import ROUTER_LABELS
 from infra.components.engines import ENGINE_PORT_NAME
 from infra.components.k8s import Layer, LayerContext
 from infra.render.engine_args import all_launches
-from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL, alert_rules,
-                                  p99, series_label, workers_export_metrics)
+from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL,
+                                  ROUTER_REQUESTS, alert_rules, p99, series_label, workers_export_metrics)
 
 
 def leaders_only_roles(ctx: LayerContext) -> list[str]:
@@ -61,6 +61,7 @@ def prometheus_rule(ctx: LayerContext) -> dict:
 def dashboard(ctx: LayerContext) -> dict:
     m = ENGINE_METRICS[ctx.spec.engine.kind]
     roles = list(ctx.spec.deployment.pools())
+    lb = ctx.spec.deployment.load_balancer.implementation
 
     def panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str) -> dict:
         return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": (i % 2) * 12, "y": (i // 2) * 8},
@@ -82,7 +83,7 @@ def dashboard(ctx: LayerContext) -> dict:
               "percentunit"),
         panel(5, "Prefix-cache hit rate", [(m.prefix_hit_ratio, "hit rate")], "percentunit"),
         panel(6, "KV transfer failures", [(f"sum(rate({m.kv_transfer_failures}[5m]))", "failures/s")], "short"),
-        panel(7, "Router requests", [("sum(rate(smg_http_requests_total[5m]))", "req/s")], "reqps"),
+        panel(7, "Router requests", [(f"sum(rate({ROUTER_REQUESTS[lb]}[5m]))", "req/s")], "reqps"),
     ]
     return {"title": f"pdstack {ctx.spec.environment.name}", "uid": f"pdstack-{ctx.spec.environment.name}",
             "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "panels": panels}
