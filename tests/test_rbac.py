@@ -172,3 +172,25 @@ def test_the_committed_needs_are_what_the_source_says(tmp_path):
                             cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads((ROOT / "infra/render/pinned/rbac-needs.json").read_text())["components"]
+
+
+@pytest.mark.parametrize("name,run,component", list(cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_only_pods_whose_program_calls_the_api_carry_a_token(name, run, component):
+    """A ServiceAccount token mounted in a pod that never calls the API server is a credential
+    for nothing but an attacker. Only the router's account is bound to a Role; every other pod
+    template runs without a token (its own automountServiceAccountToken, or its account's)."""
+    bound = {s["name"] for b in run.by_kind("RoleBinding") for s in b["subjects"]}
+    no_token_accounts = {a["metadata"]["name"] for a in run.by_kind("ServiceAccount")
+                         if a.get("automountServiceAccountToken") is False}
+    for kind in ("Deployment", "StatefulSet", "Job", "LeaderWorkerSet"):
+        for workload in run.by_kind(kind):
+            spec = workload["spec"]
+            pods = ([spec["leaderWorkerTemplate"]["workerTemplate"]["spec"],
+                     spec["leaderWorkerTemplate"].get("leaderTemplate", {}).get("spec", {})]
+                    if kind == "LeaderWorkerSet" else [spec["template"]["spec"]])
+            for pod in filter(None, pods):
+                account = pod.get("serviceAccountName", "default")
+                if account in bound:
+                    continue
+                assert pod.get("automountServiceAccountToken") is False or account in no_token_accounts, \
+                    f"{kind}/{workload['metadata']['name']} mounts a token of {account!r} and calls no API"
