@@ -57,6 +57,7 @@ def is_label_key(key: str) -> bool:
 ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode | colocated
 RELEASE_LABEL = "pdstack.io/release"  # pods: the release revision they run (canary gates read it)
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"  # set by LWS: which group (instance) a pod is in
 ROLE_TAINT_EFFECT = "NoSchedule"
 # On pod templates: a digest of the ConfigMaps the pods read at start (launch scripts, cache and
 # router configs). Kubernetes restarts nothing when a mounted ConfigMap changes; a changed digest

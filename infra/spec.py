@@ -222,10 +222,8 @@ class ModelSpec(Strict):
 class EngineSpec(Strict):
     kind: Literal["sglang", "vllm"]
     version: str
-    image: str = Field(description="Container image pinned by digest (name@sha256:...).")
-    image_architectures: list[Literal["amd64", "arm64"]] = Field(
-        ["amd64"], min_length=1, description="CPU architectures the engine image is built for (its manifest "
-                                            "list). GB200's Grace CPUs need arm64.")
+    image: str = Field(description="Container image pinned by digest (name@sha256:...); its platforms are "
+                                   "listed in images.platforms.")
     kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
     moe_a2a_backend: Literal["deepep", "none"] = "deepep"
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
@@ -270,6 +268,25 @@ class ImagesSpec(Strict):
     loadtest: str | None = Field(
         None, description="NVIDIA aiperf at the release pdstack pins (infra/validation/loadtest.py), for the "
                           "in-cluster load-test Job `pdctl validate-deployment --render-job` writes.")
+    platforms: dict[str, list[Literal["amd64", "arm64"]]] = Field(
+        default_factory=dict,
+        description="The CPU architectures each image digest runs on, keyed by digest (sha256:...): one for a "
+                    "single-platform manifest, the index's platforms for a manifest list, as `docker buildx "
+                    "imagetools inspect <ref>` lists them. A digest names one manifest, so it has the same "
+                    "platforms in every stack. Every image that runs on the GPU nodes (the engine's, the "
+                    "weights fetcher, the routing sidecar) must be listed with hardware.cpu_architecture; "
+                    "images with one platform pin their CPU pods to it.")
+
+    @field_validator("platforms")
+    @classmethod
+    def _digest_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for digest, archs in v.items():
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise ValueError(f"{digest!r} is not an image digest. Fix: the sha256:<64 hex digits> after '@' "
+                                 "in the image reference")
+            if not archs:
+                raise ValueError(f"{digest}: no platforms. Fix: the architectures its manifest names, e.g. [amd64]")
+        return v
 
     @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector",
                      "endpoint_picker", "routing_sidecar", "loadtest")
@@ -878,17 +895,47 @@ def all_to_all_needs_nvlink_domain(spec: StackSpec, phase: PhaseSpec) -> bool:
             and (fab is None or fab.kind == "efa"))
 
 
+def image_digest(ref: str) -> str:
+    return ref.rpartition("@")[2]
+
+
+def image_platforms(spec: StackSpec, ref: str) -> list[str] | None:
+    """The architectures `ref`'s digest runs on, as images.platforms says (None: not listed)."""
+    return spec.images.platforms.get(image_digest(ref))
+
+
+def gpu_node_images(spec: StackSpec) -> dict[str, str]:
+    """Images whose containers run on the GPU nodes, by the field that names them."""
+    images = {"engine.image": spec.engine.image, "images.weights_fetcher": spec.images.weights_fetcher}
+    lb = spec.deployment.load_balancer
+    if lb.implementation == "gateway_epp" and spec.deployment.mode == "disaggregated" and spec.images.routing_sidecar:
+        images["images.routing_sidecar"] = spec.images.routing_sidecar
+    return images
+
+
+def image_platform_problems(spec: StackSpec) -> list[str]:
+    """An image digest that cannot run on the nodes it is scheduled to (an exec format error at
+    start, after the node was paid for)."""
+    arch, problems = spec.hardware.cpu_architecture, []
+    for field, ref in gpu_node_images(spec).items():
+        platforms = image_platforms(spec, ref)
+        if platforms is None:
+            problems.append(f"images.platforms: {field} ({image_digest(ref)}) is not listed. Fix: add it with the "
+                            f"platforms its manifest names (`docker buildx imagetools inspect {ref}`)")
+        elif arch not in platforms:
+            problems.append(f"{field}: its digest runs on {', '.join(platforms)}, the GPU nodes are {arch} "
+                            f"(hardware.cpu_architecture). Fix: an image built for {arch}, or an index that "
+                            f"includes it, listed in images.platforms")
+    return problems
+
+
 def hardware_problems(spec: StackSpec) -> list[str]:
     """Images, fabric and memory against the hardware the spec names."""
     hw, eng, dep = spec.hardware, spec.engine, spec.deployment
     problems = []
     if hw.gpu_type == "GB200" and hw.cpu_architecture != "arm64":
         problems.append("hardware.cpu_architecture: GB200 nodes run Grace CPUs (arm64). Fix: arm64")
-    if hw.cpu_architecture not in eng.image_architectures:
-        problems.append(
-            f"engine.image_architectures: the engine image is built for {', '.join(eng.image_architectures)} but "
-            f"the nodes are {hw.cpu_architecture}. Fix: an image with a {hw.cpu_architecture} build (its manifest "
-            f"list), and list it here")
+    problems += image_platform_problems(spec)
     if hw.supernode is not None and hw.gpu_type != "GB200":
         problems.append(
             f"hardware.supernode: {hw.gpu_type} nodes share no NVLink domain across nodes (multi-node NVLink is "

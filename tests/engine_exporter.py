@@ -1,7 +1,10 @@
-"""A stand-in for one engine pod's /metrics: the pinned SGLang's metric names, fed by a clock.
+"""A stand-in for one engine pod's /metrics, shaped as the pinned SGLang exports it, fed by a clock.
 
-Each tick records a batch of requests with a fixed TTFT and inter-token latency, and, when
-degraded, aborted requests and failed KV transfers, so that Prometheus sees real rates.
+Every metric has the type and label names the wheel's source declares (the catalogue
+infra/render/pinned/sglang-0.5.23-metrics.json): the scheduler's gauges carry tp_rank, pp_rank,
+moe_ep_rank..., expert balancedness is a Summary (no bare series), counters are `_total`. Each
+tick records a batch of requests with a fixed TTFT and inter-token latency, and, when degraded,
+aborted requests and failed KV transfers, so that Prometheus sees real rates.
 """
 
 from __future__ import annotations
@@ -11,15 +14,26 @@ from dataclasses import dataclass
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
 
-from infra.render.metrics import ENGINE_METRICS
+from infra.render.metrics import ENGINE_METRICS, catalogue
 
 SGLANG = ENGINE_METRICS["sglang"]
+TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "summary": Summary}
+# Values for the labels the engine sets (a one-rank scheduler of a decode engine).
+LABEL_VALUES = {"model_name": "deepseek-ai/DeepSeek-V3", "engine_type": "decode", "tp_rank": "0", "pp_rank": "0",
+                "moe_ep_rank": "0", "is_streaming": "true", "forward_mode": "decode"}
 
 
 def _base(name: str, suffix: str) -> str:
     return name.removesuffix(suffix)
+
+
+def engine_metric(registry: CollectorRegistry, name: str, **kwargs):
+    """One of the pinned SGLang's metrics with its own type and label names, label values set."""
+    entry = catalogue("sglang")["metrics"][name]
+    metric = TYPES[entry["type"]](name, name, labelnames=entry["labels"], registry=registry, **kwargs)
+    return metric.labels(**{label: LABEL_VALUES[label] for label in entry["labels"]})
 
 
 @dataclass(frozen=True)
@@ -40,15 +54,14 @@ class EngineExporter:
     def __init__(self, behaviour: Behaviour, requests_per_tick: int = 20, tick_seconds: float = 0.2):
         self.behaviour, self.requests_per_tick, self.tick_seconds = behaviour, requests_per_tick, tick_seconds
         reg = self.registry = CollectorRegistry()
-        self.ttft = Histogram(_base(SGLANG.ttft_bucket, "_bucket"), "ttft", registry=reg,
-                              buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.itl = Histogram(_base(SGLANG.tpot_bucket, "_bucket"), "itl", registry=reg,
-                             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5))
-        self.started = Counter(_base(SGLANG.requests_started, "_total"), "requests", registry=reg)
-        self.aborted = Counter(_base(SGLANG.requests_failed, "_total"), "aborted", registry=reg)
-        self.kv_failed = Counter(_base(SGLANG.kv_transfer_failures, "_total"), "kv failures", registry=reg)
-        Gauge(SGLANG.running, "running", registry=reg).set(behaviour.running)
-        Gauge(SGLANG.expert_balancedness, "eplb balancedness", registry=reg).set(behaviour.expert_balancedness)
+        self.ttft = engine_metric(reg, _base(SGLANG.ttft_bucket, "_bucket"), buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.itl = engine_metric(reg, _base(SGLANG.tpot_bucket, "_bucket"),
+                                 buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5))
+        self.started = engine_metric(reg, SGLANG.requests_started)
+        self.aborted = engine_metric(reg, SGLANG.requests_failed)
+        self.kv_failed = engine_metric(reg, SGLANG.kv_transfer_failures)
+        engine_metric(reg, SGLANG.running).set(behaviour.running)
+        self.balancedness = engine_metric(reg, SGLANG.expert_balancedness)
         self._stop = threading.Event()
         self.port: int | None = None
 
@@ -57,6 +70,7 @@ class EngineExporter:
         self.started.inc(self.requests_per_tick)
         self.aborted.inc(round(self.requests_per_tick * b.abort_share))
         self.kv_failed.inc(b.kv_failures_per_tick)
+        self.balancedness.observe(b.expert_balancedness)
         for _ in range(self.requests_per_tick):
             self.ttft.observe(b.ttft_s)
             for _ in range(5):

@@ -32,8 +32,10 @@ PROD = str(REPO_ROOT / "stacks/prod.yaml")
 DEV = str(REPO_ROOT / "stacks/dev.yaml")
 
 
-def _engine_image(d):  # the next build: another digest
+def _engine_image(d):  # the next build: another digest, with the platforms its manifest names
+    platforms = d["images"]["platforms"][d["engine"]["image"].split("@")[1]]
     d["engine"]["image"] = d["engine"]["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
+    d["images"]["platforms"]["sha256:" + "5e1f" * 16] = platforms
 
 
 def _bigger_decode(d):  # prod autoscales: more decode means a higher floor for the scaler

@@ -196,8 +196,8 @@ def test_mixed_hardware_profiles_are_rejected_with_field_and_fix():
     data["hardware"]["cpu_architecture"] = "amd64"
     assert any(p.startswith("hardware.cpu_architecture: GB200") for p in problems_of(data))
     data = stack_data("prod")
-    data["engine"]["image_architectures"] = ["amd64"]
-    assert any(p.startswith("engine.image_architectures:") and "arm64" in p for p in problems_of(data))
+    data["images"]["platforms"][data["engine"]["image"].rpartition("@")[2]] = ["amd64"]
+    assert any(p.startswith("engine.image:") and "arm64" in p for p in problems_of(data))
     data = stack_data("prod")
     data["hardware"]["fabric"]["resource"] = "rdma/ib"
     assert any(p.startswith("hardware.fabric.resource:") for p in problems_of(data))

@@ -86,8 +86,9 @@ def test_default_deny_plus_allowlist(run, spec):
     ingress = policies["allow-gateway-to-router"]["ingress"][0]["from"]
     assert [b["ipBlock"]["cidr"] for b in ingress if "ipBlock" in b] == spec.access.allowlist_cidrs
     (gateway,) = run.by_kind("Gateway")
-    ranges = gateway["spec"]["infrastructure"]["annotations"]["service.beta.kubernetes.io/load-balancer-source-ranges"]
-    assert ranges.split(",") == spec.access.allowlist_cidrs
+    (proxy,) = run.by_kind("EnvoyProxy")
+    service = proxy["spec"]["provider"]["kubernetes"]["envoyService"]
+    assert service["loadBalancerSourceRanges"] == spec.access.allowlist_cidrs
     (auth,) = run.by_kind("SecurityPolicy")
     assert auth["spec"]["authorization"]["defaultAction"] == "Deny"
     (limits,) = run.by_kind("BackendTrafficPolicy")
@@ -97,7 +98,6 @@ def test_default_deny_plus_allowlist(run, spec):
     replicas = spec.access.gateway_replicas
     assert [r["limit"]["requests"] for r in rules] == [-(-k.requests_per_minute // replicas) for k in spec.access.api_keys]
     assert "type" not in limits["spec"]["rateLimit"]  # deprecated in Envoy Gateway v1.9: local/global say it
-    (proxy,) = run.by_kind("EnvoyProxy")
     assert gateway["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
     # Unset, a Gateway's EnvoyProxy replaces the GatewayClass's settings whole
     # (envoyproxy/gateway v1.9.0, EnvoyProxySpec.mergeType).
@@ -116,14 +116,19 @@ def test_global_rate_limits_count_across_replicas():
     assert [r["limit"]["requests"] for r in rules] == [6000, 600]
 
 
-def test_only_group_leaders_are_scraped():
-    """In a multi-node group only rank 0 serves HTTP and /metrics; a PodMonitor over workers
-    would report them down (prometheus-operator v0.93.0 PodMonitor: every selected pod's port
+def test_every_pod_that_serves_metrics_is_scraped_and_no_other():
+    """Every node of an SGLang group serves its own schedulers' /metrics (sglang 0.5.23
+    srt/entrypoints/engine.py: node_rank >= 1 runs launch_dummy_health_check_server with
+    --enable-metrics), so the PodMonitor selects every engine pod; vLLM's headless workers serve
+    nothing (vllm 0.33.0 entrypoints/cli/serve.py run_headless), so their targets are dropped
+    rather than reported down (prometheus-operator v0.93.0 PodMonitor: every selected pod's port
     is a target)."""
     from tests.conftest import shipped_run
 
     (monitor,) = [m for m in shipped_run("prod").by_kind("PodMonitor") if m["metadata"]["name"] == "engines"]
-    assert monitor["spec"]["selector"]["matchLabels"] == {naming.LWS_WORKER_INDEX_LABEL: "0"}
+    assert "matchLabels" not in monitor["spec"]["selector"]
+    assert "relabelings" not in monitor["spec"]["podMetricsEndpoints"][0]
+    assert naming.LWS_WORKER_INDEX_LABEL in monitor["spec"]["podTargetLabels"]
 
 
 def _services(run) -> dict[str, dict]:

@@ -112,7 +112,7 @@ BREAKS = [
      "rules[0].verbs has '*'"),
     ("rbac-least-privilege", "dev",
      lambda rs: broken(rs, "Role", "router", lambda p: p["rules"][0]["verbs"].append("delete")),
-     "grants delete"),
+     "grants delete pods, which no pinned component's source needs"),
     ("rbac-least-privilege", "dev",
      lambda rs: add_resource(rs, "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "reader",
                              {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",

@@ -51,6 +51,7 @@ EXPECTED = {
     "scripts/upload_weights --stack prod --source /data/DeepSeek-V3": Expect(2, "--source /data/DeepSeek-V3: not a folder"),
     ".venv/bin/python scripts/bench_eplb.py": Expect(0, "hierarchical"),
     ".venv/bin/python scripts/bench_preview.py": Expect(0, "ratio", "with --runs 1"),
+    ".venv/bin/python scripts/bench_balancer_replicas.py": Expect(0, "hashed by API key", "with --requests 3000"),
     ".venv/bin/pdctl preflight --stack prod --inventory stacks/inventory/prod.yaml":
         Expect(1, "gb200-rack0-n00", "as written: the prod hosts are not reachable from here, each is named failing"),
     f".venv/bin/pdctl rollout --stack prod --pulumi-stack prod --prometheus {PROM} "
@@ -79,6 +80,8 @@ EXPECTED = {
 
 SHORTER = {  # what "instead" means for a command line
     ".venv/bin/python scripts/bench_preview.py": ".venv/bin/python scripts/bench_preview.py --runs 1",
+    ".venv/bin/python scripts/bench_balancer_replicas.py":
+        ".venv/bin/python scripts/bench_balancer_replicas.py --requests 3000",
     ".venv/bin/python scripts/bench_rollback.py":
         ".venv/bin/python scripts/bench_rollback.py --runs 1 --apply-latency 0.05 --health-latency 0.05",
 }

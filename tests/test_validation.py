@@ -211,7 +211,8 @@ def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheu
             exporter = EngineExporter(behaviour)
             exporter.start(free_port())
             stack.callback(exporter.stop)
-            targets.append((exporter.port, {"namespace": ns, "pdstack_io_role": role, "instance_no": str(i)}))
+            targets.append((exporter.port, {"namespace": ns, "pdstack_io_role": role,
+                                            "leaderworkerset_sigs_k8s_io_group_index": str(i)}))
         api = PrometheusAPI(stack.enter_context(prometheus(tmp_path, targets)))
         deadline = time.monotonic() + 30
         while api.query("count(sglang:num_running_reqs)") != len(targets) or \
@@ -221,7 +222,8 @@ def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheu
 
         def gates(ns):
             return {g.name: g for g in fleet_gates({n: api.query(q) for n, q in
-                                                    fleet_queries("sglang", ns, "1m", ["prefill", "decode"]).items()})}
+                                                    fleet_queries("sglang", ns, "1m", ["prefill", "decode"],
+                                                                  ["prefill", "decode"]).items()})}
 
         good, bad = gates("pdstack-a"), gates("pdstack-b")
     assert all(g.passed for g in good.values()), good

@@ -178,11 +178,12 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         comparison = compare(args, spec, model, scenario, concurrencies, api_key, out, result)
     if args.prometheus and result.passed:
         from infra.prometheus import PrometheusAPI
+        from infra.render.metrics import balancedness_roles
         from infra.validation.health import fleet_gates, fleet_queries
 
         api = PrometheusAPI(args.prometheus)
         queries = fleet_queries(spec.engine.kind, spec.environment.namespace, args.window,
-                                list(spec.deployment.pools()))
+                                list(spec.deployment.pools()), balancedness_roles(spec))
         result.add("fleet", fleet_gates({name: api.query(q) for name, q in queries.items()}))
     if args.plot and result.sweep:
         plot(args, spec, scenario, result.sweep, comparison, out)

@@ -26,6 +26,12 @@ from infra.spec import StackSpec
 API_KEYS_SECRET = "api-keys"
 GATEWAY_PROXY = "gateway-proxy"
 CLIENT_ID_HEADER = "x-pdstack-client"
+# Where a client may send its key, tried in order: x-api-key, then `Authorization: Bearer <key>`
+# as OpenAI's clients send it (Envoy's api_key_auth filter strips a "Bearer " prefix from a header
+# value: envoyproxy/envoy source/extensions/filters/http/api_key_auth/api_key_auth.cc, getKey;
+# Envoy Gateway v1.9.0 turns extractFrom headers into its key_sources in order,
+# internal/xds/translator/api_key_auth.go).
+API_KEY_HEADERS = ["x-api-key", "authorization"]
 
 
 def gateway_to_engines(ctx: LayerContext) -> list[dict]:
@@ -121,20 +127,59 @@ def requests_per_replica(spec: StackSpec, requests_per_minute: int) -> int:
     return -(-requests_per_minute // acc.gateway_replicas)
 
 
+def client_ip_preserving_service(spec: StackSpec) -> dict:
+    """The gateway's Service, so that the allowlist sees the client's own address.
+
+    SecurityPolicy's clientCIDRs match the client IP Envoy sees (Envoy Gateway v1.9.0,
+    api/v1alpha1/authorization_types.go: from X-Forwarded-For, a header or the PROXY protocol when
+    a ClientTrafficPolicy says so, else the connection's peer). Behind a cloud load balancer that
+    peer is the client only if nothing translates the source address on the way:
+    - externalTrafficPolicy Local: kube-proxy delivers to an Envoy on the receiving node without
+      SNAT (api/v1alpha1/shared_types.go, ServiceExternalTrafficPolicyLocal "preserves the source
+      IP"). Envoy Gateway defaults to it, but a GatewayClass's EnvoyProxy may set Cluster, and ours
+      is merged into it, so it is said here.
+    - the AWS load balancer keeps the client address on IP targets only with the target group's
+      preserve_client_ip (AWS Load Balancer Controller annotation; instance targets keep it by
+      default).
+    The allowlist is also the load balancer's own firewall (loadBalancerSourceRanges).
+    """
+    return {
+        "externalTrafficPolicy": "Local",
+        "loadBalancerSourceRanges": list(spec.access.allowlist_cidrs),
+        "annotations": {"service.beta.kubernetes.io/aws-load-balancer-target-group-attributes":
+                        "preserve_client_ip.enabled=true"},
+    }
+
+
+def router_affinity(backends: list[Backend]) -> dict:
+    """Each API key's requests go to one replica of the SGLang router (Envoy Gateway v1.9.0,
+    BackendTrafficPolicy loadBalancer ConsistentHash on a header: a ring over the Service's
+    endpoints, so losing a replica moves only its keys). The router keeps its cache-aware tree in
+    memory, per replica (sglang-router 0.3.2 has no option to share it), and a tenant's prompts
+    share their prefixes: hashed by key, a replica sees all of a tenant's turns and its tree is as
+    good as one tree; spread round robin, each replica would see a third and send later turns to
+    workers without their prefix (infra/planning/prefix_affinity.py; scripts/bench_balancer_replicas.py
+    measures it). The key's client id header is set by the API key check, which runs before the
+    route picks an endpoint. The endpoint picker needs none of this: its replicas elect a leader."""
+    if not any(b.router.implementation == "sglang_router" for b in backends):
+        return {}
+    return {"loadBalancer": {"type": "ConsistentHash",
+                             "consistentHash": {"type": "Header", "header": {"name": CLIENT_ID_HEADER}}}}
+
+
 def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
     spec, acc = ctx.spec, ctx.spec.access
     gw_meta = ctx.metadata(naming.GATEWAY, "access")
     route_meta = ctx.metadata(naming.GATEWAY, "access")
     route_ref = [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": naming.GATEWAY}]
-    # The cloud load balancer in front admits only the allowlist.
     infrastructure: dict = {
-        "annotations": {"service.beta.kubernetes.io/load-balancer-source-ranges": ",".join(acc.allowlist_cidrs)},
         "parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": GATEWAY_PROXY}}
     proxy: dict = {
         # Merged into the GatewayClass's EnvoyProxy: unset, this one would replace it whole
         # (envoyproxy/gateway v1.9.0, EnvoyProxySpec.mergeType).
         "mergeType": "StrategicMerge",
-        "provider": {"type": "Kubernetes", "kubernetes": {"envoyDeployment": {"replicas": acc.gateway_replicas}}}}
+        "provider": {"type": "Kubernetes", "kubernetes": {"envoyDeployment": {"replicas": acc.gateway_replicas},
+                                                          "envoyService": client_ip_preserving_service(spec)}}}
     if tracing.enabled(spec):
         # The gateway starts each trace (every request; the collector samples whole traces).
         proxy["telemetry"] = {"tracing": {"samplingRate": 100, "provider": {"type": "OpenTelemetry", "backendRefs": [
@@ -167,8 +212,10 @@ def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
          "spec": {
              "targetRefs": route_ref,
              "apiKeyAuth": {"credentialRefs": [{"kind": "Secret", "name": API_KEYS_SECRET}],
-                            "extractFrom": [{"headers": ["x-api-key"]}],
-                            "forwardClientIDHeader": CLIENT_ID_HEADER},
+                            "extractFrom": [{"headers": API_KEY_HEADERS}],
+                            "forwardClientIDHeader": CLIENT_ID_HEADER,
+                            # The key stops at the gateway: routers and engines never see (or log) it.
+                            "sanitize": True},
              "authorization": {"defaultAction": "Deny", "rules": [
                  {"name": "allowlist", "action": "Allow", "principal": {"clientCIDRs": list(acc.allowlist_cidrs)}}]},
          }},
@@ -180,6 +227,7 @@ def gateway_manifests(ctx: LayerContext, backends: list[Backend]) -> list[dict]:
                   "limit": {"requests": requests_per_replica(spec, key.requests_per_minute), "unit": "Minute"}}
                  for key in acc.api_keys]}},
              "retry": {"numRetries": spec.timeouts.gateway_to_router.retries},
+             **router_affinity(backends),
          }},
     ]
 

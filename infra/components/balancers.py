@@ -15,27 +15,50 @@ from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP, placement_files
 from infra.components.k8s import Layer, LayerContext, config_hash, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
+from infra.render import rbac
 from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
 from infra.render.router_config import RouterLaunch, router_launch
+from infra.spec import image_platforms
 
 ROUTER_LABELS = {"app.kubernetes.io/name": naming.ROUTER}
+RBAC_COMPONENT = {"sglang_router": "sglang_router", "gateway_epp": "endpoint_picker"}
 
 
-def router_rbac(ctx: LayerContext) -> list[dict]:
-    """The router discovers engine pods: it may read pods and endpoints in its namespace, nothing else."""
+def router_rbac(ctx: LayerContext, launch: RouterLaunch) -> list[dict]:
+    """The router's account may do what its program, started with these flags, asks of the API
+    server, and nothing else (infra/render/rbac.py: derived from the pinned source). Every need
+    pdstack renders is namespaced: the router discovers pods in its own namespace, and the
+    picker runs without metrics authentication (infra/render/router_config.py says why)."""
+    needs = rbac.needs_for(RBAC_COMPONENT[launch.implementation], launch.args)
+    cluster = [n for n in needs if n.scope != "namespace"]
+    if cluster:
+        raise AssertionError(f"{launch.implementation}: cluster-wide needs {cluster}; render them namespaced")
     meta = ctx.metadata(naming.ROUTER, "router")
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": [
-             {"apiGroups": [""], "resources": ["pods", "endpoints"], "verbs": ["get", "list", "watch"]},
-             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-             {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
-         ]},
+         "rules": rbac.rules(needs, "namespace")},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": naming.ROUTER},
          "subjects": [{"kind": "ServiceAccount", "name": naming.ROUTER, "namespace": ctx.namespace}]},
     ]
+
+
+def router_probes(launch: RouterLaunch) -> dict:
+    """The picker answers gRPC health on its own port ("readiness": synced, and the leader when
+    replicas elect one); the SGLang router is probed on its serving port."""
+    if launch.health_port is None:
+        return {"readinessProbe": {"tcpSocket": {"port": launch.port}, "periodSeconds": 5}}
+    return {"readinessProbe": {"grpc": {"port": launch.health_port, "service": "readiness"}, "periodSeconds": 2},
+            "livenessProbe": {"grpc": {"port": launch.health_port, "service": "liveness"},
+                              "initialDelaySeconds": 5, "periodSeconds": 10}}
+
+
+def architecture_pin(spec, image: str) -> dict:
+    """A CPU pod whose image digest runs on one architecture only (images.platforms) is kept to
+    nodes of it (kubernetes.io/arch, set by the kubelet): elsewhere it would not start."""
+    platforms = image_platforms(spec, image)
+    return {"nodeSelector": {"kubernetes.io/arch": platforms[0]}} if platforms and len(platforms) == 1 else {}
 
 
 def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, str] | None = None) -> dict:
@@ -51,7 +74,7 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, 
         "ports": [{"name": "http", "containerPort": launch.port}, {"name": "metrics", "containerPort": launch.metrics_port}],
         "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "8", "memory": "16Gi"}},
         "volumeMounts": mounts,
-        "readinessProbe": {"tcpSocket": {"port": launch.port}, "periodSeconds": 5},
+        **router_probes(launch),
     }
     if launch.implementation == "sglang_router":
         container["command"] = ["/bin/sh", "/etc/pdstack/launch/launch.sh"]
@@ -67,11 +90,15 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, 
         "metadata": ctx.metadata(naming.ROUTER, "router", **ROUTER_LABELS),
         "spec": {
             "replicas": spec.deployment.load_balancer.replicas,
+            # A stand-by cannot become Ready while the old leader holds the lease: a rolling
+            # update would wait forever for it, so an elected router is replaced whole.
+            **({"strategy": {"type": "Recreate"}} if launch.leader_elected else {}),
             "selector": {"matchLabels": ROUTER_LABELS},
             "template": {
                 "metadata": {"labels": ctx.pod_labels(**ROUTER_LABELS),
                              "annotations": {naming.CONFIG_HASH_ANNOTATION: config_hash(reads or {})}},
-                "spec": {"serviceAccountName": naming.ROUTER, "containers": [container], "volumes": volumes},
+                "spec": {"serviceAccountName": naming.ROUTER, **architecture_pin(spec, container["image"]),
+                         "containers": [container], "volumes": volumes},
             },
         },
     }
@@ -125,7 +152,7 @@ class Balancers(Layer):
         super().__init__(name, ctx, opts)
         launch = self.router = router_launch(ctx.spec)
         _, encoder_summary = encoder_args(ctx.spec)
-        for manifest in router_rbac(ctx):
+        for manifest in router_rbac(ctx, launch):
             self.add(manifest)
         script = launch_script(f"{launch.implementation} router", [*launch.entrypoint, *launch.args], notes=launch.notes)
         router_data = {"launch.sh": script, **launch.files,

@@ -38,6 +38,7 @@ class KVCache(Layer):
                 "template": {
                     "metadata": {"labels": {**ctx.labels, **labels}},
                     "spec": {
+                        "automountServiceAccountToken": False,  # the cache server never calls the API
                         "containers": [{
                             "name": plan.server_name,
                             "image": plan.image,

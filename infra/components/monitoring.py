@@ -10,7 +10,40 @@ from infra import naming
 from infra.components.balancers import ROUTER_LABELS
 from infra.components.engines import ENGINE_PORT_NAME
 from infra.components.k8s import Layer, LayerContext
-from infra.render.metrics import ENGINE_METRICS, alert_rules, p99
+from infra.render.engine_args import all_launches
+from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL,
+                                  ROUTER_REQUESTS, alert_rules, p99, series_label, workers_export_metrics)
+
+
+def leaders_only_roles(ctx: LayerContext) -> list[str]:
+    """Pools whose non-leader pods serve no /metrics (vLLM's headless workers)."""
+    kind = ctx.spec.engine.kind
+    return [role for role, launch in all_launches(ctx.spec).items()
+            if launch.multi_node and not workers_export_metrics(kind, [*launch.args, *" ".join(launch.prelude).split()])]
+
+
+def engine_pod_monitor(ctx: LayerContext) -> dict:
+    """Every engine pod that serves /metrics: each node of an SGLang group exports its own
+    schedulers' load (infra/render/metrics.py says where each engine exports what). A pool whose
+    workers serve nothing has its non-leader targets dropped, so no target is down by design."""
+    roles = list(ctx.spec.deployment.pools())
+    endpoint: dict = {"port": ENGINE_PORT_NAME, "path": "/metrics",
+                      "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}
+    leaders_only = leaders_only_roles(ctx)
+    if leaders_only:
+        meta = lambda k: f"__meta_kubernetes_pod_label_{series_label(k)}"  # noqa: E731
+        endpoint["relabelings"] = [{
+            "sourceLabels": [meta(naming.ROLE_LABEL), meta(naming.LWS_WORKER_INDEX_LABEL)],
+            "regex": f"({'|'.join(leaders_only)});[1-9][0-9]*", "action": "drop"}]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": ctx.metadata("engines", "monitoring"),
+        "spec": {
+            "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}]},
+            "podMetricsEndpoints": [endpoint],
+            "podTargetLabels": list(POD_TARGET_LABELS),
+        },
+    }
 
 
 def prometheus_rule(ctx: LayerContext) -> dict:
@@ -28,22 +61,29 @@ def prometheus_rule(ctx: LayerContext) -> dict:
 def dashboard(ctx: LayerContext) -> dict:
     m = ENGINE_METRICS[ctx.spec.engine.kind]
     roles = list(ctx.spec.deployment.pools())
+    lb = ctx.spec.deployment.load_balancer.implementation
 
     def panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str) -> dict:
         return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": (i % 2) * 12, "y": (i // 2) * 8},
                 "fieldConfig": {"defaults": {"unit": unit}},
                 "targets": [{"expr": e, "legendFormat": legend, "refId": chr(65 + j)} for j, (e, legend) in enumerate(exprs)]}
 
-    role_sel = lambda role: f'{{{naming.ROLE_LABEL.replace(".", "_").replace("/", "_")}="{role}"}}'  # noqa: E731
+    role_sel = lambda role: f'{{{ROLE_SERIES_LABEL}="{role}"}}'  # noqa: E731
     panels = [
         panel(0, "TTFT p99 by stage", [(p99(m.ttft_bucket, role_sel(r)), r) for r in roles], "s"),
         panel(1, "TPOT p99 by stage", [(p99(m.tpot_bucket, role_sel(r)), r) for r in roles], "s"),
-        panel(2, "Queue depth per instance", [(f"sum by (pod) ({m.queue_depth})", "{{pod}}")], "short"),
-        panel(3, "Running requests per instance (load spread)", [(f"sum by (pod) ({m.running})", "{{pod}}")], "short"),
-        panel(4, "KV cache usage per instance", [(f"max by (pod) ({m.kv_cache_usage})", "{{pod}}")], "percentunit"),
+        # An instance is a group: every node of an SGLang group exports its own schedulers.
+        panel(2, "Queue depth per instance",
+              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({m.queue_depth})",
+                f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}")], "short"),
+        panel(3, "Running requests per instance (load spread)",
+              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({m.running})",
+                f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}")], "short"),
+        panel(4, "KV cache usage per instance", [(f"max by (namespace, pod) ({m.kv_cache_usage})", "{{pod}}")],
+              "percentunit"),
         panel(5, "Prefix-cache hit rate", [(m.prefix_hit_ratio, "hit rate")], "percentunit"),
         panel(6, "KV transfer failures", [(f"sum(rate({m.kv_transfer_failures}[5m]))", "failures/s")], "short"),
-        panel(7, "Router requests", [("sum(rate(smg_http_requests_total[5m]))", "req/s")], "reqps"),
+        panel(7, "Router requests", [(f"sum(rate({ROUTER_REQUESTS[lb]}[5m]))", "req/s")], "reqps"),
     ]
     return {"title": f"pdstack {ctx.spec.environment.name}", "uid": f"pdstack-{ctx.spec.environment.name}",
             "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "panels": panels}
@@ -54,18 +94,7 @@ class Monitoring(Layer):
 
     def __init__(self, name: str, ctx: LayerContext, router_metrics_port: int, opts: pulumi.ResourceOptions | None = None):
         super().__init__(name, ctx, opts)
-        roles = list(ctx.spec.deployment.pools())
-        self.add({
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": ctx.metadata("engines", "monitoring"),
-            "spec": {
-                # Group leaders only: in a multi-node group only rank 0 serves HTTP and /metrics.
-                "selector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "In", "values": roles}],
-                             "matchLabels": {naming.LWS_WORKER_INDEX_LABEL: "0"}},
-                "podMetricsEndpoints": [{"port": ENGINE_PORT_NAME, "path": "/metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}],
-                "podTargetLabels": [naming.ROLE_LABEL, naming.RELEASE_LABEL],
-            },
-        })
+        self.add(engine_pod_monitor(ctx))
         self.add({
             "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": ctx.metadata(naming.ROUTER, "monitoring"),

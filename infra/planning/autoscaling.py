@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from infra import naming
-from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+from infra.render import metrics
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, with_selector
 from infra.spec import PhaseSpec, StackSpec
 
 HPA_TOLERANCE = 0.1  # kube-controller-manager's --horizontal-pod-autoscaler-tolerance default
-ROLE_SERIES_LABEL = naming.ROLE_LABEL.replace(".", "_").replace("/", "_")
 
 MetricType = Literal["AverageValue", "Value"]
 
@@ -59,8 +58,8 @@ def pool_selector(spec: StackSpec, role: str) -> str:
 
 
 def instances_query(spec: StackSpec, role: str) -> str:
-    """Serving instances of a pool: one leader pod per instance exports the engine's metrics."""
-    return f"count(count by (pod) ({with_selector(ENGINE_METRICS[spec.engine.kind].running, pool_selector(spec, role))}))"
+    """Serving instances of a pool: their leader pods (every pod of an SGLang group exports)."""
+    return metrics.instances_query(ENGINE_METRICS[spec.engine.kind].running, pool_selector(spec, role))
 
 
 def ratio_floor_factor(spec: StackSpec, role: str) -> Fraction:

@@ -163,20 +163,26 @@ _WILDCARD = "*"
 
 
 def rbac_least_privilege(res: Resource) -> list[str]:
-    """Namespaced roles only, no wildcards, and nothing that writes for the workloads' accounts."""
+    """Namespaced roles only, no wildcards, and no grant that no pinned component's source asks for
+    (infra/render/rbac.py: pinned/rbac-needs.json, derived by scripts/derive_rbac.py)."""
+    from infra.render import rbac
+
     if res.kind in ("ClusterRole", "ClusterRoleBinding"):
         return [f"{res.ref()}: cluster-wide RBAC. Fix: a Role and RoleBinding in the stack's namespace"]
     if res.kind != "Role":
         return []
     problems = []
+    allowed = rbac.permitted("namespace")
     for i, rule in enumerate(res.props.get("rules") or []):
         for field in ("verbs", "resources", "apiGroups"):
             if _WILDCARD in (rule.get(field) or []):
                 problems.append(f"{res.ref()} rules[{i}].{field} has '*'. Fix: name the {field} it needs")
-        writes = sorted(set(rule.get("verbs") or []) - {"get", "list", "watch"})
-        if writes:
-            problems.append(f"{res.ref()} rules[{i}] grants {', '.join(writes)}. Fix: engines and routers only read "
-                            "(get, list, watch)")
+        extra = sorted(rbac.granted([rule]) - allowed)
+        extra = [t for t in extra if _WILDCARD not in t]
+        if extra:
+            shown = ", ".join(f"{v} {r}" + (f".{g}" if g else "") for g, r, v in extra)
+            problems.append(f"{res.ref()} rules[{i}] grants {shown}, which no pinned component's source needs. "
+                            "Fix: grant what infra/render/rbac.py derives for the component")
     return problems
 
 
@@ -315,7 +321,7 @@ RULES: tuple[Rule, ...] = (
          no_plaintext_secrets),
     Rule("gpu-workloads-placed", "GPU pods have limits, select their role's pool and tolerate its taint.",
          "mandatory", gpu_workloads_placed),
-    Rule("rbac-least-privilege", "Namespaced, read-only RBAC without wildcards.", "mandatory", rbac_least_privilege),
+    Rule("rbac-least-privilege", "Namespaced RBAC without wildcards, granting only what a component's source needs.", "mandatory", rbac_least_privilege),
     Rule("readiness-probes", "Serving containers have a readiness probe.", "advisory", readiness_probes),
     Rule("namespace-default-deny", "Each namespace is default-deny with an explicit allowlist.", "mandatory",
          check_stack=namespace_default_deny),

@@ -169,6 +169,9 @@ def sglang_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[
                  "--hicache-storage-backend", "mooncake"]
     if phase.enable_eplb and ep > 1:
         args.append("--enable-eplb")
+        # sglang:eplb_balancedness exists only when reported to Prometheus (default off); EPLB
+        # records the expert distribution anyway (srt/arg_groups/parallel_hook.py).
+        args += ["--expert-balancedness-report-mode", "prometheus"]
         if phase.redundant_experts:
             args += ["--ep-num-redundant-experts", str(phase.redundant_experts)]
     if phase.expert_placement:

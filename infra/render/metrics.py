@@ -1,18 +1,81 @@
 """What operators watch, in PromQL, for each pinned engine. Pure.
 
-Metric names are the ones the pinned engines really export (checked by tests against
-`pinned/*.json`, which `scripts/extract_engine_flags.py` read from the wheels). GPU memory
-comes from NVIDIA's dcgm-exporter, whose default counters (etc/default-counters.csv in
-NVIDIA/dcgm-exporter) include the names in DCGM_METRICS.
+Every series a query reads is one the pinned engine really exposes, with the labels it really
+carries: `pinned/<engine>-<version>-metrics.json` holds each metric's name, type and label names
+as the wheel's source declares them (`scripts/extract_engine_metrics.py`), and `exposed_series`
+turns them into series the way prometheus_client writes them (a Counter `x` as `x_total`, a
+Histogram as `x_bucket`/`x_sum`/`x_count`, a Summary as `x_sum`/`x_count` only: no bare series).
+tests/test_metrics_contract.py checks every alert, scaler, canary gate, validation gate and
+dashboard query against them. GPU memory comes from NVIDIA's dcgm-exporter, whose default
+counters (etc/default-counters.csv in NVIDIA/dcgm-exporter) include the names in DCGM_METRICS.
+
+Which pods export: an SGLang group's rank-0 node serves the tokenizer's metrics (TTFT, ITL,
+requests, tokens) and its own schedulers'; every other node serves its own schedulers' metrics
+(running and queued requests, token usage, KV-transfer failures) on the same --port when
+--enable-metrics is on (sglang 0.5.23, srt/entrypoints/engine.py: node_rank >= 1 runs
+launch_dummy_health_check_server with metrics). A headless vLLM worker serves nothing (vllm
+0.33.0, entrypoints/cli/serve.py run_headless); the leader's API server reports every DP
+engine (label `engine`). So queries read scheduler gauges summed over all of a pool's pods,
+and count instances by their leaders.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from dataclasses import dataclass
 
+from infra import naming
+from infra.render.flagsets import PINNED_DIR
 from infra.spec import StackSpec
 
 DCGM_METRICS = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"})
+ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
+
+
+def series_label(k8s_label: str) -> str:
+    """A pod label as prometheus-operator's podTargetLabels writes it on every series."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", k8s_label)
+
+
+ROLE_SERIES_LABEL = series_label(naming.ROLE_LABEL)
+RELEASE_SERIES_LABEL = series_label(naming.RELEASE_LABEL)
+GROUP_SERIES_LABEL = series_label(naming.LWS_GROUP_INDEX_LABEL)
+WORKER_SERIES_LABEL = series_label(naming.LWS_WORKER_INDEX_LABEL)
+POD_TARGET_LABELS = (naming.ROLE_LABEL, naming.RELEASE_LABEL, naming.LWS_GROUP_INDEX_LABEL,
+                     naming.LWS_WORKER_INDEX_LABEL)
+# What Prometheus adds to every scraped series from a PodMonitor/ServiceMonitor target
+# (prometheus-operator: namespace, pod, container, endpoint, job, instance; service for
+# ServiceMonitors), and the pod labels the monitors copy.
+TARGET_LABELS = frozenset({"namespace", "pod", "container", "endpoint", "job", "instance", "service",
+                           *(series_label(k) for k in POD_TARGET_LABELS)})
+
+
+@functools.cache
+def catalogue(engine: str) -> dict:
+    """The pinned engine's metrics: name -> {type, labels, optional_labels, source, collector}."""
+    return json.loads((PINNED_DIR / f"{engine}-{ENGINE_VERSIONS[engine]}-metrics.json").read_text())
+
+
+@functools.cache
+def exposed_series(engine: str) -> dict[str, tuple[str, dict]]:
+    """Series name -> (metric name, metric entry), as prometheus_client exposes them."""
+    out: dict[str, tuple[str, dict]] = {}
+    for name, m in catalogue(engine)["metrics"].items():
+        suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"],
+                    "summary": ["_sum", "_count"]}[m["type"]]
+        base = name.removesuffix("_total") if m["type"] == "counter" else name
+        for suffix in suffixes:
+            out[base + suffix] = (name, m)
+    return out
+
+
+def workers_export_metrics(engine: str, worker_args: list[str]) -> bool:
+    """Whether a multi-node group's non-leader pods serve /metrics (see the module docstring)."""
+    if engine == "sglang":
+        return "--enable-metrics" in worker_args
+    return "--headless" not in worker_args
 
 
 @dataclass(frozen=True)
@@ -28,7 +91,7 @@ class EngineMetrics:
     requests_started: str  # counter of requests received (the error-rate denominator)
     requests_failed: str  # counter of requests aborted or failed (the error-rate numerator)
     generation_tokens: str  # counter of output tokens (decode throughput)
-    expert_balancedness: str | None  # 0..1, 1 is perfectly balanced; None if not exported
+    expert_balancedness: str | None  # Summary of 0..1 (1: perfectly balanced); None if not exported
 
 
 ENGINE_METRICS = {
@@ -53,7 +116,7 @@ ENGINE_METRICS = {
         running="vllm:num_requests_running",
         kv_cache_usage="vllm:kv_cache_usage_perc",
         prefix_hit_ratio="sum(rate(vllm:prefix_cache_hits_total[5m])) / clamp_min(sum(rate(vllm:prefix_cache_queries_total[5m])), 1)",
-        kv_transfer_failures="vllm:nixl_num_failed_transfers",
+        kv_transfer_failures="vllm:nixl_num_failed_transfers_total",
         requests_total="vllm:e2e_request_latency_seconds_count",
         requests_started="vllm:request_success_total",
         requests_failed='vllm:request_success_total{finished_reason="abort"}',
@@ -75,6 +138,48 @@ def with_selector(metric: str, selector: str) -> str:
 
 def p99(bucket: str, selector: str = "", window: str = "5m") -> str:
     return f"histogram_quantile(0.99, sum by (le) (rate({with_selector(bucket, selector)}[{window}])))"
+
+
+def summary_mean(summary: str, selector: str, window: str, over: str = "rate") -> str:
+    """A Summary's mean per series over a window: it has no bare series, only _sum and _count."""
+    return f"{over}({with_selector(summary + '_sum', selector)}[{window}]) / " \
+           f"{over}({with_selector(summary + '_count', selector)}[{window}])"
+
+
+# Requests each balancer counts: sglang-router 0.3.2's (pinned/sglang-router-0.3.2.json), and the
+# endpoint picker's inference_objective_request_total (a CounterVec, subsystem inference_objective,
+# gateway-api-inference-extension v1.5.0 pkg/epp/metrics/metrics.go).
+ROUTER_REQUESTS = {"sglang_router": "smg_http_requests_total", "gateway_epp": "inference_objective_request_total"}
+
+BALANCEDNESS_FLAG = "--expert-balancedness-report-mode"
+
+
+def exports_expert_balancedness(args: list[str]) -> bool:
+    """SGLang registers sglang:eplb_balancedness only when the report goes to Prometheus
+    (sglang 0.5.23 srt/runtime_context.py exports_expert_balancedness_to_prometheus: mode
+    prometheus or both; default off), on the moe_ep_rank 0 scheduler."""
+    for i, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith(BALANCEDNESS_FLAG + "=") else \
+            args[i + 1] if arg == BALANCEDNESS_FLAG and i + 1 < len(args) else None
+        if value in ("prometheus", "both"):
+            return True
+    return False
+
+
+def balancedness_roles(spec: StackSpec) -> list[str]:
+    """Pools whose rendered engine command exports expert balancedness."""
+    from infra.render.engine_args import all_launches
+
+    if ENGINE_METRICS[spec.engine.kind].expert_balancedness is None:
+        return []
+    return [role for role, launch in all_launches(spec).items() if exports_expert_balancedness(launch.args)]
+
+
+def instances_query(metric: str, selector: str) -> str:
+    """Serving instances: groups whose leader exports `metric` (every node of an SGLang group
+    exports its schedulers' gauges, so pods are not instances)."""
+    leaders = with_selector(with_selector(metric, selector), f'{{{WORKER_SERIES_LABEL}="0"}}')
+    return f"count(count by (namespace, pod) ({leaders}))"
 
 
 @dataclass(frozen=True)
@@ -99,11 +204,12 @@ def alert_rules(spec: StackSpec) -> list[AlertRule]:
                       f"TPOT p99 above {factor}x the SLO of {slo.tpot_p99_ms:g} ms"),
         ]
     rules += [
-        AlertRule("PdstackQueueDepthHigh", f"max by (pod) ({m.queue_depth}) > 64", "warning",
+        # Per scheduler (an SGLang DP rank, a vLLM engine): one full rank is one whose requests wait.
+        AlertRule("PdstackQueueDepthHigh", f"max by (namespace, pod) ({m.queue_depth}) > 64", "warning",
                   "requests queue on an instance: decode waits for prefill, or the pool is too small"),
-        AlertRule("PdstackKVCacheNearlyFull", f"max by (pod) ({m.kv_cache_usage}) > 0.92", "warning",
+        AlertRule("PdstackKVCacheNearlyFull", f"max by (namespace, pod) ({m.kv_cache_usage}) > 0.92", "warning",
                   "KV cache nearly full: KV piles up on decode"),
-        AlertRule("PdstackKVCacheFull", f"max by (pod) ({m.kv_cache_usage}) > 0.98", "critical",
+        AlertRule("PdstackKVCacheFull", f"max by (namespace, pod) ({m.kv_cache_usage}) > 0.98", "critical",
                   "KV cache full: requests will be preempted or rejected"),
         AlertRule("PdstackPrefixCacheHitRateLow", f"{m.prefix_hit_ratio} < 0.2", "warning",
                   "prefix-cache hit rate below 20%: check router affinity and cache capacity", for_="30m"),
@@ -113,8 +219,9 @@ def alert_rules(spec: StackSpec) -> list[AlertRule]:
                   "max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)) > 0.97",
                   "warning", "GPU framebuffer almost full"),
     ]
-    if m.expert_balancedness:
-        rules.append(AlertRule("PdstackExpertImbalance", f"min({m.expert_balancedness}) < 0.6", "warning",
+    if balancedness_roles(spec):
+        rules.append(AlertRule("PdstackExpertImbalance",
+                               f"min({summary_mean(m.expert_balancedness, '', '15m')}) < 0.6", "warning",
                                "expert load imbalanced: rerun pdctl eplb on recent loads", for_="15m"))
     return rules
 

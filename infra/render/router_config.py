@@ -50,6 +50,11 @@ class RouterLaunch:
     metrics_port: int
     files: dict[str, str] = field(default_factory=dict)  # ConfigMap data
     notes: list[str] = field(default_factory=list)
+    # Replicas elect one active leader (the others stand by, not Ready) instead of each
+    # keeping its own prefix index; such a Deployment is replaced whole (Recreate), since a
+    # new replica cannot become Ready while the old leader holds the lease.
+    leader_elected: bool = False
+    health_port: int | None = None  # gRPC health service (the picker's), else probe the serving port
 
 
 def pool_selector(role: str) -> dict[str, str]:
@@ -159,17 +164,38 @@ def epp_config(spec: StackSpec) -> dict:
 
 
 EPP_GRPC_PORT = 9002  # ext-proc, which the gateway calls
+EPP_HEALTH_PORT = 9003  # gRPC health: services "liveness" and "readiness" (Ready only on the leader)
 
 
 def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
+    """The picker's command line.
+
+    - Several replicas elect a leader (--ha-enable-leader-election): the picker's prefix-cache
+      scorer keeps its index in memory, so independent replicas would each see a share of the
+      requests and score affinity on a partial index. With the election only the leader reports
+      Ready on the "readiness" health service, so the gateway reaches the leader alone and a
+      stand-by takes over within a lease period (gateway-api-inference-extension v1.5.0,
+      cmd/epp/runner/health.go; its chart, config/charts/epplib/templates/_deployment.yaml, does
+      the same with the Recreate strategy).
+    - --metrics-endpoint-auth=false: with it on (the default), the metrics endpoint asks the API
+      server to review every scraper's token (TokenReview, SubjectAccessReview: cluster-scoped
+      grants, controller-runtime v0.23.3 pkg/metrics/filters/filters.go), and the ServiceMonitor
+      would have to hand Prometheus a long-lived token of some account allowed `get /metrics`.
+      The port is reachable only from the namespace and the monitoring namespace (NetworkPolicy)
+      and carries no secret, so pdstack keeps the picker's RBAC namespaced instead.
+    """
     config = epp_config(spec)
     require(config_problems(config), "EndpointPickerConfig")
+    leader_elected = spec.deployment.load_balancer.replicas > 1
     args = [
         f"--pool-name={naming.INFERENCE_POOL}",
         f"--pool-namespace={spec.environment.namespace}",
         "--config-file=/etc/epp/config.yaml",
         f"--grpc-port={EPP_GRPC_PORT}",
+        f"--grpc-health-port={EPP_HEALTH_PORT}",
         f"--metrics-port={ROUTER_METRICS_PORT}",
+        "--metrics-endpoint-auth=false",
+        *(["--ha-enable-leader-election"] if leader_elected else []),
     ]
     require(flag_problems(args, "epp"), "endpoint picker flags")
     return RouterLaunch(
@@ -181,6 +207,8 @@ def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
         files={"config.yaml": yaml.safe_dump(config, sort_keys=False)},
         notes=[f"endpoint picker: llm-d-inference-scheduler {contract()['epp']['tag']}; config and flags checked "
                "against its source (infra/render/epp_contract.py)"],
+        leader_elected=leader_elected,
+        health_port=EPP_HEALTH_PORT,
     )
 
 

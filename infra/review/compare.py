@@ -32,7 +32,9 @@ def _violations(run) -> set[str]:
 
 def _images(spec: StackSpec) -> dict[str, str]:
     images = {"engine": spec.engine.image, "engine version": f"{spec.engine.kind} {spec.engine.version}"}
-    images.update({name: value for name, value in spec.images.model_dump().items() if value})
+    # images.platforms describes the digests (it changes with them), it names no image
+    images.update({name: value for name, value in spec.images.model_dump().items()
+                   if value and name != "platforms"})
     return images
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from infra.render.metrics import ENGINE_METRICS, with_selector
+from infra.render.metrics import ENGINE_METRICS, GROUP_SERIES_LABEL, ROLE_SERIES_LABEL, summary_mean, with_selector
 from infra.tracks import namespaces_matcher
 from infra.rollout.canary import Gate
 
@@ -15,15 +15,21 @@ MAX_LOAD_SPREAD = 1.5  # busiest instance's running requests over the mean, aver
 MIN_EXPERT_BALANCEDNESS = 0.8  # SGLang's eplb_balancedness: mean over max GPU load of experts, 1 is even
 
 
-def fleet_queries(engine: str, namespace: str, window: str, roles: list[str]) -> dict[str, str]:
+def fleet_queries(engine: str, namespace: str, window: str, roles: list[str],
+                  balancedness_roles: list[str] = ()) -> dict[str, str]:
+    """`balancedness_roles`: pools whose engines export expert balancedness
+    (infra.render.metrics.balancedness_roles); SGLang registers it only when told to."""
     m = ENGINE_METRICS[engine]
     queries = {}
     for role in roles:
-        sel = f'{{{namespaces_matcher(namespace)},pdstack_io_role="{role}"}}'
-        running = f"avg_over_time({with_selector(m.running, sel)}[{window}])"
+        sel = f'{{{namespaces_matcher(namespace)},{ROLE_SERIES_LABEL}="{role}"}}'
+        # An instance's load is its group's: every node of an SGLang group exports its own
+        # schedulers' running requests.
+        running = f"sum by (namespace, {GROUP_SERIES_LABEL}) (avg_over_time({with_selector(m.running, sel)}[{window}]))"
         queries[f"{role} load spread"] = f"max({running}) / avg({running})"
-        if m.expert_balancedness:
-            queries[f"{role} expert balancedness"] = f"min(avg_over_time({with_selector(m.expert_balancedness, sel)}[{window}]))"
+        if m.expert_balancedness and role in balancedness_roles:
+            queries[f"{role} expert balancedness"] = \
+                f"min({summary_mean(m.expert_balancedness, sel, window, over='increase')})"
     sel = f"{{{namespaces_matcher(namespace)}}}"
     queries["KV transfer failures"] = f"sum(increase({with_selector(m.kv_transfer_failures, sel)}[{window}])) or vector(0)"
     queries["failed or aborted requests"] = f"sum(increase({with_selector(m.requests_failed, sel)}[{window}])) or vector(0)"
