@@ -1,7 +1,8 @@
 """Weights storage: the fetch-and-verify step each engine pod runs before its engine.
 
-The bucket lives on any S3-compatible endpoint (named by URL in the spec); it is made and
-filled by `scripts/upload_weights`, which also makes it private and versioned. This layer
+The bucket lives on any S3-compatible endpoint (named by URL in the spec); on AWS the platform
+stack makes it (infra/platform/cloud/aws.py) and `scripts/upload_weights` fills it. The cache
+lives where `model.weights.cache` says (infra/platform/weight_cache.py). This layer
 ships infra/weights.py in a ConfigMap and gives engines the init container that runs it.
 """
 
@@ -117,7 +118,9 @@ def weights_init_container(spec: StackSpec) -> dict:
         "image": spec.images.weights_fetcher,
         "command": command,
         "env": fetch_env(spec),
-        "envFrom": [{"secretRef": {"name": w.credentials_secret}}],
+        # pod-identity / irsa: the AWS SDK's default chain finds the role's credentials (EKS Pod
+        # Identity's agent, or IRSA's web identity token); only `secret` reads a stored key.
+        **({"envFrom": [{"secretRef": {"name": w.credentials_secret}}]} if w.access_mode() == "secret" else {}),
         "volumeMounts": [
             {"name": WEIGHTS_VOLUME, "mountPath": w.node_cache_path},
             {"name": FETCHER_CONFIGMAP, "mountPath": FETCHER_MOUNT, "readOnly": True},
