@@ -695,8 +695,26 @@ class ObservabilitySpec(Strict):
     _url = field_validator("otlp_endpoint")(classmethod(lambda cls, v: _service_url(v)))
 
 
+class PlatformRef(Strict):
+    """The per-cluster platform stack this environment runs on (infra/platform/)."""
+
+    stack: str = Field(description="Its Pulumi stack, as a StackReference names it: <org>/pdstack/<stack> (or the "
+                                   "stack's name in the same organization and project).")
+    spec: str = Field(description="Its platform spec, relative to the project (what the offline preview and the "
+                                  "cross-checks read).")
+    _stack = field_validator("stack")(_checked(lambda v: re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}", v),
+                                               "is not a stack reference. Fix: e.g. example/pdstack/platform-prod"))
+    _spec = field_validator("spec")(_checked(lambda v: re.fullmatch(SAFE_NAME, v), "is not a project file path. Fix: "
+                                                                                   "e.g. stacks/platform-prod.yaml"))
+
+    def name(self) -> str:
+        return self.stack.rsplit("/", 1)[-1]
+
+
 class StackSpec(Strict):
     environment: EnvironmentSpec
+    platform: PlatformRef | None = Field(None, description="The platform stack; without it the cluster and its "
+                                                          "controllers are the user's (README: user-provided).")
     model: ModelSpec
     engine: EngineSpec
     images: ImagesSpec

@@ -56,6 +56,7 @@ class LayerContext:
     labels: dict[str, str] = field(default_factory=dict)
     release: str = "unreleased"  # the release revision being applied (config pdstack:release)
     name_prefix: str = ""  # Pulumi names of a release track's resources ("r7-"), unique in the stack
+    provider: Any = None  # the platform stack's cluster (a kubernetes Provider), else the stack config's context
 
     def pod_labels(self, **extra: str) -> dict[str, str]:
         """Labels for pod templates: the stack's, the release's (canary gates read it), extras."""
@@ -85,6 +86,8 @@ class Layer(pulumi.ComponentResource):
     layer: str = "layer"
 
     def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None):
+        if ctx.provider is not None:
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(providers=[ctx.provider]))
         super().__init__(f"pdstack:{self.layer}:{type(self).__name__}", name, None, opts)
         self.ctx = ctx
         self.spec = ctx.spec

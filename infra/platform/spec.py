@@ -46,6 +46,8 @@ class HostedEnvironment(Strict):
 
     spec: str = Field(description="The serving spec, relative to the project (e.g. stacks/prod.yaml).")
     stack: str | None = Field(None, description="Its Pulumi stack name; default the spec's environment.name.")
+    inventory: str | None = Field(None, description="nodes.mode static: the inventory naming its nodes by role "
+                                                    "(the same file `pdctl preflight` reads).")
 
 
 class ClusterSpec(Strict):
