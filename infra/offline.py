@@ -107,6 +107,8 @@ class RecordingMocks(pulumi_mocks.Mocks):
             state["outputs"] = self.stack_outputs.get(args.name, {})
         if args.typ in ("aws:iam/role:Role", "aws:kms/key:Key", "aws:iam/openIdConnectProvider:OpenIdConnectProvider"):
             state.setdefault("arn", f"arn:aws:mock:::{args.name}")
+        if args.typ == "aws:ec2/securityGroup:SecurityGroup":  # EC2's id shape: CRD patterns check it
+            return "sg-" + hashlib.sha256(args.name.encode()).hexdigest()[:17], state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi_mocks.MockCallArgs):

@@ -19,13 +19,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.inputs import InputError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TWIN_SRC = REPO_ROOT / "twin"
 
 _REQUIRE = re.compile(r"^\s*(?:require\s+)?([A-Za-z0-9][A-Za-z0-9._~/-]*)\s+(v\S+)")
 
 
-class ModuleUnavailable(RuntimeError):
+class ModuleUnavailable(InputError):
     """A pinned module that is not in the module cache and could not be downloaded."""
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
+from infra.spec import SpecError
 from infra.naming import OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_label_value
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -198,10 +199,10 @@ class PlatformSpec(Strict):
         description="Labels of the monitors and rules Prometheus selects (pdstack's layers carry them).")
 
 
-class PlatformSpecError(ValueError):
+class PlatformSpecError(SpecError):
     def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid platform spec:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(problems)
+        self.args = ("invalid platform spec:\n" + "\n".join(f"  - {p}" for p in problems),)
 
 
 def parse_platform_spec(data: object) -> PlatformSpec:
