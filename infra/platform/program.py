@@ -17,7 +17,8 @@ from infra.platform.components.controllers import ControllerInstall
 from infra.platform.components.gateway import GatewayPlatform
 from infra.platform.components.nodes import StaticNodes
 from infra.platform.components.observability import Observability, prometheus_url
-from infra.platform.spec import PlatformSpec
+from infra.platform.checks import platform_problems
+from infra.platform.spec import PlatformSpec, PlatformSpecError
 from infra.platform.taints import gpu_node_taints, tolerations_for
 from infra.rollout.preflight import Inventory, load_inventory
 from infra.spec import REPO_ROOT, StackSpec, load_spec
@@ -52,11 +53,15 @@ def platform_context(spec: PlatformSpec, serving: list[StackSpec]) -> PlatformCo
 
 def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> dict[str, pulumi.ComponentResource]:
     hosted = hosted_environments(spec) if hosted is None else hosted
+    problems = platform_problems(spec, hosted)
+    if problems:
+        raise PlatformSpecError(problems)
     serving = [h.spec for h in hosted]
     cloud = build_cloud(spec, serving)
     ctx = platform_context(spec, serving)
     k8s_opts = pulumi.ResourceOptions(providers=[cloud.kubernetes] if cloud.kubernetes else None)
-    installs = {row.name: ControllerInstall(row, ctx, k8s_opts) for row in CATALOG if row.enabled(ctx)}
+    namespaces: dict[str, pulumi.Resource] = {}
+    installs = {row.name: ControllerInstall(row, ctx, namespaces, k8s_opts) for row in CATALOG if row.enabled(ctx)}
     layers: dict[str, pulumi.ComponentResource] = dict(installs)
     layers["gateway"] = GatewayPlatform("gateway", spec, ENVOY_GATEWAY_NAMESPACE, cloud.gateway_service_annotations,
                                         installs["envoy-gateway"].ready(), k8s_opts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 
 from infra.components.k8s import logical_name, register_manifest
+from infra.policy.rules import PLATFORM_PART_OF
 
 
 class PlatformLayer(pulumi.ComponentResource):
@@ -17,6 +18,9 @@ class PlatformLayer(pulumi.ComponentResource):
         self.objects: list[dict] = []  # every Kubernetes object this layer registered (platform_objects)
 
     def add(self, manifest: dict, depends_on: list[pulumi.Resource] | None = None) -> pulumi.CustomResource:
+        """Register one object, labelled as the platform's (the policy pack's serving-only rules skip it)."""
+        metadata = manifest.setdefault("metadata", {})
+        metadata["labels"] = {**(metadata.get("labels") or {}), "app.kubernetes.io/part-of": PLATFORM_PART_OF}
         self.objects.append(manifest)
         return register_manifest(logical_name(manifest), manifest,
                                  pulumi.ResourceOptions(parent=self, depends_on=depends_on or []))

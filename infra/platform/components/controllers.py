@@ -66,13 +66,17 @@ def manifest_documents(source: Source, namespace: str) -> list[dict]:
 class ControllerInstall(PlatformLayer):
     layer = "controllers"
 
-    def __init__(self, row: Controller, ctx: PlatformContext, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, row: Controller, ctx: PlatformContext, namespaces: dict[str, pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None):
+        """`namespaces`: those made so far, by name (two rows may share one; it is made once)."""
         super().__init__(row.name, opts)
         self.row = row
         first: list[pulumi.Resource] = []
         if row.namespace != "kube-system":
-            first.append(self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-                "name": row.namespace, "labels": {"app.kubernetes.io/part-of": "pdstack-platform"}}}))
+            if row.namespace not in namespaces:
+                namespaces[row.namespace] = self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                    "name": row.namespace, "labels": {"app.kubernetes.io/part-of": "pdstack-platform"}}})
+            first.append(namespaces[row.namespace])
         self.crds = [self.add(doc) for source in row.crds for doc in crd_documents(source)]
         self.values = row.values(ctx)
         self.resources: list[pulumi.Resource] = []
