@@ -14,7 +14,7 @@ from pathlib import Path
 import pulumi
 
 from infra.components.k8s import Layer, LayerContext
-from infra.render.engine_args import weights_path
+from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
 from infra.spec import StackSpec
 from infra.weights import SAFE_NAME, SUMS_NAME
 
@@ -122,7 +122,7 @@ def weights_init_container(spec: StackSpec) -> dict:
         # Identity's agent, or IRSA's web identity token); only `secret` reads a stored key.
         **({"envFrom": [{"secretRef": {"name": w.credentials_secret}}]} if w.access_mode() == "secret" else {}),
         "volumeMounts": [
-            {"name": WEIGHTS_VOLUME, "mountPath": w.node_cache_path},
+            {"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT},
             {"name": FETCHER_CONFIGMAP, "mountPath": FETCHER_MOUNT, "readOnly": True},
         ],
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "8", "memory": "8Gi"}},
