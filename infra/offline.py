@@ -91,6 +91,17 @@ def fake_secret(seed: str) -> str:
     return "mock-" + hashlib.sha256(seed.encode()).hexdigest()[:24]
 
 
+def platform_outputs(reference: str) -> dict:
+    """What the platform stack a StackReference names would export, from its spec in stacks/
+    (<org>/<project>/<stack> -> stacks/<stack>.yaml); nothing for another stack."""
+    from infra.platform_stack.program import expected_outputs
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.spec import STACKS_DIR
+
+    path = STACKS_DIR / f"{reference.rsplit('/', 1)[-1]}.yaml"
+    return expected_outputs(load_platform_spec(path)) if path.is_file() else {}
+
+
 class RecordingMocks(pulumi_mocks.Mocks):
     """Echo inputs as outputs; give pulumi-random resources a fake result, StackReferences the
     outputs their stacks would export (`stack_outputs`, by stack name) and the cloud look-ups
@@ -104,7 +115,7 @@ class RecordingMocks(pulumi_mocks.Mocks):
         if args.typ.startswith("random:index/random"):
             state["result"] = fake_secret(args.name)
         if args.typ == "pulumi:pulumi:StackReference":
-            state["outputs"] = self.stack_outputs.get(args.name, {})
+            state["outputs"] = self.stack_outputs.get(args.name) or platform_outputs(args.name)
         if args.typ in ("aws:iam/role:Role", "aws:kms/key:Key", "aws:iam/openIdConnectProvider:OpenIdConnectProvider"):
             state.setdefault("arn", f"arn:aws:mock:::{args.name}")
         if args.typ == "aws:ec2/securityGroup:SecurityGroup":  # EC2's id shape: CRD patterns check it
@@ -123,7 +134,7 @@ def _cluster(args: dict) -> dict:
 
 
 def _instance_type(args: dict) -> dict:
-    from infra.platform.weight_cache import INSTANCE_STORE_GB
+    from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
 
     return {"instanceType": args.get("instanceType"), "totalInstanceStorage": INSTANCE_STORE_GB.get(args.get("instanceType"))}
 
@@ -186,13 +197,13 @@ def run_spec(spec, project: str = "pdstack") -> OfflineRun:
     from infra.program import build_stack
 
     if not isinstance(spec, StackSpec):
-        from infra.platform.program import build_platform
+        from infra.platform_stack.program import build_platform
 
         return run_offline(lambda: build_platform(spec), project=project, stack=spec.name)
     outputs = {}
-    if spec.platform is not None:
-        from infra.platform.program import expected_outputs
-        from infra.platform.spec import load_platform_spec
+    if spec.platform is not None:  # the spec names the platform's file: read that one
+        from infra.platform_stack.program import expected_outputs
+        from infra.platform_stack.spec import load_platform_spec
         from infra.spec import REPO_ROOT
 
         outputs[spec.platform.stack] = expected_outputs(load_platform_spec(REPO_ROOT / spec.platform.spec))

@@ -36,7 +36,7 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
         return None, None, "karpenter"
     import pulumi_kubernetes as k8s
 
-    from infra.platform.spec import load_platform_spec
+    from infra.platform_stack.spec import load_platform_spec
 
     mode = load_platform_spec(REPO_ROOT / spec.platform.spec).nodes.mode
     ref = pulumi.StackReference(spec.platform.stack)
@@ -113,7 +113,7 @@ def spec_for_current_stack():
 def load_any_spec(path):
     """One program for both kinds of stack: a file with `kind: platform` is a platform spec."""
     from infra.inputs import InputError, load_yaml_mapping
-    from infra.platform.spec import load_platform_spec
+    from infra.platform_stack.spec import load_platform_spec
 
     try:
         kind = load_yaml_mapping(path, "spec").get("kind")
@@ -139,7 +139,7 @@ def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | N
 def main() -> None:
     spec = spec_for_current_stack()
     if not isinstance(spec, StackSpec):
-        from infra.platform.program import build_platform
+        from infra.platform_stack.program import build_platform
 
         build_platform(spec)
         return

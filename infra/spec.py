@@ -153,7 +153,7 @@ class SpecError(ValueError):
 
 
 class WeightsCacheSpec(Strict):
-    """Where the node-local weight cache lives (infra/platform/weight_cache.py checks the fit)."""
+    """Where the node-local weight cache lives (infra/platform_stack/weight_cache.py checks the fit)."""
 
     medium: Literal["instance-store", "host-path"] = Field(
         "host-path", description="instance-store: the node class's RAID0 array of NVMe instance stores (AWS; the "
@@ -696,7 +696,7 @@ class ObservabilitySpec(Strict):
 
 
 class PlatformRef(Strict):
-    """The per-cluster platform stack this environment runs on (infra/platform/)."""
+    """The per-cluster platform stack this environment runs on (infra/platform_stack/)."""
 
     stack: str = Field(description="Its Pulumi stack, as a StackReference names it: <org>/pdstack/<stack> (or the "
                                    "stack's name in the same organization and project).")
@@ -946,7 +946,7 @@ def hardware_problems(spec: StackSpec) -> list[str]:
                 f"environment.kubernetes_version: groups spanning nodes of an NVLink domain claim an IMEX channel "
                 f"through NVIDIA's DRA driver (ComputeDomain), and DRA is on by default from Kubernetes 1.34 "
                 f"(resource.k8s.io/v1); {spec.environment.kubernetes_version} is older. Fix: 1.34 or later")
-    from infra.platform.weight_cache import weight_cache_problems  # builds on this module's types
+    from infra.platform_stack.weight_cache import weight_cache_problems  # builds on this module's types
 
     problems += weight_cache_problems(spec)
     w = spec.model.weights

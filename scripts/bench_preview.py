@@ -148,7 +148,7 @@ def main() -> int:
 
 def with_platform(spec, args) -> int:
     from infra.offline import run_spec
-    from infra.platform.spec import load_platform_spec
+    from infra.platform_stack.spec import load_platform_spec
     from infra.render.manifests import unwrap
     from infra.spec import REPO_ROOT
 

@@ -1,14 +1,14 @@
-"""Fetch the Go modules the platform catalog reads (infra/platform/catalog.py) and extract each
-chart's own values into infra/platform/pinned/, with the origin of every file.
+"""Fetch the Go modules the platform catalog reads (infra/platform_stack/catalog.py) and extract each
+chart's own values into infra/platform_stack/pinned/, with the origin of every file.
 
 Each module is pinned once in twin/*/go.mod and verified by its go.sum (`go mod download`);
 what is kept is the chart's Chart.yaml name and versions, its values.yaml (values.tmpl.yaml
 where the project generates values.yaml at release) and its values.schema.json if it has one:
-what infra/platform/values.py checks pdstack's values against. CRDs and manifests are read
+what infra/platform_stack/values.py checks pdstack's values against. CRDs and manifests are read
 from the module cache when the program runs, not copied.
 
-    python scripts/platform_sources.py            # download, then rewrite infra/platform/pinned/
-    python scripts/platform_sources.py --check    # exit 1 if infra/platform/pinned/ differs
+    python scripts/platform_sources.py            # download, then rewrite infra/platform_stack/pinned/
+    python scripts/platform_sources.py --check    # exit 1 if infra/platform_stack/pinned/ differs
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.platform.catalog import CATALOG, modules_used  # noqa: E402
-from infra.platform.modules import module_dir, pin  # noqa: E402
-from infra.platform.values import PINNED  # noqa: E402
+from infra.platform_stack.catalog import CATALOG, modules_used  # noqa: E402
+from infra.platform_stack.modules import module_dir, pin  # noqa: E402
+from infra.platform_stack.values import PINNED  # noqa: E402
 
 
 def extract(name: str, module: str, chart_path: str) -> str:
@@ -58,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = [n for n, text in files.items() if not (PINNED / n).is_file() or (PINNED / n).read_text() != text]
         for n in stale:
-            print(f"differs: infra/platform/pinned/{n}")
+            print(f"differs: infra/platform_stack/pinned/{n}")
         return 1 if stale else 0
     PINNED.mkdir(exist_ok=True)
     for n, text in files.items():
         (PINNED / n).write_text(text)
-        print(f"wrote infra/platform/pinned/{n}")
+        print(f"wrote infra/platform_stack/pinned/{n}")
     return 0
 
 

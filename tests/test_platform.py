@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from infra.offline import run_spec
-from infra.platform.catalog import CATALOG, controller
-from infra.platform.checks import platform_problems
-from infra.platform.cloud.aws import ec2_node_class, efa_network_interfaces
-from infra.platform.program import Hosted, hosted_environments, platform_context
-from infra.platform.spec import load_platform_spec
-from infra.platform.taints import gpu_node_taints, tolerates
-from infra.platform.values import dig, pinned_chart, values_problems
+from infra.platform_stack.catalog import CATALOG, controller
+from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
+from infra.platform_stack.program import Hosted, hosted_environments, platform_context
+from infra.platform_stack.spec import load_platform_spec
+from infra.platform_stack.taints import gpu_node_taints, tolerates
+from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
 from infra.rollout.preflight import HostEntry, Inventory
 from infra.spec import SpecError, load_spec, parse_spec

@@ -17,7 +17,7 @@ from infra.spec import StackSpec
 def role_taints(role: str) -> list[dict]:
     """The taints every GPU node of a role carries, whatever made it (a NodePool, a managed
     node group, a NodePatch): engine pods tolerate them, and so must every DaemonSet that has to
-    run on GPU nodes (infra/platform/taints.py derives those tolerations from here)."""
+    run on GPU nodes (infra/platform_stack/taints.py derives those tolerations from here)."""
     return [
         {"key": naming.ROLE_LABEL, "value": role, "effect": naming.ROLE_TAINT_EFFECT},
         {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},

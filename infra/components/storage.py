@@ -1,8 +1,8 @@
 """Weights storage: the fetch-and-verify step each engine pod runs before its engine.
 
 The bucket lives on any S3-compatible endpoint (named by URL in the spec); on AWS the platform
-stack makes it (infra/platform/cloud/aws.py) and `scripts/upload_weights` fills it. The cache
-lives where `model.weights.cache` says (infra/platform/weight_cache.py). This layer
+stack makes it (infra/platform_stack/cloud/aws.py) and `scripts/upload_weights` fills it. The cache
+lives where `model.weights.cache` says (infra/platform_stack/weight_cache.py). This layer
 ships infra/weights.py in a ConfigMap and gives engines the init container that runs it.
 """
 

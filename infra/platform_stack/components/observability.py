@@ -9,8 +9,8 @@ import pulumi
 
 from infra.components.k8s import LayerContext
 from infra.components.monitoring import dashboard
-from infra.platform.components.base import PlatformLayer
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.components.base import PlatformLayer
+from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
 PROMETHEUS = "pdstack"

@@ -11,15 +11,15 @@ import pulumi
 
 from infra.components.k8s import logical_name
 from infra.planning.capacity import pool_capacity
-from infra.platform.catalog import CATALOG, PlatformContext, controller
-from infra.platform.cloud import build_cloud
-from infra.platform.components.controllers import ControllerInstall
-from infra.platform.components.gateway import GatewayPlatform
-from infra.platform.components.nodes import StaticNodes
-from infra.platform.components.observability import Observability, prometheus_url
-from infra.platform.checks import platform_problems
-from infra.platform.spec import PlatformSpec, PlatformSpecError
-from infra.platform.taints import gpu_node_taints, tolerations_for
+from infra.platform_stack.catalog import CATALOG, PlatformContext, controller
+from infra.platform_stack.cloud import build_cloud
+from infra.platform_stack.components.controllers import ControllerInstall
+from infra.platform_stack.components.gateway import GatewayPlatform
+from infra.platform_stack.components.nodes import StaticNodes
+from infra.platform_stack.components.observability import Observability, prometheus_url
+from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
+from infra.platform_stack.taints import gpu_node_taints, tolerations_for
 from infra.rollout.preflight import Inventory, load_inventory
 from infra.spec import REPO_ROOT, StackSpec, load_spec
 

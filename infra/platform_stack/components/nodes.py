@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 
 from infra import naming
 from infra.components.nodepools import role_taints
-from infra.platform.components.base import PlatformLayer
+from infra.platform_stack.components.base import PlatformLayer
 from infra.rollout.preflight import Inventory
 from infra.spec import StackSpec
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.platform.cloud import CloudOutputs
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.spec import PlatformSpec
 
 
 class OnPrem(pulumi.ComponentResource):

@@ -3,7 +3,7 @@
 Each row names the version, how it is installed (a Helm chart by repository and version, or
 manifests from a pinned Go module), where its chart's own values (values.yaml, and
 values.schema.json where the chart has one) live at that version (a Go module pinned in
-twin/*/go.mod; `scripts/platform_sources.py` extracts them into infra/platform/pinned/ with
+twin/*/go.mod; `scripts/platform_sources.py` extracts them into infra/platform_stack/pinned/ with
 their origin), which CRD files it brings (registered as ordinary Kubernetes resources, so an
 upgrade reaches the cluster and the policy pack sees them; charts are installed with
 skipCrds), the typed values pdstack sets (from the platform spec), and which values carry the
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.spec import PlatformSpec
 
 KARPENTER = "github.com/aws/karpenter-provider-aws"
 ENVOY_GATEWAY = "github.com/envoyproxy/gateway"
@@ -53,7 +53,7 @@ class Chart:
 @dataclass(frozen=True)
 class PlatformContext:
     """What values are derived from: the platform spec, the serving specs it hosts and the
-    tolerations every GPU node's taints call for (infra/platform/taints.py)."""
+    tolerations every GPU node's taints call for (infra/platform_stack/taints.py)."""
 
     spec: PlatformSpec
     gpu_tolerations: tuple[dict, ...]

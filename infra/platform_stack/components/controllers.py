@@ -5,7 +5,7 @@
 renders as a child resource (pulumi-kubernetes: "equivalent to helm template, then Pulumi deploys
 the resulting manifests"), so the policy pack sees them at `pulumi preview`. Under the offline
 mocks a chart is one registration: its values are checked against the chart's own
-(infra/platform/values.py); the objects it renders are not (that needs Helm: the cluster twin's
+(infra/platform_stack/values.py); the objects it renders are not (that needs Helm: the cluster twin's
 part).
 """
 
@@ -18,9 +18,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra.platform.catalog import Controller, PlatformContext, Source
-from infra.platform.components.base import PlatformLayer
-from infra.platform.modules import module_file
+from infra.platform_stack.catalog import Controller, PlatformContext, Source
+from infra.platform_stack.components.base import PlatformLayer
+from infra.platform_stack.modules import module_file
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML's safe loader (libyaml's where built), reading a bare `=` (YAML 1.1's value key,

@@ -1,8 +1,8 @@
 """One cloud module per provider behind one interface: what the platform needs from a cloud.
 
 `build_cloud(spec, hosted)` picks the module the platform spec's `cloud.provider` names:
-`aws` (infra/platform/cloud/aws.py: EKS, S3, IAM with Pod Identity or IRSA, EC2NodeClasses,
-managed node groups) and `none` (infra/platform/cloud/onprem.py: an existing cluster, nothing
+`aws` (infra/platform_stack/cloud/aws.py: EKS, S3, IAM with Pod Identity or IRSA, EC2NodeClasses,
+managed node groups) and `none` (infra/platform_stack/cloud/onprem.py: an existing cluster, nothing
 outside Kubernetes). Another cloud is one more module with the same outputs.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pulumi
 
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
 
@@ -30,9 +30,9 @@ class CloudOutputs:
 
 def build_cloud(spec: PlatformSpec, hosted: list[StackSpec]) -> CloudOutputs:
     if spec.cloud.provider == "aws":
-        from infra.platform.cloud.aws import AwsCloud
+        from infra.platform_stack.cloud.aws import AwsCloud
 
         return AwsCloud("cloud", spec, hosted).outputs
-    from infra.platform.cloud.onprem import OnPrem
+    from infra.platform_stack.cloud.onprem import OnPrem
 
     return OnPrem("cloud", spec).outputs

@@ -4,8 +4,8 @@ A platform spec is a YAML file with `kind: platform` beside the serving specs (s
 by its Pulumi stack. It says which cloud holds the cluster (or that it is an existing on-prem
 one), which serving environments it hosts (their specs size the node layer and scope the
 identities), how GPU nodes come to exist (`nodes.mode`) and the typed values of each
-controller in the catalog (infra/platform/catalog.py). Rules spanning the platform and the
-serving specs live in infra/platform/checks.py.
+controller in the catalog (infra/platform_stack/catalog.py). Rules spanning the platform and the
+serving specs live in infra/platform_stack/checks.py.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class ImagesSpec(Strict):
 
 
 class ControllerValues(Strict):
-    """Values pdstack sets on each controller (typed here; infra/platform/values.py checks each
+    """Values pdstack sets on each controller (typed here; infra/platform_stack/values.py checks each
     against the chart's own defaults or schema at the pinned version)."""
 
     karpenter_replicas: PositiveInt = 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from infra.planning.capacity import pool_capacity
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
 
@@ -21,7 +21,7 @@ def nodes_needed(spec: StackSpec, role: str) -> int:
 
 
 def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
-    """`hosted`: infra/platform/program.py Hosted (spec, stack, inventory) of each environment."""
+    """`hosted`: infra/platform_stack/program.py Hosted (spec, stack, inventory) of each environment."""
     problems = []
     families = {f.name for f in platform.cloud.node_classes} if platform.cloud.provider == "aws" else set()
     for h in hosted:

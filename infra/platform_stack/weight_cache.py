@@ -35,7 +35,7 @@ ARRAY_RESERVE_GIB = 200
 # c6g..trn1 only; botocore carries no instance-type data). Origin: the EC2 User Guide's
 # instance-store volume table (docs.aws.amazon.com/ec2/latest/instancetypes/gp.html#gp_instance-store,
 # accelerated computing section), read for this table. The cloud layer checks the same figure
-# against DescribeInstanceTypes at `pulumi up` (infra/platform/cloud/aws.py).
+# against DescribeInstanceTypes at `pulumi up` (infra/platform_stack/cloud/aws.py).
 INSTANCE_STORE_GB = {
     "p4d.24xlarge": 8000,      # 8 x 1000 GB NVMe
     "p5.48xlarge": 30720,      # 8 x 3840 GB NVMe
@@ -76,7 +76,7 @@ def weight_cache_problems(spec: StackSpec) -> list[str]:
             if gb is None:
                 problems.append(
                     f"hardware.instance_types: {itype}'s instance-store size is not known to pdstack "
-                    f"(infra/platform/weight_cache.py INSTANCE_STORE_GB). Fix: add it from DescribeInstanceTypes "
+                    f"(infra/platform_stack/weight_cache.py INSTANCE_STORE_GB). Fix: add it from DescribeInstanceTypes "
                     "(InstanceStorageInfo.TotalSizeInGB), or model.weights.cache.medium: host-path")
             elif need is not None and need + ARRAY_RESERVE_GIB > gib_of_gb(gb):
                 problems.append(

@@ -15,9 +15,9 @@ from infra import naming
 from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.planning.capacity import pool_capacity
-from infra.platform.cloud import CloudOutputs
-from infra.platform.spec import NodeClassSpec, PlatformSpec
-from infra.platform.weight_cache import INSTANCE_STORE_GB
+from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
+from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
 from infra.spec import StackSpec
 
 KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
@@ -321,7 +321,7 @@ class AwsCloud(pulumi.ComponentResource):
         def agree(total):
             if total is not None and int(total) < expected:
                 raise ValueError(f"{itype}: DescribeInstanceTypes reports {total} GB of instance store, below the "
-                                 f"{expected} GB infra/platform/weight_cache.py assumes. Fix: correct the table")
+                                 f"{expected} GB infra/platform_stack/weight_cache.py assumes. Fix: correct the table")
             return total
         aws.ec2.get_instance_type_output(instance_type=itype).total_instance_storage.apply(agree)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pulumi
 
-from infra.platform.components.base import PlatformLayer
-from infra.platform.spec import PlatformSpec
+from infra.platform_stack.components.base import PlatformLayer
+from infra.platform_stack.spec import PlatformSpec
 
 CLASS_PROXY = "pdstack-class"
 
