@@ -702,10 +702,15 @@ class PlatformRef(Strict):
                                    "stack's name in the same organization and project).")
     spec: str = Field(description="Its platform spec, relative to the project (what the offline preview and the "
                                   "cross-checks read).")
-    _stack = field_validator("stack")(_checked(lambda v: re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,2}", v),
-                                               "is not a stack reference. Fix: e.g. example/pdstack/platform-prod"))
-    _spec = field_validator("spec")(_checked(lambda v: re.fullmatch(SAFE_NAME, v), "is not a project file path. Fix: "
-                                                                                   "e.g. stacks/platform-prod.yaml"))
+    # Pulumi's names: organization, project and stack of letters, digits, '-', '_', '.', 100 at most each.
+    _stack = field_validator("stack")(_checked(
+        lambda v: re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,2}", v),
+        "is not a stack reference (<org>/<project>/<stack>, each 100 characters at most). Fix: e.g. "
+        "example/pdstack/platform-prod"))
+    _spec = field_validator("spec")(_checked(lambda v: re.fullmatch(SAFE_NAME, v) and v.endswith((".yaml", ".yml"))
+                                             and len(v) <= 255,
+                                             "is not a project file path of a YAML spec. Fix: e.g. "
+                                             "stacks/platform-prod.yaml"))
 
     def name(self) -> str:
         return self.stack.rsplit("/", 1)[-1]
