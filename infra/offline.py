@@ -33,6 +33,7 @@ class RegisteredResource:
     custom: bool
     inputs: dict[str, Any] = field(default_factory=dict)
     ignore_changes: tuple[str, ...] = ()
+    remote: bool = False  # a component a provider implements (helm.v4.Chart, eks.Cluster): it creates resources
 
     @property
     def layer(self) -> str:
@@ -49,7 +50,8 @@ class OfflineRun:
     resources: list[RegisteredResource]
 
     def custom(self) -> list[RegisteredResource]:
-        return [r for r in self.resources if r.custom and not r.type.startswith("pulumi:providers:")]
+        return [r for r in self.resources if (r.custom or r.remote) and not r.type.startswith("pulumi:providers:")
+                and r.type != "pulumi:pulumi:StackReference"]
 
     def of_type(self, type_: str) -> list[RegisteredResource]:
         return [r for r in self.resources if r.type == type_]
@@ -89,17 +91,60 @@ def fake_secret(seed: str) -> str:
     return "mock-" + hashlib.sha256(seed.encode()).hexdigest()[:24]
 
 
+def platform_outputs(reference: str) -> dict:
+    """What the platform stack a StackReference names would export, from its spec in stacks/
+    (<org>/<project>/<stack> -> stacks/<stack>.yaml); nothing for another stack."""
+    from infra.platform_stack.program import expected_outputs
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.spec import STACKS_DIR
+
+    path = STACKS_DIR / f"{reference.rsplit('/', 1)[-1]}.yaml"
+    return expected_outputs(load_platform_spec(path)) if path.is_file() else {}
+
+
 class RecordingMocks(pulumi_mocks.Mocks):
-    """Echo inputs as outputs; give pulumi-random resources a fake result."""
+    """Echo inputs as outputs; give pulumi-random resources a fake result, StackReferences the
+    outputs their stacks would export (`stack_outputs`, by stack name) and the cloud look-ups
+    the platform program makes a stand-in answer."""
+
+    def __init__(self, stack_outputs: dict[str, dict] | None = None):
+        self.stack_outputs = stack_outputs or {}
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
         if args.typ.startswith("random:index/random"):
             state["result"] = fake_secret(args.name)
+        if args.typ == "pulumi:pulumi:StackReference":
+            state["outputs"] = self.stack_outputs.get(args.name) or platform_outputs(args.name)
+        if args.typ in ("aws:iam/role:Role", "aws:kms/key:Key", "aws:iam/openIdConnectProvider:OpenIdConnectProvider"):
+            state.setdefault("arn", f"arn:aws:mock:::{args.name}")
+        if args.typ == "aws:ec2/securityGroup:SecurityGroup":  # EC2's id shape: CRD patterns check it
+            return "sg-" + hashlib.sha256(args.name.encode()).hexdigest()[:17], state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi_mocks.MockCallArgs):
-        return {}, None
+        return _CALLS.get(args.token, lambda a: {})(args.args)
+
+
+def _cluster(args: dict) -> dict:
+    name = args.get("name", "cluster")
+    return {"name": name, "arn": f"arn:aws:eks:us-east-1:000000000000:cluster/{name}",
+            "endpoint": f"https://{name}.eks.example", "certificateAuthority": {"data": "bW9jaw=="},
+            "vpcConfig": {"vpcId": "vpc-mock"}, "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.example/{name}"}]}]}
+
+
+def _instance_type(args: dict) -> dict:
+    from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
+
+    return {"instanceType": args.get("instanceType"), "totalInstanceStorage": INSTANCE_STORE_GB.get(args.get("instanceType"))}
+
+
+# Stand-ins for the data sources the cloud layer reads (no cloud offline).
+_CALLS = {
+    "aws:eks/getCluster:getCluster": _cluster,
+    "aws:ec2/getInstanceType:getInstanceType": _instance_type,
+    "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider": lambda a: {"arn": "arn:aws:iam::000000000000:oidc-provider/mock", "url": a.get("url")},
+}
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
@@ -122,6 +167,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     custom=bool(request.custom),
                     inputs=_integers_back(inputs),
                     ignore_changes=tuple(request.ignoreChanges),
+                    remote=bool(request.remote),
                 )
             )
         return response
@@ -131,9 +177,10 @@ def is_secret(value: Any) -> bool:
     return isinstance(value, dict) and value.get(_SIG_KEY) == _SECRET_SIG
 
 
-def run_offline(program, project: str = "pdstack", stack: str = "dev") -> OfflineRun:
+def run_offline(program, project: str = "pdstack", stack: str = "dev",
+                stack_outputs: dict[str, dict] | None = None) -> OfflineRun:
     """Run `program()` (a Pulumi program) under mocks; return every registration."""
-    mocks = RecordingMocks()
+    mocks = RecordingMocks(stack_outputs)
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
     pulumi.runtime.settings.SETTINGS.outputs.clear()
@@ -144,7 +191,21 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev") -> Offlin
     return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn))
 
 
-def run_spec(spec: StackSpec, project: str = "pdstack") -> OfflineRun:
+def run_spec(spec, project: str = "pdstack") -> OfflineRun:
+    """The offline run of a serving spec (its platform stack's outputs as that stack would export
+    them), or of a platform spec."""
     from infra.program import build_stack
 
-    return run_offline(lambda: build_stack(spec), project=project, stack=spec.environment.name)
+    if not isinstance(spec, StackSpec):
+        from infra.platform_stack.program import build_platform
+
+        return run_offline(lambda: build_platform(spec), project=project, stack=spec.name)
+    outputs = {}
+    if spec.platform is not None:  # the spec names the platform's file: read that one
+        from infra.platform_stack.program import expected_outputs
+        from infra.platform_stack.spec import load_platform_spec
+        from infra.spec import REPO_ROOT
+
+        outputs[spec.platform.stack] = expected_outputs(load_platform_spec(REPO_ROOT / spec.platform.spec))
+    return run_offline(lambda: build_stack(spec), project=project, stack=spec.environment.name,
+                       stack_outputs=outputs)

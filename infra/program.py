@@ -17,10 +17,11 @@ from infra.components.k8s import Layer, LayerContext
 from infra.components.kvcache import KVCache
 from infra.components.monitoring import Monitoring
 from infra.components.nodepools import NodePools
+from infra.components.platform_links import PlatformLinks
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
 from infra.rollout.releases import store_for
-from infra.spec import StackSpec, load_spec, stack_spec_path
+from infra.spec import REPO_ROOT, StackSpec, load_spec, stack_spec_path
 from infra.tracks import Track, plan_tracks
 
 
@@ -28,12 +29,27 @@ def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
     return pulumi.ResourceOptions(depends_on=list(deps))
 
 
-def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools) -> dict[str, Layer]:
+def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi.ProviderResource | None, str]:
+    """The platform stack this environment runs on: its outputs, a provider for its cluster, and
+    how it makes GPU nodes (karpenter: this stack's NodePools; node-groups, static: the platform's)."""
+    if spec.platform is None:
+        return None, None, "karpenter"
+    import pulumi_kubernetes as k8s
+
+    from infra.platform_stack.spec import load_platform_spec
+
+    mode = load_platform_spec(REPO_ROOT / spec.platform.spec).nodes.mode
+    ref = pulumi.StackReference(spec.platform.stack)
+    provider = k8s.Provider("platform-cluster", kubeconfig=ref.require_output("kubeconfig"))
+    return ref, provider, mode
+
+
+def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools | None) -> dict[str, Layer]:
     """Everything one namespace runs to serve requests: the environment's, or a release track's."""
     foundation = Foundation(f"{name}-foundation", ctx)
     storage = Storage(f"{name}-storage", ctx, after(foundation))
     kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
-    engines = Engines(f"{name}-engines", ctx, kvcache.plan, after(nodepools, storage, kvcache))
+    engines = Engines(f"{name}-engines", ctx, kvcache.plan, after(*[r for r in (nodepools, storage, kvcache) if r]))
     balancers = Balancers(f"{name}-balancers", ctx, after(engines))
     monitoring = Monitoring(f"{name}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
     layers = {"foundation": foundation, "storage": storage, "kvcache": kvcache, "engines": engines,
@@ -47,10 +63,14 @@ def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools) -> dict[s
 def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track] | None = None) -> dict[str, Layer]:
     """The whole stack. With `tracks`, each release track serves from its own namespace and
     the environment's namespace keeps only the entry point, which splits traffic by weight."""
-    ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels(), release=release)
+    platform, provider, nodes_mode = platform_link(spec)
+    ctx = LayerContext(spec=spec, namespace=spec.environment.namespace, labels=spec.labels(), release=release,
+                       provider=provider)
     env = spec.environment.name
-    nodepools = NodePools(f"{env}-nodepools", ctx)  # cluster-wide, sized by the newest spec's maximums
-    layers: dict[str, Layer] = {"nodepools": nodepools}
+    layers: dict[str, Layer] = {}
+    nodepools = None
+    if nodes_mode == "karpenter":  # cluster-wide, sized by the newest spec's maximums
+        nodepools = layers["nodepools"] = NodePools(f"{env}-nodepools", ctx)
     if not tracks:
         layers.update(serving_layers(ctx, env, nodepools))
         backends = [Backend(ctx.namespace, layers["balancers"].router)]
@@ -62,7 +82,7 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
         backends, routers = [], []
         for track in tracks:
             tctx = LayerContext(spec=track.spec, namespace=track.namespace, labels=track.spec.labels(),
-                                release=str(track.revision), name_prefix=f"r{track.revision}-")
+                                release=str(track.revision), name_prefix=f"r{track.revision}-", provider=provider)
             name = f"{env}-r{track.revision}"
             served = serving_layers(tctx, name, nodepools)
             served["access"] = TrackAccess(f"{name}-access", tctx, served["balancers"].router, ctx.namespace,
@@ -72,17 +92,34 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             routers.append(served["balancers"])
     access = Access(f"{env}-access", ctx, backends, after(*routers))
     layers["access"] = access
+    if platform is not None:
+        engines = [v for k, v in layers.items() if k.endswith("engines")]
+        namespaces = [t.namespace for t in tracks] if tracks else [ctx.namespace]
+        layers["identity"] = PlatformLinks(f"{env}-identity", ctx, platform, namespaces, engines)
     pulumi.export("namespace", ctx.namespace)
     pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
     pulumi.export("api_keys", pulumi.Output.secret(access.api_keys))
     return layers
 
 
-def spec_for_current_stack() -> StackSpec:
-    """The spec file named by config `pdstack:specFile`, else stacks/<stack>.yaml."""
+def spec_for_current_stack():
+    """The spec file named by config `pdstack:specFile`, else stacks/<stack>.yaml: a serving
+    spec, or a platform spec (`kind: platform`)."""
     config = pulumi.Config("pdstack")
     path = config.get("specFile") or stack_spec_path(pulumi.get_stack())
-    return load_spec(path)
+    return load_any_spec(path)
+
+
+def load_any_spec(path):
+    """One program for both kinds of stack: a file with `kind: platform` is a platform spec."""
+    from infra.inputs import InputError, load_yaml_mapping
+    from infra.platform_stack.spec import load_platform_spec
+
+    try:
+        kind = load_yaml_mapping(path, "spec").get("kind")
+    except InputError:
+        kind = None  # load_spec says what is wrong with the file
+    return load_platform_spec(path) if kind == "platform" else load_spec(path)
 
 
 def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | None:
@@ -101,6 +138,11 @@ def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | N
 
 def main() -> None:
     spec = spec_for_current_stack()
+    if not isinstance(spec, StackSpec):
+        from infra.platform_stack.program import build_platform
+
+        build_platform(spec)
+        return
     found = tracks_from_store(spec)
     if found:
         newest_spec, newest, tracks = found

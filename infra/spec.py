@@ -117,6 +117,11 @@ _RDMA_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:]{0,63}")  # ibv_devices nam
 _BUDGET = re.compile(r"((100|[0-9]{1,2})%|[0-9]+)")
 
 
+def is_aws_s3(endpoint_url: str) -> bool:
+    host = urllib.parse.urlsplit(endpoint_url).hostname or ""
+    return host.endswith(".amazonaws.com") or host.endswith(".amazonaws.com.cn")
+
+
 def _version_number(v: str) -> str:
     if not re.fullmatch(r"\d+(\.\d+){0,3}", v):
         raise ValueError(f"{v[:40]!r} is not a version number. Fix: e.g. 570.124.06 (what nvidia-smi prints)")
@@ -145,6 +150,18 @@ class SpecError(ValueError):
 
 
 # --- model and weights -------------------------------------------------------------------
+
+
+class WeightsCacheSpec(Strict):
+    """Where the node-local weight cache lives (infra/platform_stack/weight_cache.py checks the fit)."""
+
+    medium: Literal["instance-store", "host-path"] = Field(
+        "host-path", description="instance-store: the node class's RAID0 array of NVMe instance stores (AWS; the "
+                                 "path must be under its mount, /mnt/k8s-disks/0); host-path: a disk the operator "
+                                 "mounted at node_cache_path (on-prem).")
+    capacity_gib: PositiveInt | None = Field(None, description="host-path: the size of the disk at the path.")
+    copies: PositiveInt = Field(2, description="Weight sets the cache must hold at once: this revision's and the "
+                                               "next one's, while a rollout runs both.")
 
 
 class WeightsSpec(Strict):
@@ -188,8 +205,19 @@ class WeightsSpec(Strict):
         3.0, description="Minutes an engine needs after loading (CUDA graphs, warm-up) before it serves.")
     credentials_secret: str = Field(
         "weights-s3-credentials",
-        description="Name of an existing Kubernetes Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY.",
+        description="access: secret only: an existing Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, in the "
+                    "environment's namespace and every release track's (non-AWS S3: MinIO, Ceph RGW).",
     )
+    access: Literal["pod-identity", "irsa", "secret"] | None = Field(
+        None, description="How the fetch step gets credentials: EKS Pod Identity or IRSA (a role the platform stack "
+                          "creates, no key anywhere), or a Secret (S3-compatible stores outside AWS only). Default: "
+                          "pod-identity for AWS S3 endpoints, secret otherwise.")
+    cache: WeightsCacheSpec = WeightsCacheSpec()
+
+    def access_mode(self) -> str:
+        if self.access:
+            return self.access
+        return "pod-identity" if is_aws_s3(self.endpoint_url) else "secret"
 
 
 class ModelSpec(Strict):
@@ -684,8 +712,31 @@ class ObservabilitySpec(Strict):
     _url = field_validator("otlp_endpoint")(classmethod(lambda cls, v: _service_url(v)))
 
 
+class PlatformRef(Strict):
+    """The per-cluster platform stack this environment runs on (infra/platform_stack/)."""
+
+    stack: str = Field(description="Its Pulumi stack, as a StackReference names it: <org>/pdstack/<stack> (or the "
+                                   "stack's name in the same organization and project).")
+    spec: str = Field(description="Its platform spec, relative to the project (what the offline preview and the "
+                                  "cross-checks read).")
+    # Pulumi's names: organization, project and stack of letters, digits, '-', '_', '.', 100 at most each.
+    _stack = field_validator("stack")(_checked(
+        lambda v: re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,2}", v),
+        "is not a stack reference (<org>/<project>/<stack>, each 100 characters at most). Fix: e.g. "
+        "example/pdstack/platform-prod"))
+    _spec = field_validator("spec")(_checked(lambda v: re.fullmatch(SAFE_NAME, v) and v.endswith((".yaml", ".yml"))
+                                             and len(v) <= 255,
+                                             "is not a project file path of a YAML spec. Fix: e.g. "
+                                             "stacks/platform-prod.yaml"))
+
+    def name(self) -> str:
+        return self.stack.rsplit("/", 1)[-1]
+
+
 class StackSpec(Strict):
     environment: EnvironmentSpec
+    platform: PlatformRef | None = Field(None, description="The platform stack; without it the cluster and its "
+                                                          "controllers are the user's (README: user-provided).")
     model: ModelSpec
     engine: EngineSpec
     images: ImagesSpec
@@ -947,6 +998,16 @@ def hardware_problems(spec: StackSpec) -> list[str]:
                 f"environment.kubernetes_version: groups spanning nodes of an NVLink domain claim an IMEX channel "
                 f"through NVIDIA's DRA driver (ComputeDomain), and DRA is on by default from Kubernetes 1.34 "
                 f"(resource.k8s.io/v1); {spec.environment.kubernetes_version} is older. Fix: 1.34 or later")
+    from infra.platform_stack.weight_cache import weight_cache_problems  # builds on this module's types
+
+    problems += weight_cache_problems(spec)
+    w = spec.model.weights
+    if w.access == "secret" and is_aws_s3(w.endpoint_url):
+        problems.append("model.weights.access: secret means a static AWS key copied into every namespace, and the "
+                        "endpoint is AWS S3. Fix: pod-identity (or irsa): the platform stack creates the role")
+    if w.access in ("pod-identity", "irsa") and not is_aws_s3(w.endpoint_url):
+        problems.append(f"model.weights.access: {w.access} gives AWS credentials, and {w.endpoint_url} is not AWS S3. "
+                        "Fix: secret (a Secret with the store's keys in each namespace)")
     fab = hw.fabric
     if fab is not None and len(fab.devices) > fab.per_node:
         problems.append(f"hardware.fabric.devices: {len(fab.devices)} devices named but per_node is {fab.per_node}. "

@@ -178,6 +178,8 @@ def h100_infiniband(data: dict) -> dict:
                             node_memory_gib=2048, instance_types=["nd96isr-h100-v5"], fabric={
                                 "kind": "infiniband", "resource": "rdma/ib", "per_node": 8,
                                 "devices": [f"mlx5_{i}" for i in range(8)]})
+    # Not an EC2 type: no instance-store array; the weight cache is a disk the operator mounts.
+    data["model"]["weights"].update(node_cache_path="/mnt/weights", cache={"medium": "host-path"})
     return data
 
 

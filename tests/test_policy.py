@@ -5,6 +5,8 @@ pass every mandatory rule.
 
 from __future__ import annotations
 
+import json
+
 import copy
 from typing import Callable
 
@@ -172,9 +174,20 @@ BLOCK = ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "weights-bloc
           "ignorePublicAcls": True, "restrictPublicBuckets": True})
 
 
+ENCRYPTION = ("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "weights-sse",
+              {"bucket": "pdstack-weights", "rules": [{"applyServerSideEncryptionByDefault": {
+                  "sseAlgorithm": "aws:kms", "kmsMasterKeyId": "arn:aws:kms:us-east-1:1:key/k"}}]})
+TLS_ONLY = ("aws:s3/bucketPolicy:BucketPolicy", "weights-policy", {"bucket": "pdstack-weights", "policy": json.dumps({
+    "Version": "2012-10-17", "Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": "*",
+                                            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})})
+
+
 def test_weights_bucket_private_and_versioned():
-    ok = [Resource(*BUCKET), Resource(*VERSIONING), Resource(*BLOCK)]
+    ok = [Resource(*BUCKET), Resource(*VERSIONING), Resource(*BLOCK), Resource(*ENCRYPTION), Resource(*TLS_ONLY)]
     assert report("weights-bucket-private-versioned", ok) == []
+    plain = [Resource(*BUCKET), Resource(*VERSIONING), Resource(*BLOCK)]
+    found = report("weights-bucket-private-versioned", plain)
+    assert any("KMS" in m for m in found) and any("without TLS" in m for m in found)
     suspended = [Resource(*BUCKET), Resource(VERSIONING[0], VERSIONING[1], {**VERSIONING[2], "versioningConfiguration": {"status": "Suspended"}}), Resource(*BLOCK)]
     assert any("versioning is not enabled" in m for m in report("weights-bucket-private-versioned", suspended))
     public = [Resource(BUCKET[0], BUCKET[1], {**BUCKET[2], "acl": "public-read"}), Resource(*VERSIONING)]
@@ -195,7 +208,7 @@ def test_every_rule_has_a_level_the_cli_enforces():
     assert set(levels) == {r.name for r in RULES}
     assert levels["images-pinned-by-digest"] == EnforcementLevel.MANDATORY
     assert levels["readiness-probes"] == EnforcementLevel.ADVISORY
-    tested = {b[0] for b in BREAKS} | {"weights-bucket-private-versioned"}
+    tested = {b[0] for b in BREAKS} | {"weights-bucket-private-versioned", "iam-scoped", "no-static-credentials"}
     assert tested == set(levels), "every rule needs a breaking case"
 
 
@@ -215,3 +228,24 @@ def test_rbac_is_namespaced_read_only_and_without_wildcards(stack):
     assert [s["name"] for s in binding.props["subjects"]] == [naming.ROUTER]
     engine_sa = find(resources, "ServiceAccount", "engine")
     assert engine_sa.props["automountServiceAccountToken"] is False
+
+
+def test_iam_roles_scoped_and_no_static_credentials():
+    """Pod Identity's trust (docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html: principal
+    pods.eks.amazonaws.com, sts:AssumeRole + sts:TagSession) must carry a condition on the cluster,
+    else any cluster in any account could bind the role; an access key or a Secret holding one is
+    a static credential."""
+    trust = lambda cond: json.dumps({"Statement": [{"Effect": "Allow", "Principal": {  # noqa: E731
+        "Service": "pods.eks.amazonaws.com"}, "Action": ["sts:AssumeRole", "sts:TagSession"], **cond}]})
+    scoped = Resource("aws:iam/role:Role", "r", {"assumeRolePolicy": trust(
+        {"Condition": {"ArnEquals": {"aws:SourceArn": "arn:aws:eks:us-east-1:1:cluster/c"}}})})
+    assert report("iam-scoped", [scoped]) == []
+    assert any("without a condition" in m for m in report("iam-scoped", [
+        Resource("aws:iam/role:Role", "r", {"assumeRolePolicy": trust({})})]))
+    star = Resource("aws:iam/rolePolicy:RolePolicy", "p", {"policy": json.dumps({"Statement": [
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})})
+    assert len(report("iam-scoped", [star])) == 2
+    key = Resource("aws:iam/accessKey:AccessKey", "k", {"user": "ci"})
+    secret = Resource("kubernetes:core/v1:Secret", "s", {"kind": "Secret", "metadata": {"name": "s"},
+                                                          "stringData": {"AWS_SECRET_ACCESS_KEY": "x"}})
+    assert len(report("no-static-credentials", [key, secret])) == 2

@@ -40,6 +40,7 @@ EXPECTED = {
     ".venv/bin/pdctl validate --stack prod": Expect(0, "ok prod: disaggregated"),
     ".venv/bin/pdctl validate stacks/prod.yaml --output json": Expect(0, '"kind": "pdstack/validate"'),
     ".venv/bin/pdctl preview --offline --stack prod": Expect(0, "plan by layer"),
+    ".venv/bin/pdctl preview --offline --stack platform-prod": Expect(0, "plan by layer"),
     ".venv/bin/pdctl render --stack prod --out out/prod": Expect(0, "manifests to out/prod/"),
     ".venv/bin/pdctl render --stack prod --engine vllm --out out/prod-vllm": Expect(0, "manifests to out/prod-vllm/"),
     ".venv/bin/pdctl eplb --stack prod --role decode --loads stacks/examples/prod-decode-loads.json "

@@ -51,7 +51,8 @@ HOSTILE = [
 NOT_TEXT = {"deployment.prefill.expert_placement", "deployment.decode.expert_placement",
             "deployment.colocated.expert_placement", "engine.version", "deployment.pd_ratio",
             "deployment.cache.transfer_bandwidth_limit", "deployment.autoscaling.pd_ratio_bounds.min",
-            "deployment.autoscaling.pd_ratio_bounds.max", "environment.kubernetes_version"}
+            "deployment.autoscaling.pd_ratio_bounds.max", "environment.kubernetes_version",
+            "platform.spec"}  # the platform spec file the program reads
 
 
 def string_fields(model: type[BaseModel], path: tuple = ()) -> list[tuple]:
@@ -201,6 +202,6 @@ def test_no_hostile_spec_string_runs_in_any_rendered_script(variant, hostile, tm
         reached |= {field for field, value in values.items() if value in seen}
     assert not list(tmp_path.glob("INJECTED-*"))
     # Whole: the fields that reach a script arrive verbatim (a quoting that split or ate a
-    # character would lose them here). The weights prefix, the model name and the cache path
-    # reach a script in every variant.
-    assert {"model.weights.prefix", "model.name", "model.weights.node_cache_path"} <= reached, sorted(reached)
+    # character would lose them here). The weights prefix and the model name reach a script in every
+    # variant (the node's cache path is only a hostPath now: pods see it at one fixed mount).
+    assert {"model.weights.prefix", "model.name"} <= reached, sorted(reached)

@@ -8,7 +8,7 @@ from collections import Counter
 from rich.table import Table
 from rich.tree import Tree
 
-from infra.cli.common import console, emit, spec_from_args, with_spec
+from infra.cli.common import console, emit, spec_from_args, spec_path, with_spec
 from infra.cli.render import print_validation, render_run, validation_data
 from infra.inputs import InputError
 
@@ -19,11 +19,18 @@ LAYER_ORDER = [
     "engines",
     "autoscaling",
     "kvcache",
+    "identity",
     "nodepools",
     "storage",
     "monitoring",
     "tracing",
     "foundation",
+    # the platform stack's
+    "cloud",
+    "controllers",
+    "gateway",
+    "observability",
+    "nodes",
     "stack",
 ]
 
@@ -38,7 +45,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
     if not args.offline:
         raise InputError("preview without --offline is `pulumi preview`; this tool runs only --offline. "
                          "Fix: add --offline")
-    spec = spec_from_args(args)
+    from infra.program import load_any_spec
+    from infra.spec import StackSpec
+
+    spec = load_any_spec(spec_path(args))
+    spec = spec_from_args(args) if isinstance(spec, StackSpec) else spec
+    name = spec.environment.name if isinstance(spec, StackSpec) else spec.name
     run, items, report = render_run(spec)
     resources = run.custom()
     by_layer: dict[str, list] = {}
@@ -48,7 +60,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     kinds = {layer: dict(sorted(Counter(r.type.split(":")[-1] for r in by_layer[layer]).items())) for layer in layers}
 
     def text() -> None:
-        tree = Tree(f"[bold]pdstack-{spec.environment.name}[/bold] ({len(resources)} resources, offline preview "
+        tree = Tree(f"[bold]pdstack-{name}[/bold] ({len(resources)} resources, offline preview "
                     "under Pulumi mocks)")
         for layer in layers:
             branch = tree.add(f"[cyan]{layer}[/cyan] ({len(by_layer[layer])})")
@@ -66,7 +78,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
         print_validation(report)
 
     emit(args, "preview", {
-        "environment": spec.environment.name, "total": len(resources),
+        "environment": name, "total": len(resources),
         "layers": [{"layer": layer, "create": len(by_layer[layer]), "kinds": kinds[layer],
                     "resources": [{"type": r.type, "name": r.name} for r in by_layer[layer]]} for layer in layers],
         "validation": validation_data(report)}, text)

@@ -19,13 +19,15 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_render)
 
 
-def render_run(spec: StackSpec):
+def render_run(spec):
+    """The offline run of a serving or a platform spec, its manifests and their schema report."""
     from infra.offline import run_spec
     from infra.render.manifests import manifests, validate_manifests
 
     run = run_spec(spec)
     items = manifests(run)
-    return run, items, validate_manifests(items, spec.environment.kubernetes_version)
+    version = spec.environment.kubernetes_version if isinstance(spec, StackSpec) else spec.kubernetes_version
+    return run, items, validate_manifests(items, version)
 
 
 def validation_data(report) -> dict:

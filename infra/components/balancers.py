@@ -16,7 +16,7 @@ from infra.components.k8s import Layer, LayerContext, config_hash, disruption_bu
 from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render import rbac
-from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
+from infra.render.engine_args import ENGINE_PORT, WEIGHTS_MOUNT, encoder_args, encoder_launch, launch_script
 from infra.render.router_config import RouterLaunch, router_launch
 from infra.spec import image_platforms
 
@@ -129,7 +129,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
         "ports": [{"name": "http", "containerPort": launch.port}],
         "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
                       "limits": {"memory": "128Gi", "nvidia.com/gpu": "1"}},
-        "volumeMounts": [{"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True}],
+        "volumeMounts": [{"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10},
     }
     pod = {"serviceAccountName": "engine", **gpu_scheduling(ctx.spec, "prefill", lws_group=False),

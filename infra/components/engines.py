@@ -16,7 +16,7 @@ from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import domain_placement, pool_capacity
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render.engine_args import (
-    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
+    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, WEIGHTS_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
 from infra.render.router_config import routing_sidecar_container
@@ -70,7 +70,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     phase = spec.deployment.pools()[role]
     memory = pod_memory_gib(spec, role)
     mounts = [
-        {"name": "weights-cache", "mountPath": spec.model.weights.node_cache_path, "readOnly": True},
+        {"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True},
         {"name": "launch", "mountPath": LAUNCH_MOUNT, "readOnly": True},
         {"name": "kvcache-config", "mountPath": KVCACHE_CONFIG_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},

@@ -32,6 +32,9 @@ KIND_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
     ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): k8s.apiextensions.v1.CustomResourceDefinition,
 }
 
 
@@ -53,6 +56,7 @@ class LayerContext:
     labels: dict[str, str] = field(default_factory=dict)
     release: str = "unreleased"  # the release revision being applied (config pdstack:release)
     name_prefix: str = ""  # Pulumi names of a release track's resources ("r7-"), unique in the stack
+    provider: Any = None  # the platform stack's cluster (a kubernetes Provider), else the stack config's context
 
     def pod_labels(self, **extra: str) -> dict[str, str]:
         """Labels for pod templates: the stack's, the release's (canary gates read it), extras."""
@@ -82,6 +86,8 @@ class Layer(pulumi.ComponentResource):
     layer: str = "layer"
 
     def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None):
+        if ctx.provider is not None:
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(providers=[ctx.provider]))
         super().__init__(f"pdstack:{self.layer}:{type(self).__name__}", name, None, opts)
         self.ctx = ctx
         self.spec = ctx.spec
@@ -91,14 +97,17 @@ class Layer(pulumi.ComponentResource):
         """Register one manifest. `ignore_changes` names fields another controller owns
         (an autoscaler's replica count), so `pulumi up` does not undo what it did."""
         opts = pulumi.ResourceOptions(parent=self, depends_on=depends_on or [], ignore_changes=ignore_changes)
-        api_version, kind = manifest["apiVersion"], manifest["kind"]
-        body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
-        cls = KIND_CLASSES.get((api_version, kind))
-        if cls is None:
-            return k8s.apiextensions.CustomResource(
-                self.ctx.name_prefix + logical_name(manifest), api_version=api_version, kind=kind, opts=opts, **body
-            )
-        return cls(self.ctx.name_prefix + logical_name(manifest), opts=opts, **{_snake(k): v for k, v in body.items()})
+        return register_manifest(self.ctx.name_prefix + logical_name(manifest), manifest, opts)
+
+
+def register_manifest(name: str, manifest: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """One manifest as a Pulumi resource: its typed class for built-in kinds, else a CustomResource."""
+    api_version, kind = manifest["apiVersion"], manifest["kind"]
+    body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+    cls = KIND_CLASSES.get((api_version, kind))
+    if cls is None:
+        return k8s.apiextensions.CustomResource(name, api_version=api_version, kind=kind, opts=opts, **body)
+    return cls(name, opts=opts, **{_snake(k): v for k, v in body.items()})
 
 
 def config_hash(*configs: dict[str, str]) -> str:

@@ -14,6 +14,22 @@ from infra.planning.capacity import pool_capacity
 from infra.spec import StackSpec
 
 
+def role_taints(role: str) -> list[dict]:
+    """The taints every GPU node of a role carries, whatever made it (a NodePool, a managed
+    node group, a NodePatch): engine pods tolerate them, and so must every DaemonSet that has to
+    run on GPU nodes (infra/platform_stack/taints.py derives those tolerations from here)."""
+    return [
+        {"key": naming.ROLE_LABEL, "value": role, "effect": naming.ROLE_TAINT_EFFECT},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    ]
+
+
+def node_class_name(spec: StackSpec, role: str) -> str:
+    """Each role launches from its own node class (<family>-<role>): its capacity reservations
+    are its own, so prefill can never take the racks decode and the rollout surge need."""
+    return f"{spec.hardware.node_class.name}-{role}"
+
+
 def nodepool_manifest(spec: StackSpec, role: str, labels: dict[str, str]) -> dict:
     hw = spec.hardware
     capacity = pool_capacity(spec, role)
@@ -21,16 +37,13 @@ def nodepool_manifest(spec: StackSpec, role: str, labels: dict[str, str]) -> dic
         "template": {
             "metadata": {"labels": {naming.ROLE_LABEL: role, "pdstack.io/environment": spec.environment.name}},
             "spec": {
-                "nodeClassRef": hw.node_class.model_dump(),
+                "nodeClassRef": {**hw.node_class.model_dump(), "name": node_class_name(spec, role)},
                 "requirements": [
                     {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(hw.instance_types)},
                     {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [hw.capacity_type]},
                     {"key": "kubernetes.io/arch", "operator": "In", "values": [hw.cpu_architecture]},
                 ],
-                "taints": [
-                    {"key": naming.ROLE_LABEL, "value": role, "effect": naming.ROLE_TAINT_EFFECT},
-                    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-                ],
+                "taints": role_taints(role),
                 # GPU nodes hold weights and warm caches: never expire them on a timer.
                 "expireAfter": "Never",
             },

@@ -1,7 +1,8 @@
 """Weights storage: the fetch-and-verify step each engine pod runs before its engine.
 
-The bucket lives on any S3-compatible endpoint (named by URL in the spec); it is made and
-filled by `scripts/upload_weights`, which also makes it private and versioned. This layer
+The bucket lives on any S3-compatible endpoint (named by URL in the spec); on AWS the platform
+stack makes it (infra/platform_stack/cloud/aws.py) and `scripts/upload_weights` fills it. The cache
+lives where `model.weights.cache` says (infra/platform_stack/weight_cache.py). This layer
 ships infra/weights.py in a ConfigMap and gives engines the init container that runs it.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pulumi
 
 from infra.components.k8s import Layer, LayerContext
-from infra.render.engine_args import weights_path
+from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
 from infra.spec import StackSpec
 from infra.weights import SAFE_NAME, SUMS_NAME
 
@@ -117,9 +118,11 @@ def weights_init_container(spec: StackSpec) -> dict:
         "image": spec.images.weights_fetcher,
         "command": command,
         "env": fetch_env(spec),
-        "envFrom": [{"secretRef": {"name": w.credentials_secret}}],
+        # pod-identity / irsa: the AWS SDK's default chain finds the role's credentials (EKS Pod
+        # Identity's agent, or IRSA's web identity token); only `secret` reads a stored key.
+        **({"envFrom": [{"secretRef": {"name": w.credentials_secret}}]} if w.access_mode() == "secret" else {}),
         "volumeMounts": [
-            {"name": WEIGHTS_VOLUME, "mountPath": w.node_cache_path},
+            {"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT},
             {"name": FETCHER_CONFIGMAP, "mountPath": FETCHER_MOUNT, "readOnly": True},
         ],
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "8", "memory": "8Gi"}},

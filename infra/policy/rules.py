@@ -162,11 +162,23 @@ def gpu_workloads_placed(res: Resource) -> list[str]:
 _WILDCARD = "*"
 
 
+PLATFORM_PART_OF = "pdstack-platform"  # the label the platform stack puts on every object it registers
+
+
+def serving(res: Resource) -> bool:
+    """Not an object of the platform stack. Its controllers need cluster-wide RBAC and run in
+    namespaces their charts shape; the serving-only rules below do not judge them."""
+    return ((res.props.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/part-of") != PLATFORM_PART_OF
+
+
 def rbac_least_privilege(res: Resource) -> list[str]:
     """Namespaced roles only, no wildcards, and no grant that no pinned component's source asks for
-    (infra/render/rbac.py: pinned/rbac-needs.json, derived by scripts/derive_rbac.py)."""
+    (infra/render/rbac.py: pinned/rbac-needs.json, derived by scripts/derive_rbac.py). Objects of the
+    platform stack are not judged here (`serving`)."""
     from infra.render import rbac
 
+    if not serving(res):
+        return []
     if res.kind in ("ClusterRole", "ClusterRoleBinding"):
         return [f"{res.ref()}: cluster-wide RBAC. Fix: a Role and RoleBinding in the stack's namespace"]
     if res.kind != "Role":
@@ -205,7 +217,7 @@ def _of_kind(resources: list[Resource], kind: str) -> list[Resource]:
 def namespace_default_deny(resources: list[Resource]) -> list[str]:
     problems = []
     policies = _of_kind(resources, "NetworkPolicy")
-    for ns in _of_kind(resources, "Namespace"):
+    for ns in [n for n in _of_kind(resources, "Namespace") if serving(n)]:
         name = ns.object_name
         mine = [p for p in policies if p.namespace == name]
         deny = [p for p in mine if (p.props.get("spec") or {}).get("podSelector") in ({}, None)
@@ -290,6 +302,8 @@ def kv_quota_and_hop_timeouts(resources: list[Resource]) -> list[str]:
 
 
 _BUCKET_TYPES = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+_ENCRYPTION = ("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+               "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2")
 _PUBLIC_ACLS = ("public-read", "public-read-write", "authenticated-read")
 
 
@@ -312,6 +326,99 @@ def weights_bucket_private_versioned(resources: list[Resource]) -> list[str]:
         flags = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
         if not any(refers(b) and all(b.props.get(f) is True for f in flags) for b in blocks):
             problems.append(f"bucket {ident}: public access is not blocked. Fix: a BucketPublicAccessBlock with all four flags")
+        encryption = [r for r in resources if r.type in _ENCRYPTION and refers(r)]
+        kms = any((rule.get("applyServerSideEncryptionByDefault") or {}).get("sseAlgorithm") == "aws:kms"
+                  for r in encryption for rule in r.props.get("rules") or [])
+        if not kms:
+            problems.append(f"bucket {ident}: not encrypted with a KMS key. Fix: a BucketServerSideEncryptionConfiguration "
+                            "with sseAlgorithm aws:kms")
+        if not any(refers(r) and _denies_plain_http(r.props.get("policy")) for r in resources
+                   if r.type == "aws:s3/bucketPolicy:BucketPolicy"):
+            problems.append(f"bucket {ident}: requests without TLS are not refused. Fix: a BucketPolicy denying s3:* "
+                            "when aws:SecureTransport is false")
+    return problems
+
+
+def _json(text) -> dict:
+    """A policy document given as JSON text or a mapping; anything else (a value preview cannot
+    know yet) is no document."""
+    if isinstance(text, dict):
+        return text
+    try:
+        found = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _statements(document) -> list[dict]:
+    found = _json(document).get("Statement") or []
+    return found if isinstance(found, list) else [found]
+
+
+def _denies_plain_http(document) -> bool:
+    return any(st.get("Effect") == "Deny" and (st.get("Condition") or {}).get("Bool", {}).get("aws:SecureTransport")
+               == "false" for st in _statements(document))
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def iam_scoped(res: Resource) -> list[str]:
+    """Roles are assumed by named principals under conditions (a cluster, a repository's
+    environment, service accounts); their policies grant no action on every resource without a
+    condition, and never every action."""
+    problems = []
+    if res.type == "aws:iam/role:Role":
+        for st in _statements(res.props.get("assumeRolePolicy")):
+            principal = st.get("Principal")
+            if principal == "*" or (isinstance(principal, dict) and "*" in _listed(principal.get("AWS", []))):
+                problems.append(f"role {res.name}: anyone may assume it. Fix: name the principal")
+            federated = isinstance(principal, dict) and "Federated" in principal
+            pods = isinstance(principal, dict) and principal.get("Service") == "pods.eks.amazonaws.com"
+            if (federated or pods) and not st.get("Condition"):
+                problems.append(f"role {res.name}: a web identity or Pod Identity trust without a condition lets any "
+                                "token or cluster assume it. Fix: condition on the subject or the cluster")
+    if res.type in ("aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy"):
+        for st in _statements(res.props.get("policy")):
+            if st.get("Effect") != "Allow":
+                continue
+            actions = _listed(st.get("Action", []))
+            if "*" in actions or any(a.endswith(":*") for a in actions if isinstance(a, str)):
+                problems.append(f"policy {res.name}: grants {', '.join(a for a in actions if a.endswith('*'))}. "
+                                "Fix: name the actions")
+            if "*" in _listed(st.get("Resource", [])) and not st.get("Condition"):
+                problems.append(f"policy {res.name}: {', '.join(actions)} on every resource without a condition. "
+                                "Fix: name the resources, or condition them (region, tags)")
+    return problems
+
+
+_STATIC_KEY_NAMES = re.compile(r"^(AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN)$")
+
+
+def no_static_credentials(resources: list[Resource]) -> list[str]:
+    """No long-lived cloud key is made or handed to a pod: no IAM user access key, no Secret holding
+    one, no container reading one; AWS access goes through roles (Pod Identity, IRSA, OIDC). A
+    Secret the user provides for a store outside AWS (weights.access: secret) is named by the spec,
+    not made here, and is reported only when a stack creates it."""
+    problems = []
+    for r in resources:
+        if r.type in ("aws:iam/accessKey:AccessKey", "aws:iam/userLoginProfile:UserLoginProfile"):
+            problems.append(f"{r.type.split(':')[-1]} {r.name}: a long-lived IAM credential. Fix: a role assumed "
+                            "through Pod Identity, IRSA or OIDC")
+        if r.kind == "Secret":
+            keys = {**(r.props.get("data") or {}), **(r.props.get("stringData") or {})}
+            found = [k for k in keys if _STATIC_KEY_NAMES.match(k)]
+            if found:
+                problems.append(f"Secret {r.object_name}: holds {', '.join(found)}. Fix: weights.access pod-identity "
+                                "or irsa")
+        for where, _meta, pod in pod_templates(r):
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                for env in c.get("env") or []:
+                    if _STATIC_KEY_NAMES.match(env.get("name", "")) and "value" in env:
+                        problems.append(f"{r.ref()} {where} container {c.get('name')}: {env['name']} in plain "
+                                        "text. Fix: a role (pod-identity, irsa)")
     return problems
 
 
@@ -329,8 +436,12 @@ RULES: tuple[Rule, ...] = (
          check_stack=disruption_budgets),
     Rule("kv-quota-and-hop-timeouts", "KV transfer bandwidth quota and per-hop timeouts are set.", "mandatory",
          check_stack=kv_quota_and_hop_timeouts),
-    Rule("weights-bucket-private-versioned", "The weights bucket is private with versioning on.", "mandatory",
+    Rule("weights-bucket-private-versioned", "Buckets are private, versioned, KMS-encrypted and TLS-only.", "mandatory",
          check_stack=weights_bucket_private_versioned),
+    Rule("iam-scoped", "IAM roles are assumed under conditions; policies name their actions and resources.",
+         "mandatory", iam_scoped),
+    Rule("no-static-credentials", "No long-lived cloud key is created or given to a pod.", "mandatory",
+         check_stack=no_static_credentials),
 )
 
 

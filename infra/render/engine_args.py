@@ -74,8 +74,13 @@ def command_lines(tokens: list[str]) -> list[list[str]]:
     return lines
 
 
+# Where pods see the node's weight cache (its hostPath is model.weights.node_cache_path, wherever
+# the node keeps it): one path in every container, so engine command lines do not depend on the node.
+WEIGHTS_MOUNT = "/mnt/weights"
+
+
 def weights_path(spec: StackSpec) -> str:
-    return f"{spec.model.weights.node_cache_path.rstrip('/')}/{spec.model.weights.prefix.strip('/')}"
+    return f"{WEIGHTS_MOUNT}/{spec.model.weights.prefix.strip('/')}"
 
 
 def placement_path(role: str) -> str:

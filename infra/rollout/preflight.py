@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable
+from typing import Literal, Annotated, Callable
 
 import paramiko
 from pydantic import Field
@@ -38,10 +38,15 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class HostEntry(Strict):
-    name: str
+    name: str = Field(description="The node's Kubernetes name (static node mode labels and taints it by that name).")
     address: str
     port: Annotated[int, Field(gt=0, lt=65536)] | None = None
     user: str | None = None
+    role: Literal["prefill", "decode", "colocated"] | None = Field(
+        None, description="Static node mode (on-prem): the pool this node serves; the platform stack labels and "
+                          "taints it so, and the capacity check counts it.")
+    clique: str | None = Field(None, description="Static node mode: its NVLink domain (the clique label's value), "
+                                                 "where GPU feature discovery does not publish one.")
 
 
 class Inventory(Strict):

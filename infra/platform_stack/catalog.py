@@ -1,0 +1,208 @@
+"""The controllers every serving stack relies on, as data: one row per install.
+
+Each row names the version, how it is installed (a Helm chart by repository and version, or
+manifests from a pinned Go module), where its chart's own values (values.yaml, and
+values.schema.json where the chart has one) live at that version (a Go module pinned in
+twin/*/go.mod; `scripts/platform_sources.py` extracts them into infra/platform_stack/pinned/ with
+their origin), which CRD files it brings (registered as ordinary Kubernetes resources, so an
+upgrade reaches the cluster and the policy pack sees them; charts are installed with
+skipCrds), the typed values pdstack sets (from the platform spec), and which values carry the
+tolerations of DaemonSets that must run on the GPU nodes.
+
+A row whose chart no registry this project reaches carries has `values_source=None` and says
+why in `unchecked`: its values are set but not checked against the chart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from infra.platform_stack.spec import PlatformSpec
+
+KARPENTER = "github.com/aws/karpenter-provider-aws"
+ENVOY_GATEWAY = "github.com/envoyproxy/gateway"
+GATEWAY_API = "sigs.k8s.io/gateway-api"
+GIE = "sigs.k8s.io/gateway-api-inference-extension"
+KEDA = "github.com/kedacore/keda/v2"
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
+LWS = "sigs.k8s.io/lws"
+CERT_MANAGER = "github.com/cert-manager/cert-manager"
+GPU_OPERATOR = "github.com/NVIDIA/gpu-operator"
+
+# Why a row's values cannot be checked: the Go module proxy answers 403 for these modules
+# (`go list -m -versions <module>`), and no other registry this project reaches carries them.
+_PROXY_REFUSES = "the Go module proxy refuses {} (403), and its chart is in no registry this project reaches"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file (or folder) inside a Go module, at the version twin/*/go.mod pins."""
+
+    module: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    repo: str  # a Helm repository URL, or an oci:// registry path
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class PlatformContext:
+    """What values are derived from: the platform spec, the serving specs it hosts and the
+    tolerations every GPU node's taints call for (infra/platform_stack/taints.py)."""
+
+    spec: PlatformSpec
+    gpu_tolerations: tuple[dict, ...]
+    fabrics: frozenset[str]  # efa | infiniband | roce, over the hosted environments
+    karpenter_gates: dict[str, bool] = field(default_factory=dict)
+
+
+Values = Callable[[PlatformContext], dict]
+
+
+@dataclass(frozen=True)
+class Controller:
+    name: str
+    version: str
+    namespace: str
+    what_for: str
+    chart: Chart | None = None
+    manifests: Source | None = None  # plain manifests (CRDs included) instead of a chart
+    values: Values = lambda ctx: {}
+    values_source: Source | None = None  # the chart folder in a pinned module: values.yaml, values.schema.json
+    unchecked: str | None = None  # why the values are not checked, when values_source is None
+    crds: tuple[Source, ...] = ()
+    gpu_toleration_paths: tuple[str, ...] = ()  # dotted values paths: tolerations of GPU-node DaemonSets
+    enabled: Callable[[PlatformContext], bool] = lambda ctx: True
+
+
+def _tolerations(ctx: PlatformContext) -> list[dict]:
+    return [dict(t) for t in ctx.gpu_tolerations]
+
+
+def _aws(ctx: PlatformContext) -> bool:
+    return ctx.spec.cloud.provider == "aws"
+
+
+def karpenter_values(ctx: PlatformContext) -> dict:
+    c = ctx.spec.cloud
+    return {
+        "replicas": ctx.spec.controllers.karpenter_replicas,
+        "settings": {"clusterName": c.cluster.name,
+                     # karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml settings.featureGates
+                     "featureGates": {"staticCapacity": ctx.karpenter_gates.get("staticCapacity", False),
+                                      "reservedCapacity": ctx.karpenter_gates.get("reservedCapacity", False)}},
+    }
+
+
+def gpu_operator_values(ctx: PlatformContext) -> dict:
+    preinstalled = ctx.spec.controllers.gpu_driver_preinstalled
+    return {
+        # EKS accelerated AMIs carry the driver and the container toolkit; on-prem hosts may not.
+        "driver": {"enabled": not preinstalled},
+        "toolkit": {"enabled": not preinstalled},
+        "daemonsets": {"tolerations": _tolerations(ctx)},
+        "gfd": {"enabled": True},  # publishes nvidia.com/gpu.clique, which NVLink placement selects on
+        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": True}},
+        "node-feature-discovery": {"worker": {"tolerations": _tolerations(ctx)}},
+    }
+
+
+CATALOG: tuple[Controller, ...] = (
+    Controller(
+        "cert-manager", "v1.21.2", "cert-manager", "certificates for the gateway's TLS listeners and webhooks",
+        chart=Chart("oci://quay.io/jetstack/charts", "cert-manager", "v1.21.2"),
+        values=lambda ctx: {"replicaCount": ctx.spec.controllers.cert_manager_replicas, "crds": {"enabled": False}},
+        values_source=Source(CERT_MANAGER, "deploy/charts/cert-manager"),
+        crds=tuple(Source(CERT_MANAGER, f"deploy/crds/{n}.yaml") for n in (
+            "acme.cert-manager.io_challenges", "acme.cert-manager.io_orders", "cert-manager.io_certificaterequests",
+            "cert-manager.io_certificates", "cert-manager.io_clusterissuers", "cert-manager.io_issuers"))),
+    Controller(
+        "karpenter", "1.14.1", "kube-system", "GPU node pools (StaticCapacity, ReservedCapacity gates)",
+        chart=Chart("oci://public.ecr.aws/karpenter", "karpenter", "1.14.1"),
+        values=karpenter_values, values_source=Source(KARPENTER, "charts/karpenter"),
+        crds=tuple(Source(KARPENTER, f"pkg/apis/crds/{n}.yaml") for n in (
+            "karpenter.sh_nodepools", "karpenter.sh_nodeclaims", "karpenter.k8s.aws_ec2nodeclasses",
+            "karpenter.sh_nodeoverlays")),
+        enabled=lambda ctx: _aws(ctx) and ctx.spec.nodes.mode == "karpenter"),
+    Controller(
+        "lws", "v0.9.0", "lws-system", "LeaderWorkerSet: every engine group",
+        chart=Chart("oci://registry.k8s.io/lws/charts", "lws", "0.9.0"),
+        values_source=Source(LWS, "charts/lws"),
+        crds=(Source(LWS, "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"),
+              Source(LWS, "config/crd/bases/disaggregatedset.x-k8s.io_disaggregatedsets.yaml"))),
+    Controller(
+        "keda", "2.20.2", "keda", "ScaledObjects on each pool's LeaderWorkerSet",
+        chart=Chart("https://kedacore.github.io/charts", "keda", "2.20.2"),
+        values=lambda ctx: {"crds": {"install": False}},
+        unchecked="KEDA's chart lives in kedacore/charts, which is no Go module; github.com/kedacore/keda/v2 "
+                  "(pinned) carries only its CRDs",
+        crds=tuple(Source(KEDA, f"config/crd/bases/{n}.yaml") for n in (
+            "keda.sh_scaledobjects", "keda.sh_scaledjobs", "keda.sh_triggerauthentications",
+            "keda.sh_clustertriggerauthentications", "eventing.keda.sh_cloudeventsources",
+            "eventing.keda.sh_clustercloudeventsources"))),
+    Controller(
+        "envoy-gateway", "v1.9.0", "envoy-gateway-system", "the Gateway, its policies (API keys, rate limits)",
+        chart=Chart("oci://docker.io/envoyproxy", "gateway-helm", "v1.9.0"),
+        values=lambda ctx: {"deployment": {"replicas": ctx.spec.controllers.envoy_gateway_replicas},
+                            "config": {"envoyGateway": {"extensionApis": {"enableBackend": True}}}},
+        values_source=Source(ENVOY_GATEWAY, "charts/gateway-helm"),
+        crds=(*(Source(GATEWAY_API, f"config/crd/standard/gateway.networking.k8s.io_{n}.yaml") for n in (
+            "gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants", "backendtlspolicies")),
+              *(Source(ENVOY_GATEWAY, f"charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_{n}.yaml")
+                for n in ("backends", "backendtrafficpolicies", "clienttrafficpolicies", "envoyextensionpolicies",
+                          "envoypatchpolicies", "envoyproxies", "httproutefilters", "securitypolicies")),
+              Source(GIE, "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"))),
+    Controller(
+        "prometheus-operator", "v0.93.0", "monitoring", "Prometheus, PodMonitors, ServiceMonitors, PrometheusRules",
+        manifests=Source(PROMETHEUS_OPERATOR, "bundle.yaml")),
+    Controller(
+        "prometheus-adapter", "v0.12.0", "monitoring", "scaler: hpa only: external metrics from Prometheus",
+        chart=Chart("https://prometheus-community.github.io/helm-charts", "prometheus-adapter", "4.11.0"),
+        values=lambda ctx: {"prometheus": {"url": f"http://prometheus-operated.{ctx.spec.monitoring_namespace}.svc",
+                                           "port": 9090}},
+        unchecked=_PROXY_REFUSES.format("sigs.k8s.io/prometheus-adapter")),
+    Controller(
+        "gpu-operator", "v25.3.4", "gpu-operator", "device plugin, GPU feature discovery (clique labels), "
+                                                   "dcgm-exporter",
+        chart=Chart("https://helm.ngc.nvidia.com/nvidia", "gpu-operator", "v25.3.4"),
+        values=gpu_operator_values, values_source=Source(GPU_OPERATOR, "deployments/gpu-operator"),
+        crds=(Source(GPU_OPERATOR, "deployments/gpu-operator/crds/nvidia.com_clusterpolicies.yaml"),
+              Source(GPU_OPERATOR, "deployments/gpu-operator/charts/node-feature-discovery/crds/nfd-api-crds.yaml")),
+        gpu_toleration_paths=("daemonsets.tolerations", "node-feature-discovery.worker.tolerations")),
+    Controller(
+        "nvidia-dra-driver-gpu", "25.12.0", "nvidia-dra-driver-gpu", "ComputeDomains: IMEX channels across a rack",
+        chart=Chart("https://helm.ngc.nvidia.com/nvidia", "nvidia-dra-driver-gpu", "25.12.0"),
+        # GPUs stay with the device plugin; the DRA driver serves ComputeDomains only.
+        values=lambda ctx: {"resources": {"gpus": {"enabled": False}},
+                            "kubeletPlugin": {"tolerations": _tolerations(ctx)}},
+        unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
+        gpu_toleration_paths=("kubeletPlugin.tolerations",)),
+    Controller(
+        "aws-efa-k8s-device-plugin", "v0.5.6", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
+        chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.6"),
+        values=lambda ctx: {"tolerations": _tolerations(ctx)},
+        unchecked="the chart lives in aws/eks-charts, which is no Go module",
+        gpu_toleration_paths=("tolerations",), enabled=lambda ctx: "efa" in ctx.fabrics),
+    Controller(
+        "network-operator", "25.4.0", "nvidia-network-operator", "InfiniBand/RoCE: OFED, RDMA device plugin",
+        chart=Chart("https://helm.ngc.nvidia.com/nvidia", "network-operator", "25.4.0"),
+        values=lambda ctx: {"operator": {"tolerations": _tolerations(ctx)}},
+        unchecked=_PROXY_REFUSES.format("github.com/Mellanox/network-operator"),
+        gpu_toleration_paths=("operator.tolerations",),
+        enabled=lambda ctx: bool(ctx.fabrics & {"infiniband", "roce"})),
+)
+
+
+def controller(name: str) -> Controller:
+    return next(c for c in CATALOG if c.name == name)
+
+
+def modules_used() -> list[str]:
+    """Every Go module the catalog reads from (for `scripts/platform_sources.py`)."""
+    found = {s.module for c in CATALOG for s in (*c.crds, c.manifests, c.values_source) if s}
+    return sorted(found)

@@ -1,0 +1,55 @@
+"""Rules that span a platform spec and the serving specs it hosts (each file's own rules are in
+its model): names the serving stacks use exist on the platform, and the node layer holds what
+the pools may grow to, rollout surge included."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from infra.planning.capacity import pool_capacity
+from infra.platform_stack.spec import PlatformSpec
+from infra.spec import StackSpec
+
+
+def nodes_needed(spec: StackSpec, role: str) -> int:
+    """Nodes a pool needs at its maximum plus the rollout surge (whole racks where placed by domain)."""
+    cap = pool_capacity(spec, role)
+    if cap.static:
+        return cap.static_nodes
+    phase = spec.deployment.pools()[role]
+    return (cap.max_instances + cap.surge_instances) * phase.nodes_per_instance(spec.hardware.gpus_per_node)
+
+
+def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
+    """`hosted`: infra/platform_stack/program.py Hosted (spec, stack, inventory) of each environment."""
+    problems = []
+    families = {f.name for f in platform.cloud.node_classes} if platform.cloud.provider == "aws" else set()
+    for h in hosted:
+        s: StackSpec = h.spec
+        env = s.environment.name
+        if s.access.gateway_class != platform.gateway_class:
+            problems.append(f"{env}: access.gateway_class {s.access.gateway_class} is not the platform's GatewayClass "
+                            f"({platform.gateway_class}). Fix: name {platform.gateway_class}")
+        if platform.cloud.provider == "aws" and platform.nodes.mode == "karpenter" \
+                and s.hardware.node_class.name not in families:
+            problems.append(f"{env}: hardware.node_class.name {s.hardware.node_class.name} is no node class of the "
+                            f"platform ({', '.join(sorted(families))}). Fix: name one, or add it to cloud.node_classes")
+        if platform.nodes.mode == "static":
+            if h.inventory is None:
+                problems.append(f"environments[{env}].inventory: static nodes are named in an inventory. Fix: set it")
+                continue
+            have = Counter(host.role for host in h.inventory.hosts if host.role)
+            for role in s.deployment.pools():
+                need = nodes_needed(s, role)
+                if have[role] < need:
+                    problems.append(
+                        f"{env}: the inventory names {have[role]} {role} nodes; the pool needs {need} (its maximum "
+                        f"{pool_capacity(s, role).max_instances} instances plus a rollout surge of "
+                        f"{pool_capacity(s, role).surge_instances}). Fix: name more nodes with role: {role}, or lower "
+                        f"deployment.{role}.scaling.max_instances / rollout_surge_instances")
+        if platform.nodes.mode == "node-groups":
+            groups = {(g.environment, g.role) for g in platform.nodes.node_groups}
+            for role in s.deployment.pools():
+                if (env, role) not in groups:
+                    problems.append(f"nodes.node_groups: no group for {env}'s {role} pool. Fix: add one")
+    return problems

@@ -1,0 +1,368 @@
+"""AWS: the EKS cluster (made here, or an existing one by name), the weights and release-store
+buckets, the IAM roles pods and CI assume (EKS Pod Identity or IRSA; GitHub's OIDC for CI; no
+stored key anywhere), Karpenter's roles, an EFA security group, one EC2NodeClass per GPU family
+and role, and (nodes.mode: node-groups) EKS managed node groups."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra import naming
+from infra.components.engines import ENGINE_SERVICE_ACCOUNT
+from infra.components.nodepools import role_taints
+from infra.planning.capacity import pool_capacity
+from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
+from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
+from infra.spec import StackSpec
+
+KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
+GITHUB_OIDC = "token.actions.githubusercontent.com"
+
+
+def track_namespaces(spec: StackSpec) -> list[str]:
+    """The environment's namespace and every release track's (infra/tracks.py: <namespace>-r<revision>)."""
+    ns = spec.environment.namespace
+    return [ns, f"{ns}-r*"]
+
+
+def policy(*statements: dict) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": list(statements)}, sort_keys=True)
+
+
+def pod_identity_trust(cluster_arn: str) -> str:
+    """EKS Pod Identity's trust policy (docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html):
+    only the agent's service principal, only for this account's cluster."""
+    return policy({"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                   "Action": ["sts:AssumeRole", "sts:TagSession"],
+                   "Condition": {"ArnEquals": {"aws:SourceArn": cluster_arn}}})
+
+
+def irsa_trust(provider_arn: str, issuer: str, subjects: list[str]) -> str:
+    """IRSA: the cluster's OIDC tokens, for these service accounts only (sub = system:serviceaccount:ns:name)."""
+    host = issuer.removeprefix("https://")
+    return policy({"Effect": "Allow", "Principal": {"Federated": provider_arn},
+                   "Action": "sts:AssumeRoleWithWebIdentity",
+                   "Condition": {"StringEquals": {f"{host}:aud": "sts.amazonaws.com"},
+                                 "StringLike": {f"{host}:sub": subjects}}})
+
+
+def namespace_scope(hosted: list[StackSpec], service_account: str) -> dict:
+    """Pod Identity session tags (kubernetes-namespace, kubernetes-service-account) limit a role's
+    permissions to the environments' namespaces, release tracks included."""
+    return {"StringLike": {"aws:PrincipalTag/kubernetes-namespace": sorted(
+                {n for s in hosted for n in track_namespaces(s)})},
+            "StringEquals": {"aws:PrincipalTag/kubernetes-service-account": service_account}}
+
+
+def efa_network_interfaces(count: int) -> list[dict]:
+    """EC2NodeClass networkInterfaces for `count` EFA devices: the primary ENA interface on card 0,
+    then one efa-only interface per network card.
+
+    Karpenter attaches EFA only when the NodeClaim requests vpc.amazonaws.com/efa or the node
+    class lists networkInterfaces (karpenter-provider-aws v1.14.1 pkg/providers/instance/instance.go
+    getEFACountForInstance); a static NodePool's NodeClaims carry no pod requests, so without this
+    list the GB200 racks would come up with no EFA device at all. The CEL rules of the field
+    (pkg/apis/v1/ec2nodeclass.go): a primary {card 0, device 0, interface}, unique (card, device)
+    pairs, at most one efa-only per card."""
+    if count == 0:
+        return []
+    nics = [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+            {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"}]
+    nics += [{"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only"} for card in range(1, count)]
+    return nics
+
+
+def ec2_node_class(spec: PlatformSpec, family: NodeClassSpec, role: str, node_role: str,
+                   efa_security_group: str | None) -> dict:
+    discovery = {"karpenter.sh/discovery": spec.cloud.cluster.discovery()}
+    reservations = family.capacity_reservations.by_role.get(role, [])
+    node_spec: dict = {
+        "role": node_role,
+        "amiSelectorTerms": [{"alias": family.ami_alias}],
+        "subnetSelectorTerms": [{"tags": discovery}],
+        "securityGroupSelectorTerms": [{"tags": discovery}] + ([{"id": efa_security_group}] if efa_security_group else []),
+        "blockDeviceMappings": [{"deviceName": "/dev/xvda", "rootVolume": True, "ebs": {
+            "volumeSize": f"{family.root_volume_gib}Gi", "volumeType": "gp3", "encrypted": True}}],
+        "metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1},
+        "tags": {"pdstack.io/role": role, "pdstack.io/node-class": family.name},
+    }
+    if family.instance_store_raid0:
+        node_spec["instanceStorePolicy"] = "RAID0"
+    if family.efa_interfaces:
+        node_spec["networkInterfaces"] = efa_network_interfaces(family.efa_interfaces)
+    if reservations:
+        node_spec["capacityReservationSelectorTerms"] = [{"id": r} for r in reservations]
+    return {"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+            "metadata": {"name": f"{family.name}-{role}", "labels": {"pdstack.io/role": role}}, "spec": node_spec}
+
+
+def node_classes_needed(spec: PlatformSpec, hosted: list[StackSpec]) -> list[tuple[NodeClassSpec, str]]:
+    """(family, role) for every pool of every hosted environment, by the family its spec names."""
+    families = {f.name: f for f in spec.cloud.node_classes}
+    wanted = sorted({(s.hardware.node_class.name, role) for s in hosted for role in s.deployment.pools()})
+    return [(families[name], role) for name, role in wanted if name in families]
+
+
+def group_nodes(spec: StackSpec, role: str) -> int:
+    """Nodes a managed node group holds for a pool: its maximum plus the rollout surge, whole racks
+    where the pool is placed by NVLink domain (infra/planning/capacity.py)."""
+    cap = pool_capacity(spec, role)
+    if cap.static:
+        return cap.static_nodes
+    return (cap.max_instances + cap.surge_instances) * spec.deployment.pools()[role].nodes_per_instance(
+        spec.hardware.gpus_per_node)
+
+
+class AwsCloud(pulumi.ComponentResource):
+    def __init__(self, name: str, spec: PlatformSpec, hosted: list[StackSpec],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("pdstack:cloud:AwsCloud", name, None, opts)
+        self.spec, self.hosted = spec, hosted
+        c = spec.cloud
+        child = pulumi.ResourceOptions(parent=self)
+        self.cluster_name = c.cluster.name
+
+        # --- the cluster --------------------------------------------------------------------
+        if c.cluster.mode == "create":
+            import pulumi_eks as eks
+
+            cluster = eks.Cluster(
+                c.cluster.name, name=c.cluster.name, vpc_id=c.cluster.vpc_id,
+                private_subnet_ids=c.cluster.private_subnet_ids, version=spec.kubernetes_version,
+                endpoint_private_access=True, endpoint_public_access=c.cluster.endpoint_public_access,
+                authentication_mode="API", create_oidc_provider=c.weights_access == "irsa",
+                skip_default_node_group=True, opts=child)
+            kubeconfig = cluster.kubeconfig_json
+            cluster_arn = cluster.eks_cluster.arn
+            vpc_id = pulumi.Output.from_input(c.cluster.vpc_id)
+            oidc_arn, oidc_issuer = cluster.oidc_provider_arn, cluster.oidc_issuer
+            aws.eks.Addon("eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
+                          opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster]))
+        else:
+            found = aws.eks.get_cluster_output(name=c.cluster.name)
+            kubeconfig = pulumi.Output.all(found.endpoint, found.certificate_authority.data).apply(
+                lambda a: self.kubeconfig(a[0], a[1]))
+            cluster_arn = found.arn
+            vpc_id = found.vpc_config.vpc_id
+            oidc_issuer = found.identities[0].oidcs[0].issuer
+            oidc_arn = (aws.iam.get_open_id_connect_provider_output(url=oidc_issuer).arn
+                        if c.weights_access == "irsa" else None)
+        self.provider = k8s.Provider("cluster", kubeconfig=kubeconfig, opts=child)
+
+        # --- buckets ------------------------------------------------------------------------
+        self.kms = aws.kms.Key("buckets", description="pdstack weights and release store", enable_key_rotation=True,
+                               deletion_window_in_days=30, opts=child)
+        aws.kms.Alias("buckets", name=f"alias/{c.cluster.name}-pdstack", target_key_id=self.kms.key_id, opts=child)
+        self.weights = self.bucket("weights", c.buckets.weights, noncurrent_days=c.buckets.noncurrent_version_days)
+        self.releases = self.bucket("release-store", c.buckets.release_store, noncurrent_days=None)
+
+        # --- identities ---------------------------------------------------------------------
+        weights_read = policy(
+            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+             "Resource": f"arn:aws:s3:::{c.buckets.weights}/*", **self.scope(ENGINE_SERVICE_ACCOUNT)},
+            {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketVersioning"],
+             "Resource": f"arn:aws:s3:::{c.buckets.weights}", **self.scope(ENGINE_SERVICE_ACCOUNT)},
+            {"Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": "${kms}", **self.scope(ENGINE_SERVICE_ACCOUNT)})
+        subjects = [f"system:serviceaccount:{n}:{ENGINE_SERVICE_ACCOUNT}" for s in hosted for n in track_namespaces(s)]
+        trust = (cluster_arn.apply(pod_identity_trust) if c.weights_access == "pod-identity" else
+                 pulumi.Output.all(oidc_arn, oidc_issuer).apply(lambda a: irsa_trust(a[0], a[1], subjects)))
+        self.weights_role = aws.iam.Role("weights-reader", name=f"{c.cluster.name}-weights-reader",
+                                         assume_role_policy=trust, opts=child)
+        aws.iam.RolePolicy("weights-reader", role=self.weights_role.name,
+                           policy=self.kms.arn.apply(lambda arn: weights_read.replace("${kms}", arn)), opts=child)
+        exports: dict[str, object] = {"weights_role_arn": self.weights_role.arn}
+        if c.ci:
+            exports.update(self.ci_identities())
+        exports.update(self.karpenter_identities(cluster_arn))
+
+        # --- fabric and node classes --------------------------------------------------------
+        efa_sg = None
+        if any(f.efa_interfaces for f in c.node_classes):
+            sg = aws.ec2.SecurityGroup("efa", description="EFA: all traffic between the GPU nodes", vpc_id=vpc_id,
+                                       tags={"Name": f"{c.cluster.name}-efa"}, opts=child)
+            # EFA needs every protocol to and from the group itself (EC2 User Guide, EFA security groups)
+            aws.vpc.SecurityGroupIngressRule("efa-in", security_group_id=sg.id, ip_protocol="-1",
+                                             referenced_security_group_id=sg.id, opts=child)
+            aws.vpc.SecurityGroupEgressRule("efa-out", security_group_id=sg.id, ip_protocol="-1",
+                                            referenced_security_group_id=sg.id, opts=child)
+            efa_sg = sg.id
+        self.efa_security_group = efa_sg
+        for family in c.node_classes:
+            for itype in family.instance_types:
+                self.check_instance_store(itype)
+        exports.update({"cluster_name": c.cluster.name, "weights_bucket": c.buckets.weights,
+                        "release_store_bucket": c.buckets.release_store, "kms_key_arn": self.kms.arn,
+                        "weights_access": c.weights_access})
+        if spec.nodes.mode == "node-groups":
+            self.node_groups()
+
+        annotations = {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}
+        if c.gateway_load_balancer == "internal":
+            annotations["service.beta.kubernetes.io/aws-load-balancer-internal"] = "true"
+        self.outputs = CloudOutputs(kubernetes=self.provider, kubeconfig=kubeconfig, cluster_name=c.cluster.name,
+                                    gateway_service_annotations=annotations, exports=exports,
+                                    after_controllers=[self.register_node_classes])
+        self.register_outputs({})
+
+    # --- pieces -------------------------------------------------------------------------------
+
+    def kubeconfig(self, endpoint: str, ca: str) -> str:
+        """A kubeconfig that asks `aws eks get-token` for a short-lived token: no stored credential."""
+        c = self.spec.cloud
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": c.cluster.name,
+            "clusters": [{"name": c.cluster.name, "cluster": {"server": endpoint, "certificate-authority-data": ca}}],
+            "contexts": [{"name": c.cluster.name, "context": {"cluster": c.cluster.name, "user": c.cluster.name}}],
+            "users": [{"name": c.cluster.name, "user": {"exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
+                "args": ["eks", "get-token", "--cluster-name", c.cluster.name, "--region", c.region]}}}]})
+
+    def scope(self, service_account: str) -> dict:
+        if self.spec.cloud.weights_access != "pod-identity":
+            return {}  # IRSA's trust policy names the service accounts itself
+        return {"Condition": namespace_scope(self.hosted, service_account)}
+
+    def bucket(self, name: str, bucket: str, noncurrent_days: int | None) -> aws.s3.Bucket:
+        child = pulumi.ResourceOptions(parent=self)
+        b = aws.s3.Bucket(name, bucket=bucket, opts=child)
+        aws.s3.BucketOwnershipControls(name, bucket=b.bucket, rule={"object_ownership": "BucketOwnerEnforced"},
+                                       opts=child)
+        aws.s3.BucketPublicAccessBlock(name, bucket=b.bucket, block_public_acls=True, block_public_policy=True,
+                                       ignore_public_acls=True, restrict_public_buckets=True, opts=child)
+        aws.s3.BucketVersioning(name, bucket=b.bucket, versioning_configuration={"status": "Enabled"}, opts=child)
+        aws.s3.BucketServerSideEncryptionConfiguration(name, bucket=b.bucket, rules=[{
+            "apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms",
+                                                        "kms_master_key_id": self.kms.arn},
+            "bucket_key_enabled": True}], opts=child)
+        aws.s3.BucketPolicy(name, bucket=b.bucket, policy=policy({
+            "Sid": "TLSOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}), opts=child)
+        if noncurrent_days:
+            aws.s3.BucketLifecycleConfiguration(name, bucket=b.bucket, rules=[{
+                "id": "old-versions", "status": "Enabled", "filter": {},
+                "noncurrent_version_expiration": {"noncurrent_days": noncurrent_days}}], opts=child)
+        return b
+
+    def ci_identities(self) -> dict:
+        """GitHub Actions' OIDC tokens, per repository and deployment environment, assume CI's role;
+        CI reaches the release store through it and the cluster through an EKS access entry."""
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
+        provider = aws.iam.OpenIdConnectProvider("github", url=f"https://{GITHUB_OIDC}",
+                                                 client_id_lists=["sts.amazonaws.com"], opts=child)
+        subjects = [f"repo:{c.ci.github_repository}:environment:{e}" for e in c.ci.environments]
+        ci = aws.iam.Role("ci", name=f"{c.cluster.name}-ci", assume_role_policy=provider.arn.apply(lambda arn: policy({
+            "Effect": "Allow", "Principal": {"Federated": arn}, "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {f"{GITHUB_OIDC}:aud": "sts.amazonaws.com", f"{GITHUB_OIDC}:sub": subjects}}})),
+            opts=child)
+        store = self.spec.cloud.buckets.release_store
+        aws.iam.RolePolicy("ci", role=ci.name, policy=pulumi.Output.all(self.kms.arn, self.weights_role.arn).apply(
+            lambda a: policy(
+                {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{store}/*"},
+                {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{store}"},
+                {"Effect": "Allow", "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], "Resource": a[0]},
+                {"Effect": "Allow", "Action": ["eks:DescribeCluster", "eks:CreatePodIdentityAssociation",
+                                               "eks:DescribePodIdentityAssociation", "eks:DeletePodIdentityAssociation",
+                                               "eks:ListPodIdentityAssociations"],
+                 "Resource": "*", "Condition": {"StringEquals": {"aws:ResourceTag/pdstack.io/cluster": c.cluster.name}}},
+                {"Effect": "Allow", "Action": "iam:PassRole", "Resource": a[1]})), opts=child)
+        aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=child)
+        aws.eks.AccessPolicyAssociation("ci", cluster_name=c.cluster.name, principal_arn=ci.arn,
+                                        policy_arn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+                                        access_scope={"type": "cluster"}, opts=child)
+        return {"ci_role_arn": ci.arn, "release_store_writer_role_arn": ci.arn}
+
+    def karpenter_identities(self, cluster_arn) -> dict:
+        """Karpenter's node role (EC2NodeClass.spec.role) with its access entry, and its controller's
+        role through Pod Identity (kube-system/karpenter)."""
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
+        node = aws.iam.Role("karpenter-node", name=f"{c.cluster.name}-karpenter-node", assume_role_policy=policy(
+            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}),
+            managed_policy_arns=[f"arn:aws:iam::aws:policy/{p}" for p in (
+                "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
+                "AmazonSSMManagedInstanceCore")], opts=child)
+        self.node_role = node
+        aws.eks.AccessEntry("karpenter-node", cluster_name=c.cluster.name, principal_arn=node.arn, type="EC2_LINUX",
+                            opts=child)
+        if self.spec.nodes.mode != "karpenter":
+            return {"node_role_arn": node.arn}
+        controller = aws.iam.Role("karpenter-controller", name=f"{c.cluster.name}-karpenter",
+                                  assume_role_policy=cluster_arn.apply(pod_identity_trust), opts=child)
+        region_cond = {"StringEquals": {"aws:RequestedRegion": c.region}}
+        aws.iam.RolePolicy("karpenter-controller", role=controller.name, policy=node.arn.apply(lambda arn: policy(
+            {"Effect": "Allow", "Action": ["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateLaunchTemplate",
+                                           "ec2:CreateTags", "ec2:DeleteLaunchTemplate", "ec2:TerminateInstances",
+                                           "ec2:Describe*", "pricing:GetProducts", "ssm:GetParameter"],
+             "Resource": "*", "Condition": region_cond},
+            {"Effect": "Allow", "Action": "iam:PassRole", "Resource": arn,
+             "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+            {"Effect": "Allow", "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile",
+                                           "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                                           "iam:DeleteInstanceProfile", "iam:GetInstanceProfile"],
+             "Resource": "*", "Condition": {"StringEquals": {
+                 f"aws:ResourceTag/kubernetes.io/cluster/{c.cluster.name}": "owned"}}},
+            {"Effect": "Allow", "Action": "eks:DescribeCluster",
+             "Resource": f"arn:aws:eks:{c.region}:*:cluster/{c.cluster.name}"})), opts=child)
+        aws.eks.PodIdentityAssociation("karpenter", cluster_name=c.cluster.name, namespace=KARPENTER_NAMESPACE,
+                                       service_account=KARPENTER_SA, role_arn=controller.arn, opts=child)
+        return {"node_role_arn": node.arn, "karpenter_role_arn": controller.arn}
+
+    def check_instance_store(self, itype: str) -> None:
+        """At `pulumi up`, DescribeInstanceTypes must agree with the table the spec check used."""
+        expected = INSTANCE_STORE_GB.get(itype)
+        if expected is None:
+            return
+
+        def agree(total):
+            if total is not None and int(total) < expected:
+                raise ValueError(f"{itype}: DescribeInstanceTypes reports {total} GB of instance store, below the "
+                                 f"{expected} GB infra/platform_stack/weight_cache.py assumes. Fix: correct the table")
+            return total
+        aws.ec2.get_instance_type_output(instance_type=itype).total_instance_storage.apply(agree)
+
+    def register_node_classes(self, installs: dict) -> list[dict]:
+        """EC2NodeClasses, once Karpenter's CRDs exist (its row's install)."""
+        karpenter = installs.get("karpenter")
+        if karpenter is None:
+            return []
+        made = []
+        for family, role in node_classes_needed(self.spec, self.hosted):
+            manifest = ec2_node_class(self.spec, family, role, f"{self.spec.cloud.cluster.name}-karpenter-node",
+                                      self.efa_security_group if family.efa_interfaces else None)
+            karpenter.add(manifest, karpenter.crds)
+            made.append(manifest)
+        return made
+
+    def node_groups(self) -> None:
+        """nodes.mode node-groups: one EKS managed node group per environment and role, labelled and
+        tainted as a NodePool's nodes are, sized for the pool's maximum plus the rollout surge."""
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
+        families = {f.name: f for f in c.node_classes}
+        by_env = {s.environment.name: s for s in self.hosted}
+        for group in self.spec.nodes.node_groups:
+            serving, family = by_env[group.environment], families[group.node_class]
+            nodes = group_nodes(serving, group.role)
+            name = f"{group.environment}-{group.role}"
+            placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=child) if group.placement_group else None)
+            template = aws.ec2.LaunchTemplate(
+                name, network_interfaces=[
+                    {"network_card_index": n["networkCardIndex"], "device_index": n["deviceIndex"],
+                     "interface_type": "efa" if n["interfaceType"] == "efa-only" and n["networkCardIndex"] == 0
+                     else n["interfaceType"],
+                     **({"security_groups": [self.efa_security_group]} if self.efa_security_group else {})}
+                    for n in efa_network_interfaces(family.efa_interfaces)] or None,
+                placement={"group_name": placement.name} if placement else None,
+                metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1}, opts=child)
+            aws.eks.NodeGroup(
+                name, cluster_name=c.cluster.name, node_role_arn=self.node_role.arn,
+                subnet_ids=c.cluster.private_subnet_ids, instance_types=list(family.instance_types),
+                capacity_type="CAPACITY_BLOCK" if group.capacity_block else "ON_DEMAND",
+                scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
+                labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
+                taints=[{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in role_taints(group.role)],
+                launch_template={"id": template.id, "version": template.latest_version.apply(str)}, opts=child)

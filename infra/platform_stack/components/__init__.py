@@ -1,0 +1,1 @@
+"""The platform stack's layers, one ComponentResource per module."""

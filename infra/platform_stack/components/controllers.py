@@ -1,0 +1,105 @@
+"""One catalog row installed: its namespace, its CRDs as ordinary resources, then its chart
+(skipCrds: the CRDs are ours, so an upgrade of the row upgrades them) or its manifests.
+
+`helm.v4.Chart` renders the chart in the Kubernetes provider and registers every object it
+renders as a child resource (pulumi-kubernetes: "equivalent to helm template, then Pulumi deploys
+the resulting manifests"), so the policy pack sees them at `pulumi preview`. Under the offline
+mocks a chart is one registration: its values are checked against the chart's own
+(infra/platform_stack/values.py); the objects it renders are not (that needs Helm: the cluster twin's
+part).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from infra.platform_stack.catalog import Controller, PlatformContext, Source
+from infra.platform_stack.components.base import PlatformLayer
+from infra.platform_stack.modules import module_file
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader (libyaml's where built), reading a bare `=` (YAML 1.1's value key,
+    which some published CRDs list as an enum value) as the string it is in YAML 1.2."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+# Kinds the bundle ships whose objects are cluster-wide (no namespace to move).
+_CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+@functools.cache
+def documents(module: str, path: str) -> tuple[dict, ...]:
+    """The YAML documents of a file in a pinned module, parsed once per process."""
+    text = module_file(module, path).read_text()
+    return tuple(d for d in yaml.load_all(text, Loader=_Loader) if d)
+
+
+def _published(doc: dict) -> dict:
+    """An object as applied: a published file may carry a `status` (the API server's to write)."""
+    return {k: v for k, v in doc.items() if k != "status"}
+
+
+def crd_documents(source: Source) -> list[dict]:
+    return [_published(d) for d in documents(source.module, source.path) if d.get("kind") == "CustomResourceDefinition"]
+
+
+def manifest_documents(source: Source, namespace: str) -> list[dict]:
+    """Manifests as published, moved into the row's namespace (prometheus-operator's bundle.yaml
+    puts everything in `default`), their bindings' subjects with them."""
+    out = []
+    for doc in documents(source.module, source.path):
+        doc = copy.deepcopy(_published(doc))
+        if doc["kind"] not in _CLUSTER_SCOPED:
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects") or []:
+            if subject.get("kind") == "ServiceAccount":
+                subject["namespace"] = namespace
+        out.append(doc)
+    return out
+
+
+class ControllerInstall(PlatformLayer):
+    layer = "controllers"
+
+    def __init__(self, row: Controller, ctx: PlatformContext, namespaces: dict[str, pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None):
+        """`namespaces`: those made so far, by name (two rows may share one; it is made once)."""
+        super().__init__(row.name, opts)
+        self.row = row
+        first: list[pulumi.Resource] = []
+        if row.namespace != "kube-system":
+            if row.namespace not in namespaces:
+                namespaces[row.namespace] = self.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                    "name": row.namespace, "labels": {"app.kubernetes.io/part-of": "pdstack-platform"}}})
+            first.append(namespaces[row.namespace])
+        self.crds = [self.add(doc) for source in row.crds for doc in crd_documents(source)]
+        self.values = row.values(ctx)
+        self.resources: list[pulumi.Resource] = []
+        if row.manifests:
+            docs = manifest_documents(row.manifests, row.namespace)
+            crds = [self.add(d, first) for d in docs if d["kind"] == "CustomResourceDefinition"]
+            self.crds += crds
+            self.resources = [self.add(d, first + crds) for d in docs if d["kind"] != "CustomResourceDefinition"]
+        if row.chart:
+            c = row.chart
+            oci = c.repo.startswith("oci://")
+            self.chart = k8s.helm.v4.Chart(
+                row.name,
+                chart=f"{c.repo}/{c.name}" if oci else c.name,
+                version=c.version,
+                repository_opts=None if oci else k8s.helm.v4.RepositoryOptsArgs(repo=c.repo),
+                namespace=row.namespace,
+                values=self.values,
+                skip_crds=True,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=first + self.crds))
+            self.resources.append(self.chart)
+        self.register_outputs({"version": row.version})
+
+    def ready(self) -> list[pulumi.Resource]:
+        """What a custom resource of this row's kinds waits for."""
+        return self.crds + self.resources

@@ -1,0 +1,116 @@
+"""The platform stack: cloud, then the catalog's controllers, then what needs their CRDs (the
+GatewayClass, Prometheus and Grafana, node classes), then the node layer. Exports what the
+serving stacks read through a StackReference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+
+from infra.components.k8s import logical_name
+from infra.planning.capacity import pool_capacity
+from infra.platform_stack.catalog import CATALOG, PlatformContext, controller
+from infra.platform_stack.cloud import build_cloud
+from infra.platform_stack.components.controllers import ControllerInstall
+from infra.platform_stack.components.gateway import GatewayPlatform
+from infra.platform_stack.components.nodes import StaticNodes
+from infra.platform_stack.components.observability import Observability, prometheus_url
+from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
+from infra.platform_stack.taints import gpu_node_taints, tolerations_for
+from infra.rollout.preflight import Inventory, load_inventory
+from infra.spec import REPO_ROOT, StackSpec, load_spec
+
+ENVOY_GATEWAY_NAMESPACE = controller("envoy-gateway").namespace
+
+
+@dataclass
+class Hosted:
+    spec: StackSpec
+    stack: str
+    inventory: Inventory | None
+
+
+def hosted_environments(spec: PlatformSpec) -> list[Hosted]:
+    out = []
+    for env in spec.environments:
+        serving = load_spec(REPO_ROOT / env.spec)
+        inventory = load_inventory(REPO_ROOT / env.inventory) if env.inventory else None
+        out.append(Hosted(serving, env.stack or serving.environment.name, inventory))
+    return out
+
+
+def platform_context(spec: PlatformSpec, serving: list[StackSpec]) -> PlatformContext:
+    static = any(pool_capacity(s, r).static for s in serving for r in s.deployment.pools())
+    reserved = any(s.hardware.capacity_type == "reserved" for s in serving)
+    return PlatformContext(
+        spec=spec, gpu_tolerations=tuple(tolerations_for(gpu_node_taints(serving))),
+        fabrics=frozenset(s.hardware.fabric.kind for s in serving if s.hardware.fabric),
+        karpenter_gates={"staticCapacity": static, "reservedCapacity": reserved})
+
+
+def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> dict[str, pulumi.ComponentResource]:
+    hosted = hosted_environments(spec) if hosted is None else hosted
+    problems = platform_problems(spec, hosted)
+    if problems:
+        raise PlatformSpecError(problems)
+    serving = [h.spec for h in hosted]
+    cloud = build_cloud(spec, serving)
+    ctx = platform_context(spec, serving)
+    k8s_opts = pulumi.ResourceOptions(providers=[cloud.kubernetes] if cloud.kubernetes else None)
+    namespaces: dict[str, pulumi.Resource] = {}
+    installs = {row.name: ControllerInstall(row, ctx, namespaces, k8s_opts) for row in CATALOG if row.enabled(ctx)}
+    layers: dict[str, pulumi.ComponentResource] = dict(installs)
+    layers["gateway"] = GatewayPlatform("gateway", spec, ENVOY_GATEWAY_NAMESPACE, cloud.gateway_service_annotations,
+                                        installs["envoy-gateway"].ready(), k8s_opts)
+    layers["observability"] = Observability("observability", spec, serving, installs["prometheus-operator"].ready(),
+                                            k8s_opts)
+    node_classes = [m for hook in cloud.after_controllers for m in hook(installs)]
+    if spec.nodes.mode == "static":
+        layers["nodes"] = StaticNodes("nodes", [(h.spec, h.inventory) for h in hosted if h.inventory], k8s_opts)
+    pulumi.export("kubeconfig", pulumi.Output.secret(cloud.kubeconfig) if cloud.kubeconfig is not None else None)
+    pulumi.export("cluster_name", cloud.cluster_name)
+    pulumi.export("gateway_class", spec.gateway_class)
+    pulumi.export("prometheus_url", prometheus_url(spec))
+    pulumi.export("node_classes", sorted(m["metadata"]["name"] for m in node_classes))
+    pulumi.export("nodes_mode", spec.nodes.mode)
+    for key, value in cloud.exports.items():
+        pulumi.export(key, value)
+    return layers
+
+
+def platform_objects(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> list[dict]:
+    """The Kubernetes objects the platform stack registers itself (CRDs, namespaces, the
+    GatewayClass, Prometheus, Grafana, node classes, node patches), for a given spec: what the
+    cluster twin applies before the charts (each row's chart and values: CATALOG, row.values)."""
+    from infra.offline import manifest_of, run_offline
+
+    run = run_offline(lambda: build_platform(spec, hosted), stack=spec.name)
+    return [m for m in (manifest_of(r) for r in run.custom()) if m]
+
+
+def unique_names(objects: list[dict]) -> bool:
+    names = [logical_name(o) for o in objects]
+    return len(names) == len(set(names))
+
+
+def platform_spec_path(stack: str) -> Path:
+    return REPO_ROOT / "stacks" / f"{stack}.yaml"
+
+
+def expected_outputs(spec: PlatformSpec) -> dict:
+    """The outputs the platform stack exports, as far as they are known before it runs (names
+    from the spec; ARNs and the kubeconfig as placeholders): what the offline run of a serving
+    stack reads through its StackReference."""
+    out = {"cluster_name": spec.cloud.cluster.name if spec.cloud.provider == "aws" else spec.name,
+           "gateway_class": spec.gateway_class, "prometheus_url": prometheus_url(spec),
+           "nodes_mode": spec.nodes.mode, "kubeconfig": "{}"}
+    if spec.cloud.provider == "aws":
+        name = spec.cloud.cluster.name
+        out.update({"weights_role_arn": f"arn:aws:iam::000000000000:role/{name}-weights-reader",
+                    "weights_bucket": spec.cloud.buckets.weights,
+                    "release_store_bucket": spec.cloud.buckets.release_store,
+                    "weights_access": spec.cloud.weights_access})
+    return out

@@ -1,0 +1,220 @@
+"""The typed spec of a per-cluster `platform` stack (data only: fields and their own rules).
+
+A platform spec is a YAML file with `kind: platform` beside the serving specs (stacks/), named
+by its Pulumi stack. It says which cloud holds the cluster (or that it is an existing on-prem
+one), which serving environments it hosts (their specs size the node layer and scope the
+identities), how GPU nodes come to exist (`nodes.mode`) and the typed values of each
+controller in the catalog (infra/platform_stack/catalog.py). Rules spanning the platform and the
+serving specs live in infra/platform_stack/checks.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
+from infra.spec import SpecError
+from infra.naming import OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_label_value
+
+PositiveInt = Annotated[int, Field(gt=0)]
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
+_AMI_ALIAS = re.compile(r"(al2023|bottlerocket)@(v\d{8}|v?\d+\.\d+\.\d+)")  # pinned: never @latest
+_RESERVATION = re.compile(r"cr-[0-9a-f]{8,17}")
+_GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+
+
+def _check(pattern, fix: str):
+    def check(cls, v):
+        if v is not None and not (pattern(v) if callable(pattern) else pattern.fullmatch(v)):
+            raise ValueError(f"{str(v)[:80]!r} {fix}")
+        return v
+    return classmethod(check)
+
+
+def _digest(cls, v):
+    if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
+        raise ValueError(f"{v[:80]!r} is not an image pinned by digest. Fix: name@sha256:<64 hex digits>")
+    return v
+
+
+class HostedEnvironment(Strict):
+    """A serving environment this cluster runs: its spec sizes the nodes and scopes identities."""
+
+    spec: str = Field(description="The serving spec, relative to the project (e.g. stacks/prod.yaml).")
+    stack: str | None = Field(None, description="Its Pulumi stack name; default the spec's environment.name.")
+    inventory: str | None = Field(None, description="nodes.mode static: the inventory naming its nodes by role "
+                                                    "(the same file `pdctl preflight` reads).")
+
+
+class ClusterSpec(Strict):
+    mode: Literal["create", "existing"] = Field(
+        "create", description="create: an EKS cluster made by this stack; existing: one found by name.")
+    name: str
+    _name = field_validator("name")(_check(_DNS_LABEL, "is not a cluster name (a DNS label). Fix: e.g. pdstack-prod"))
+    vpc_id: str | None = Field(None, description="create: the VPC; its private subnets host the nodes.")
+    private_subnet_ids: list[str] = Field([], description="create: subnets of the control plane and nodes.")
+    endpoint_public_access: bool = Field(False, description="create: a public API endpoint (else private only).")
+    discovery_tag: str | None = Field(None, description="Value of karpenter.sh/discovery on the subnets and "
+                                                        "security groups node classes select; default the name.")
+
+    def discovery(self) -> str:
+        return self.discovery_tag or self.name
+
+
+class BucketsSpec(Strict):
+    weights: str = Field(description="The model weights bucket (versioned, KMS, private, TLS only).")
+    release_store: str = Field(description="The release store bucket every actor shares.")
+    _names = field_validator("weights", "release_store")(_check(S3_BUCKET_NAME, "is not an S3 bucket name. Fix: "
+                                                                               "3-63 lower-case letters, digits, '-'"))
+    noncurrent_version_days: PositiveInt = Field(
+        30, description="Days an overwritten weight file's old version is kept (a rollback's window).")
+
+
+class CISpec(Strict):
+    """CI's identity: GitHub Actions' OIDC tokens, no stored key."""
+
+    github_repository: str
+    _repo = field_validator("github_repository")(_check(_GITHUB_REPO, "is not owner/name. Fix: e.g. example/pdstack"))
+    environments: list[str] = Field(min_length=1, description="GitHub deployment environments allowed to deploy "
+                                                              "(the token's sub: repo:<repo>:environment:<name>).")
+
+
+class CapacityReservations(Strict):
+    """Reservations selected per role, so decode groups and the rollout surge always find whole
+    racks and prefill cannot take them."""
+
+    by_role: dict[Literal["prefill", "decode", "colocated"], list[str]] = Field(
+        {}, description="role -> capacity reservation ids (cr-...) its node class selects.")
+
+    @field_validator("by_role")
+    @classmethod
+    def _ids(cls, v):
+        for role, ids in v.items():
+            for i in ids:
+                if not _RESERVATION.fullmatch(i):
+                    raise ValueError(f"{role}: {i!r} is not a capacity reservation id. Fix: cr-<hex>")
+        return v
+
+
+class NodeClassSpec(Strict):
+    """One EC2NodeClass per GPU family and role (the role's reservations and taints differ)."""
+
+    name: str = Field(description="The family's name; each role's class is <name>-<role>. Serving specs name it "
+                                  "in hardware.node_class.name.")
+    _name = field_validator("name")(_check(_DNS_LABEL, "is not a name (a DNS label). Fix: e.g. gb200"))
+    ami_alias: str = Field(description="Karpenter amiSelectorTerms alias, pinned: al2023@vYYYYMMDD (EKS-optimized "
+                                       "accelerated AL2023: NVIDIA driver, EFA installer) or bottlerocket@x.y.z.")
+    _alias = field_validator("ami_alias")(_check(_AMI_ALIAS, "is not a pinned AMI alias. Fix: e.g. al2023@v20260115 "
+                                                            "(never @latest: a new AMI would replace every node)"))
+    instance_types: list[str] = Field(min_length=1)
+    _types = field_validator("instance_types")(classmethod(lambda cls, v: [
+        _check(is_label_value, "is not an instance type. Fix: e.g. p5.48xlarge").__func__(cls, t) for t in v]))
+    instance_store_raid0: bool = Field(True, description="instanceStorePolicy RAID0: the NVMe instance stores as one "
+                                                         "array (the weight cache lives on it).")
+    efa_interfaces: Annotated[int, Field(ge=0)] = Field(
+        0, description="EFA devices to attach (networkInterfaces): one efa-only interface per network card.")
+    root_volume_gib: PositiveInt = 200
+    capacity_reservations: CapacityReservations = CapacityReservations()
+
+
+class AwsSpec(Strict):
+    provider: Literal["aws"] = "aws"
+    region: str
+    _region = field_validator("region")(_check(_REGION, "is not an AWS region. Fix: e.g. us-east-1"))
+    cluster: ClusterSpec
+    buckets: BucketsSpec
+    weights_access: Literal["pod-identity", "irsa"] = Field(
+        "pod-identity", description="How pods get AWS credentials: EKS Pod Identity or IRSA; never a stored key.")
+    ci: CISpec | None = None
+    node_classes: list[NodeClassSpec] = Field(min_length=1)
+    gateway_load_balancer: Literal["internet-facing", "internal"] = Field(
+        "internet-facing", description="Scheme of the NLB in front of Envoy (the AWS Load Balancer Controller's).")
+
+
+class OnPremSpec(Strict):
+    """An existing cluster (kubeadm, bare metal): nothing is created outside Kubernetes."""
+
+    provider: Literal["none"] = "none"
+    kubeconfig_context: str | None = Field(None, description="kubectl context of the cluster; default the stack "
+                                                             "config's kubernetes:context.")
+
+
+class NodeGroupSpec(Strict):
+    role: Literal["prefill", "decode", "colocated"]
+    environment: str
+    node_class: str = Field(description="A node_classes name: its AMI, instance types, EFA and reservations.")
+    placement_group: bool = Field(True, description="A cluster placement group (EFA wants one).")
+    capacity_block: bool = Field(False, description="The group's instances come from EC2 Capacity Blocks for ML.")
+
+
+class NodesSpec(Strict):
+    mode: Literal["karpenter", "node-groups", "static"] = Field(
+        "karpenter", description="karpenter: NodePools per environment and role (the serving stacks); node-groups: "
+                                 "EKS managed node groups (this stack); static: existing nodes named in each "
+                                 "environment's inventory, labelled and tainted by role.")
+    node_groups: list[NodeGroupSpec] = []
+
+
+class ImagesSpec(Strict):
+    grafana: str
+    prometheus_adapter: str | None = None
+    efa_device_plugin: str | None = None
+    _digests = field_validator("grafana", "prometheus_adapter", "efa_device_plugin")(classmethod(_digest))
+
+
+class ControllerValues(Strict):
+    """Values pdstack sets on each controller (typed here; infra/platform_stack/values.py checks each
+    against the chart's own defaults or schema at the pinned version)."""
+
+    karpenter_replicas: PositiveInt = 2
+    envoy_gateway_replicas: PositiveInt = 2
+    prometheus_retention: str = Field("15d", pattern=r"^\d+[dhw]$")
+    prometheus_storage_gib: PositiveInt = 200
+    prometheus_scrape_interval_seconds: PositiveInt = 15
+    gpu_driver_preinstalled: bool = Field(True, description="The AMI carries the NVIDIA driver (EKS accelerated AMIs "
+                                                            "do): the GPU operator installs no driver.")
+    cert_manager_replicas: PositiveInt = 2
+
+
+class PlatformSpec(Strict):
+    kind: Literal["platform"]
+    name: str
+    _name = field_validator("name")(_check(_DNS_LABEL, "is not a stack name (a DNS label). Fix: e.g. platform-prod"))
+    kubernetes_version: str = Field("1.34", pattern=r"^1\.\d+$")
+    environments: list[HostedEnvironment] = Field(min_length=1)
+    cloud: AwsSpec | OnPremSpec = Field(discriminator="provider")
+    nodes: NodesSpec = NodesSpec()
+    images: ImagesSpec
+    controllers: ControllerValues = ControllerValues()
+    gateway_class: str = Field("envoy-gateway", description="The GatewayClass serving stacks name.")
+    _class = field_validator("gateway_class")(_check(is_dns_subdomain, "is not an object name. Fix: envoy-gateway"))
+    monitoring_namespace: str = "monitoring"
+    prometheus_selector: dict[str, str] = Field(
+        {"app.kubernetes.io/part-of": "pdstack"},
+        description="Labels of the monitors and rules Prometheus selects (pdstack's layers carry them).")
+
+
+class PlatformSpecError(SpecError):
+    def __init__(self, problems: list[str]):
+        super().__init__(problems)
+        self.args = ("invalid platform spec:\n" + "\n".join(f"  - {p}" for p in problems),)
+
+
+def parse_platform_spec(data: object) -> PlatformSpec:
+    try:
+        return PlatformSpec.model_validate(data)
+    except ValidationError as exc:
+        raise PlatformSpecError(validation_problems(exc, PlatformSpec)) from None
+
+
+def load_platform_spec(path: str | Path) -> PlatformSpec:
+    try:
+        data = load_yaml_mapping(path, "platform spec")
+    except InputError as exc:
+        raise PlatformSpecError([str(exc)]) from None
+    return parse_platform_spec(data)

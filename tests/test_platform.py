@@ -1,0 +1,223 @@
+"""The platform stack: its catalog against the charts' own values, the GPU DaemonSets against
+the nodes' taints, node classes against Karpenter's rules, the weight cache against the array,
+and the serving stacks' references against what some stack creates."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.offline import run_spec
+from infra.platform_stack.catalog import CATALOG, controller
+from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
+from infra.platform_stack.program import Hosted, hosted_environments, platform_context
+from infra.platform_stack.spec import load_platform_spec
+from infra.platform_stack.taints import gpu_node_taints, tolerates
+from infra.platform_stack.values import dig, pinned_chart, values_problems
+from infra.render.manifests import manifests, unwrap
+from infra.rollout.preflight import HostEntry, Inventory
+from infra.spec import SpecError, load_spec, parse_spec
+
+PLATFORMS = ["platform-prod", "platform-dev"]
+
+
+def context(name: str):
+    spec = load_platform_spec(f"stacks/{name}.yaml")
+    return platform_context(spec, [h.spec for h in hosted_environments(spec)])
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_values_accepted_by_each_chart_at_its_pinned_version(name):
+    """Helm ignores a value its chart does not know and checks the merged values against the
+    chart's values.schema.json (helm.sh/helm/v3 pkg/chartutil/jsonschema.go); here an unknown key
+    is an error too. Charts: cert-manager v1.21.2 deploy/charts/cert-manager (with its schema),
+    karpenter-provider-aws v1.14.1 charts/karpenter, lws v0.9.0 charts/lws, envoyproxy/gateway
+    v1.9.0 charts/gateway-helm/values.tmpl.yaml, NVIDIA/gpu-operator deployments/gpu-operator."""
+    ctx = context(name)
+    checked = [row for row in CATALOG if row.values_source and row.enabled(ctx)]
+    assert {r.name for r in checked} >= {"cert-manager", "lws", "envoy-gateway", "gpu-operator"}
+    for row in checked:
+        assert values_problems(row.name, row.values(ctx)) == [], row.name
+
+
+def test_a_misspelt_value_and_a_schema_violation_are_refused():
+    assert values_problems("gpu-operator", {"daemonset": {"tolerations": []}}) == [
+        "gpu-operator (github.com/NVIDIA/gpu-operator@v0.0.0-20250917190837-d73a0086a6ba "
+        "deployments/gpu-operator/values.yaml): daemonset: the chart has no such value"]
+    assert any("values.schema.json" in p for p in values_problems("cert-manager", {"replicaCount": "two"}))
+
+
+def test_every_row_is_checked_or_says_why_not():
+    for row in CATALOG:
+        if row.chart is None:
+            assert row.manifests is not None, row.name  # manifests as published: no values to check
+            continue
+        assert bool(row.values_source) != bool(row.unchecked), row.name
+        if row.values_source:
+            assert pinned_chart(row.name)["origin"]["module"] == row.values_source.module
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_gpu_daemonsets_tolerate_every_pool_taint(name):
+    """Every DaemonSet that must run on GPU nodes tolerates the taints the pools put on them
+    (k8s.io/api core/v1 toleration.go ToleratesTaint: key, value, effect). The GPU operator's own
+    default (daemonsets.tolerations: nvidia.com/gpu Exists) does not tolerate the role taint, so
+    without pdstack's values no device plugin, GFD or dcgm-exporter would run on a pool's nodes."""
+    ctx = context(name)
+    taints = gpu_node_taints([h.spec for h in hosted_environments(ctx.spec)])
+    role_taint = next(t for t in taints if t["key"] == "pdstack.io/role")
+    default = pinned_chart("gpu-operator")["defaults"]["daemonsets"]["tolerations"]
+    assert not tolerates(default, role_taint)
+    rows = [r for r in CATALOG if r.gpu_toleration_paths and r.enabled(ctx)]
+    assert {"gpu-operator", "nvidia-dra-driver-gpu"} <= {r.name for r in rows}
+    for row in rows:
+        values = row.values(ctx)
+        for path in row.gpu_toleration_paths:
+            for taint in taints:
+                assert tolerates(dig(values, path), taint), (row.name, path, taint)
+
+
+def test_efa_is_attached_to_static_nodeclaims_by_the_node_class():
+    """karpenter-provider-aws v1.14.1 pkg/providers/instance/instance.go getEFACountForInstance:
+    EFA interfaces are added only if the NodeClaim requests vpc.amazonaws.com/efa or the node class
+    sets networkInterfaces. Static NodePools' NodeClaims carry no pod requests, so the class must.
+    Its CEL rules (pkg/apis/v1/ec2nodeclass.go): a primary {0, 0, interface}, unique (card, device),
+    at most one efa-only per card."""
+    spec = load_platform_spec("stacks/platform-prod.yaml")
+    family = spec.cloud.node_classes[0]
+    nc = ec2_node_class(spec, family, "decode", "node-role", "sg-0123456789abcdef0")["spec"]
+    nics = nc["networkInterfaces"]
+    assert {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"} in nics
+    efa = [n for n in nics if n["interfaceType"] == "efa-only"]
+    assert len(efa) == family.efa_interfaces == 4
+    assert len({n["networkCardIndex"] for n in efa}) == len(efa)
+    assert len({(n["networkCardIndex"], n["deviceIndex"]) for n in nics}) == len(nics)
+    assert nc["instanceStorePolicy"] == "RAID0"
+    assert nc["capacityReservationSelectorTerms"] == [{"id": i} for i in family.capacity_reservations.by_role["decode"]]
+    assert efa_network_interfaces(0) == []
+
+
+def test_weight_cache_must_live_on_the_array_and_fit():
+    """instanceStorePolicy RAID0 puts the array at /mnt/k8s-disks/0 on AL2023 (amazon-eks-ami
+    setup-local-disks, maybe_raid0: array_mount_point="${MNT_DIR}/0"); elsewhere is the root volume."""
+    data = load_spec("stacks/prod.yaml").model_dump(mode="json")
+    data["model"]["weights"]["node_cache_path"] = "/mnt/weights"
+    with pytest.raises(SpecError, match="not on the instance-store array"):
+        parse_spec(data)
+    data = load_spec("stacks/prod.yaml").model_dump(mode="json")
+    data["model"]["weights"]["size_gib"] = 12000  # x2 copies > p6e-gb200.36xlarge's 22.5 TB
+    with pytest.raises(SpecError, match="does not fit p6e-gb200.36xlarge's instance store"):
+        parse_spec(data)
+    data = load_spec("stacks/prod.yaml").model_dump(mode="json")
+    data["model"]["weights"]["access"] = "secret"
+    with pytest.raises(SpecError, match="static AWS key"):
+        parse_spec(data)
+
+
+def test_static_inventory_must_cover_max_and_surge():
+    spec = load_platform_spec("stacks/platform-dev.yaml").model_copy(update={"nodes": load_platform_spec(
+        "stacks/platform-dev.yaml").nodes.model_copy(update={"mode": "static"})})
+    dev = load_spec("stacks/dev.yaml")
+    hosts = lambda n: [HostEntry(name=f"h{i}-{r}", address="127.0.0.1", role=r)  # noqa: E731
+                       for r in ("prefill", "decode") for i in range(n)]
+    inv = lambda n: Inventory(key_file="k", known_hosts="h", hosts=hosts(n))  # noqa: E731
+    problems = platform_problems(spec, [Hosted(dev, "dev", inv(1))])
+    assert any("the inventory names 1 prefill nodes; the pool needs 2" in p for p in problems), problems
+    assert platform_problems(spec, [Hosted(dev, "dev", inv(2))]) == []
+
+
+@pytest.fixture(scope="module")
+def prod_runs():
+    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    serving = run_spec(load_spec("stacks/prod.yaml"))
+    return platform, serving
+
+
+# Objects the serving stack refers to that no stack creates: what README names as the user's.
+USER_PROVIDED = {
+    ("Secret", "llm-prod-tls"),  # the certificate (README: cert-manager Certificate or the user's)
+    ("Namespace", "envoy-gateway-system"),  # made by the Envoy Gateway chart at install (namespace.yaml)
+}
+
+
+def references(manifest: dict) -> set[tuple[str, str]]:
+    """What a manifest names that must exist elsewhere: Secrets, service accounts, ConfigMaps,
+    the GatewayClass, node classes, PriorityClasses, namespaces of cross-namespace refs."""
+    found = set()
+
+    def walk(node, key=None):
+        if isinstance(node, dict):
+            if key == "secretRef" or key == "secretKeyRef":
+                found.add(("Secret", node.get("name")))
+            if key == "configMap" or key == "configMapRef":
+                found.add(("ConfigMap", node.get("name")))
+            if key == "secret" and "secretName" in node:
+                found.add(("Secret", node["secretName"]))
+            if node.get("kind") == "Secret" and key is None and "name" in node and "apiVersion" not in node:
+                found.add(("Secret", node["name"]))
+            if key == "nodeClassRef":
+                found.add((node.get("kind"), node.get("name")))
+            for k, v in node.items():
+                if k == "serviceAccountName":
+                    found.add(("ServiceAccount", v))
+                elif k == "gatewayClassName":
+                    found.add(("GatewayClass", v))
+                elif k == "priorityClassName":
+                    found.add(("PriorityClass", v))
+                else:
+                    walk(v, k)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, key if key in ("certificateRefs",) else None)
+    walk(manifest)
+    for ref in (manifest.get("spec") or {}).get("listeners", []) or []:
+        for cert in (ref.get("tls") or {}).get("certificateRefs", []):
+            found.add(("Secret", cert["name"]))
+    return {f for f in found if f[1]}
+
+
+def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_runs):
+    platform, serving = prod_runs
+    made = {(m["kind"], m["metadata"]["name"]) for run in (platform, serving) for m in map(unwrap, manifests(run))}
+    wanted = set().union(*(references(unwrap(m)) for m in manifests(serving)))
+    missing = sorted(w for w in wanted - made - USER_PROVIDED)
+    assert missing == [], missing
+    assert ("GatewayClass", "envoy-gateway") in wanted and ("EC2NodeClass", "gb200-decode") in wanted
+    # the weights fetch reads no Secret: its role comes through Pod Identity, one association per namespace
+    assert not any(k == "Secret" and "weights" in n for k, n in wanted)
+    assert [r.inputs["namespace"] for r in serving.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")] \
+        == ["pdstack-prod"]
+
+
+def test_platform_preview_lists_what_a_fresh_account_needs(prod_runs):
+    platform, _ = prod_runs
+    types = {r.type for r in platform.custom()}
+    for needed in ("eks:index:Cluster", "aws:s3/bucket:Bucket", "aws:iam/role:Role", "aws:kms/key:Key",
+                   "aws:eks/podIdentityAssociation:PodIdentityAssociation", "aws:ec2/securityGroup:SecurityGroup",
+                   "kubernetes:helm.sh/v4:Chart", "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition",
+                   "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", "kubernetes:gateway.networking.k8s.io/v1:GatewayClass",
+                   "kubernetes:monitoring.coreos.com/v1:Prometheus"):
+        assert needed in types, needed
+    charts = {r.inputs.get("chart") for r in platform.of_type("kubernetes:helm.sh/v4:Chart")}
+    assert all(r.inputs.get("skipCrds") for r in platform.of_type("kubernetes:helm.sh/v4:Chart"))
+    assert "oci://public.ecr.aws/karpenter/karpenter" in charts
+    crds = {unwrap(m)["metadata"]["name"] for m in manifests(platform) if unwrap(m)["kind"] == "CustomResourceDefinition"}
+    assert {"leaderworkersets.leaderworkerset.x-k8s.io", "scaledobjects.keda.sh", "inferencepools.inference.networking.k8s.io",
+            "podmonitors.monitoring.coreos.com", "ec2nodeclasses.karpenter.k8s.aws", "certificates.cert-manager.io"} <= crds
+    names = [r.urn for r in platform.resources]
+    assert len(names) == len(set(names))
+
+
+def test_platform_passes_bucket_iam_and_credential_rules(prod_runs):
+    from infra.policy.rules import evaluate_offline
+
+    platform, serving = prod_runs
+    rules = {"weights-bucket-private-versioned", "iam-scoped", "no-static-credentials"}
+    assert [v for v in evaluate_offline(platform) if v.rule in rules] == []
+    assert [v for v in evaluate_offline(serving) if v.rule in rules] == []
+
+
+def test_karpenter_gates_follow_the_pools():
+    ctx = context("platform-prod")  # GB200 decode: static pools on reserved capacity
+    values = controller("karpenter").values(ctx)
+    assert values["settings"]["featureGates"] == {"staticCapacity": True, "reservedCapacity": True}
