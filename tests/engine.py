@@ -88,10 +88,13 @@ class EngineProject:
     stack: str
     kubeconfig: Path
 
-    def config(self, **values: str) -> None:
+    def render_yaml_to(self, folder: Path) -> None:
+        """The provider writes each object to `folder` instead of sending it (it takes no
+        kubeconfig context then)."""
         settings_file = self.work_dir / f"Pulumi.{self.stack}.yaml"
         settings = yaml.safe_load(settings_file.read_text())
-        settings["config"].update(values)
+        settings["config"].pop("kubernetes:context", None)
+        settings["config"]["kubernetes:renderYamlToDirectory"] = str(folder)
         settings_file.write_text(yaml.safe_dump(settings))
 
 
@@ -101,6 +104,7 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
     work_dir = tmp_path / "project"
     work_dir.mkdir()
     (work_dir / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    (work_dir / "stacks").symlink_to(REPO_ROOT / "stacks")  # Pulumi.yaml's main: the CLI checks it exists
     settings = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
     settings["config"]["pdstack:specFile"] = str(stack_spec_path(stack))
     (work_dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(settings))
