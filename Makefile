@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup system-deps loadtest-tool preview test
+.PHONY: setup system-deps loadtest-tool engine preview test
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,8 +28,13 @@ $(LOADTEST_VENV)/.installed: pyproject.toml $(VENV)/.installed
 
 loadtest-tool: $(LOADTEST_VENV)/.installed
 
+# The real Pulumi engine the tests run: the CLI and the Kubernetes provider, built with Go from
+# the modules pinned in engine/*/go.mod into .engine/ (once per pin; scripts/build_engine.py).
+engine:
+	python3 scripts/build_engine.py
+
 preview: setup
 	$(VENV)/bin/pdctl preview --offline --stack dev
 
-test: setup system-deps loadtest-tool
+test: setup system-deps loadtest-tool engine
 	$(PY) -m pytest

@@ -20,7 +20,7 @@ from infra.components.nodepools import NodePools
 from infra.components.platform_links import PlatformLinks
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
-from infra.rollout.releases import store_for
+from infra.rollout.releases import ReleaseStore, store_for
 from infra.spec import REPO_ROOT, StackSpec, load_spec, stack_spec_path
 from infra.tracks import Track, plan_tracks
 
@@ -122,12 +122,12 @@ def load_any_spec(path):
     return load_platform_spec(path) if kind == "platform" else load_spec(path)
 
 
-def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | None:
+def tracks_from_store(spec: StackSpec, store: ReleaseStore | None = None) -> tuple[StackSpec, int, list[Track]] | None:
     """The tracks the environment's release store says it runs (the last rollout's or
     rollback's), each from its revision's record, with the newest revision's spec for the
     shared parts; None before the first rollout. Read from the store every actor shares, so
     `pulumi up` from any clean checkout (CI) builds the same tracks and weights."""
-    store = store_for(spec)
+    store = store or store_for(spec)
     recorded = store.tracks()
     if not recorded:
         return None
@@ -136,14 +136,16 @@ def tracks_from_store(spec: StackSpec) -> tuple[StackSpec, int, list[Track]] | N
     return store.get(newest).stack_spec(), newest, tracks
 
 
-def main() -> None:
+def main(store: ReleaseStore | None = None) -> None:
+    """The program: `store` is the release store to read the tracks from (a rollout's, when it
+    runs the program inline), else the spec's."""
     spec = spec_for_current_stack()
     if not isinstance(spec, StackSpec):
         from infra.platform_stack.program import build_platform
 
         build_platform(spec)
         return
-    found = tracks_from_store(spec)
+    found = tracks_from_store(spec, store)
     if found:
         newest_spec, newest, tracks = found
         build_stack(newest_spec, release=str(newest), tracks=tracks)

@@ -288,10 +288,10 @@ class ImagesSpec(Strict):
     otel_collector: str
     endpoint_picker: str | None = Field(
         None, description="llm-d-inference-scheduler's endpoint picker (gateway_epp), e.g. "
-                          "ghcr.io/llm-d/llm-d-inference-scheduler@sha256:... of v0.8.0.")
+                          "ghcr.io/llm-d/llm-d-inference-scheduler@sha256:... of v0.7.1.")
     routing_sidecar: str | None = Field(
         None, description="llm-d's routing sidecar for decode pods (gateway_epp, disaggregated), e.g. "
-                          "ghcr.io/llm-d/llm-d-routing-sidecar@sha256:... of v0.8.0.")
+                          "ghcr.io/llm-d/llm-d-routing-sidecar@sha256:... of v0.7.1.")
 
     loadtest: str | None = Field(
         None, description="NVIDIA aiperf at the release pdstack pins (infra/validation/loadtest.py), for the "
@@ -832,13 +832,13 @@ def engine_capability_problems(spec: StackSpec) -> list[str]:
     if dep.load_balancer.implementation == "gateway_epp":
         if spec.images.endpoint_picker is None:
             problems.append("images.endpoint_picker: gateway_epp runs llm-d-inference-scheduler's endpoint picker, and "
-                            "no image is named. Fix: its image of v0.8.0, pinned by digest")
+                            "no image is named. Fix: its image of v0.7.1, pinned by digest")
         if dep.mode == "disaggregated":
             if spec.images.routing_sidecar is None:
                 problems.append("images.routing_sidecar: gateway_epp in PD mode needs llm-d's routing sidecar on decode "
-                                "pods. Fix: its image of v0.8.0, pinned by digest")
+                                "pods. Fix: its image of v0.7.1, pinned by digest")
             # The sidecar's KV connectors: nixlv2 (vLLM's NixlConnector) and sglang (SGLang's own
-            # bootstrap, whatever its transfer backend) (llm-d-inference-scheduler v0.8.0,
+            # bootstrap, whatever its transfer backend) (llm-d-inference-scheduler v0.7.1,
             # pkg/sidecar/proxy/options.go): none for vLLM's MooncakeConnector.
             if eng.kind == "vllm" and eng.kv_transfer != "nixl":
                 problems.append(

@@ -5,20 +5,25 @@ Extension's EPP framework) is a Go binary, so no flag table can be built by impo
 way extract_engine_flags.py does for the engines. Its config loader decodes the top level of
 EndpointPickerConfig strictly and hands each plugin its raw `parameters`, which the plugin
 json-unmarshals without complaint about unknown keys, so a misspelt or renamed parameter is
-silently dropped. This reads, at the pinned tags, the config types, every registered plugin
-type (and which are kept only for backward compatibility), the parameter structs of the
-plugins pdstack renders (deprecated fields marked), and the sidecar's flags and KV
-connectors, into infra/render/pinned/llm-d-inference-scheduler-<version>.json, which
-infra/render/router_config.py checks the rendered config against.
+silently dropped. This reads the config types, every registered plugin type (and which are
+kept only for backward compatibility), the parameter structs of the plugins pdstack renders
+(deprecated fields marked), and the sidecar's flags and KV connectors, into
+infra/render/pinned/llm-d-inference-scheduler-<version>.json, which
+infra/render/epp_contract.py checks the rendered config against.
 
-    python scripts/extract_epp_contract.py            # needs the two repositories mirrored:
-    # /work/.mirror/llm-d+llm-d-inference-scheduler/repo, .../kubernetes-sigs+gateway-api-inference-extension/repo
+The source is the Go modules contracts/go.mod pins (go.sum checks them), as the module cache
+holds them (`go mod download -json` gives each one's folder): llm-d-inference-scheduler, and
+gateway-api-inference-extension at the version llm-d's own go.mod requires. The output records
+each module's path, version and go.sum hash and every file of it that was read.
+
+    python scripts/extract_epp_contract.py      # needs `go` and the module proxy (or a filled cache)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,47 +31,60 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "infra" / "render" / "pinned"
-MIRRORS = Path("/work/.mirror")
-LLMD = ("llm-d/llm-d-inference-scheduler", "v0.8.0")
+PINS = ROOT / "contracts"  # go.mod, go.sum
+LLMD = "github.com/llm-d/llm-d-inference-scheduler"
+GIE = "sigs.k8s.io/gateway-api-inference-extension"
 
-# Plugins pdstack renders whose parameters are a struct: type -> (repo key, path, struct).
-# The prefix-cache-scorer ignores its own parameters; the loader passes them to the
-# approx-prefix-cache-producer it adds (gateway-api-inference-extension, configloader.go).
+# Paths are those of the pinned versions (llm-d v0.7.1, GIE v1.4.0); they move between releases.
+# Plugins pdstack renders whose parameters are a struct: type -> (module key, path, struct).
 PARAMETER_STRUCTS = {
-    "disagg-profile-handler": ("llmd", "pkg/epp/framework/plugins/scheduling/profilehandler/disagg/"
-                               "disagg_profile_handler.go", "disaggProfileHandlerParameters"),
-    "prefix-based-pd-decider": ("llmd", "pkg/epp/framework/plugins/scheduling/profilehandler/disagg/"
-                                "prefix_based_pd_decider.go", "PrefixBasedPDDeciderConfig"),
-    "prefix-cache-scorer": ("gie", "pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go",
-                            "config"),
+    "disagg-profile-handler": ("llmd", "pkg/plugins/profile/disagg_profile_handler.go", "disaggProfileHandlerParameters"),
+    "prefix-based-pd-decider": ("llmd", "pkg/plugins/profile/prefix_based_pd_decider.go", "PrefixBasedPDDeciderConfig"),
+    "prefix-cache-scorer": ("gie", "pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin.go", "Config"),
 }
-REGISTRIES = [("llmd", "pkg/epp/framework/plugins/register.go"), ("gie", "cmd/epp/runner/runner.go")]
+REGISTRIES = [("llmd", "pkg/plugins/register.go"), ("gie", "cmd/epp/runner/runner.go")]
 CONFIG_TYPES = ("gie", "apix/config/v1alpha1/endpointpickerconfig_types.go")
+CONFIG_GROUP = ("gie", "apix/config/v1alpha1/zz_generated.register.go")
 SIDECAR_OPTIONS = ("llmd", "pkg/sidecar/proxy/options.go")
 EPP_OPTIONS = ("gie", "pkg/epp/server/options.go")
 
 
-class Repo:
-    def __init__(self, name: str, tag: str):
-        self.name, self.tag = name, tag
-        self.git = MIRRORS / name.replace("/", "+") / "repo"
-        if not self.git.is_dir():
-            sys.exit(f"{self.git}: no mirror of github:{name}. Fix: fetch it first (the library's fetch tool)")
-        self.commit = self._run("rev-parse", f"{tag}^{{commit}}").strip()
+def go(*args: str) -> str:
+    done = subprocess.run(["go", *args], cwd=PINS, capture_output=True, text=True,
+                          env={**os.environ, "GOFLAGS": "-mod=readonly"})
+    if done.returncode != 0:
+        sys.exit(f"go {' '.join(args)} (in contracts/) failed: {done.stderr.strip()}. Fix: check contracts/go.mod "
+                 "and that the Go module proxy is reachable")
+    return done.stdout
 
-    def _run(self, *args: str) -> str:
-        return subprocess.run(["git", "-C", str(self.git), *args], capture_output=True, text=True, check=True).stdout
+
+class ModuleSource:
+    """One pinned module's source in the module cache; remembers every file read from it."""
+
+    def __init__(self, path: str):
+        info = json.loads(go("mod", "download", "-json", path))  # the version go.mod pins, checked against go.sum
+        if info.get("Error"):
+            sys.exit(f"{path}: {info['Error']}")
+        self.path, self.version, self.sum = info["Path"], info["Version"], info["Sum"]
+        self.dir = Path(info["Dir"])
+        self.read: set[str] = set()
 
     def show(self, path: str) -> str:
-        return self._run("show", f"{self.tag}:{path}")
+        self.read.add(path)
+        return (self.dir / path).read_text()
 
     def grep(self, pattern: str) -> str:
-        out = subprocess.run(["git", "-C", str(self.git), "grep", "-h", "-E", pattern, self.tag, "--", "*.go"],
-                             capture_output=True, text=True)
-        return out.stdout
+        """Lines of the module's .go files that match, as `git grep -h` printed them."""
+        regex, lines = re.compile(pattern), []
+        for file in sorted(self.dir.rglob("*.go")):
+            found = [line for line in file.read_text(errors="replace").splitlines() if regex.search(line)]
+            if found:
+                self.read.add(file.relative_to(self.dir).as_posix())
+                lines += found
+        return "\n".join(lines)
 
     def origin(self) -> dict:
-        return {"repository": f"github:{self.name}", "tag": self.tag, "commit": self.commit}
+        return {"module": self.path, "version": self.version, "go.sum": self.sum, "files_read": sorted(self.read)}
 
 
 def struct_fields(source: str, name: str) -> dict[str, dict]:
@@ -85,12 +103,12 @@ def struct_fields(source: str, name: str) -> dict[str, dict]:
             go_type = m.group(2).lstrip("*[]")
             defined = re.search(rf"type {re.escape(go_type)} struct", source)
             nested = struct_fields(source, go_type) if defined and go_type != name else None
-            fields[m.group(3)] = {"deprecated": any("Deprecated" in c for c in comment), "nested": nested}
+            fields[m.group(3)] = {"deprecated": any(re.search(r"Deprecated|Depricated", c) for c in comment), "nested": nested}
         comment = []
     return fields
 
 
-def registered_plugins(repos: dict[str, Repo]) -> dict[str, dict]:
+def registered_plugins(repos: dict[str, ModuleSource]) -> dict[str, dict]:
     plugins = {}
     for key, path in REGISTRIES:
         repo = repos[key]
@@ -100,7 +118,7 @@ def registered_plugins(repos: dict[str, Repo]) -> dict[str, dict]:
                 continue
             const = re.search(rf"\b{m.group(2)}\s*=\s*\"([^\"]+)\"", repo.grep(rf"\b{m.group(2)}\s*=\s*\""))
             if const is None:
-                raise SystemExit(f"{repo.name}: constant {m.group(2)} not found")
+                raise SystemExit(f"{repo.path}: constant {m.group(2)} not found")
             factory = repo.grep(rf"func {m.group(4)}\(")
             plugins[const.group(1)] = {
                 "deprecated": "backward compatibility" in line or "SA1019" in line,
@@ -116,7 +134,7 @@ def go_flags(source: str) -> dict:
     return {"flags": sorted(set(flags)), "deprecated_flags": sorted(deprecated)}
 
 
-def sidecar(repo: Repo) -> dict:
+def sidecar(repo: ModuleSource) -> dict:
     source = repo.show(SIDECAR_OPTIONS[1])
     connectors = re.search(r"supportedKVConnectors = map\[string\]struct\{\}\{(.*?)\}\n", source, re.S)
     names = re.findall(r"(\w+):\s*\{\}", connectors.group(1)) if connectors else []
@@ -126,30 +144,36 @@ def sidecar(repo: Repo) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.parse_args(argv)
-    llmd = Repo(*LLMD)
-    gie_tag = re.search(r"sigs\.k8s\.io/gateway-api-inference-extension (v[\d.]+)", llmd.show("go.mod")).group(1)
-    repos = {"llmd": llmd, "gie": Repo("kubernetes-sigs/gateway-api-inference-extension", gie_tag)}
-    types_source = repos["gie"].show(CONFIG_TYPES[1])
-    group = re.search(r'GroupName = "([^"]+)"', repos["gie"].show("apix/config/v1alpha1/zz_generated.register.go"))
+    p.add_argument("--out", type=Path, default=OUT_DIR, help="folder to write to (default: %(default)s)")
+    args = p.parse_args(argv)
+    llmd = ModuleSource(LLMD)
+    gie = ModuleSource(GIE)
+    required = re.search(rf"{re.escape(GIE)} (v[\w.-]+)", llmd.show("go.mod")).group(1)
+    if required != gie.version:
+        sys.exit(f"contracts/go.mod pins {GIE} {gie.version}, but {LLMD} {llmd.version} is built with {required}. "
+                 f"Fix: go get {GIE}@{required} in contracts/")
+    repos = {"llmd": llmd, "gie": gie}
+    types_source = gie.show(CONFIG_TYPES[1])
+    group = re.search(r'GroupName = "([^"]+)"', gie.show(CONFIG_GROUP[1]))
     plugins = registered_plugins(repos)
     for plugin_type, (key, path, struct) in PARAMETER_STRUCTS.items():
         plugins[plugin_type]["parameters"] = struct_fields(repos[key].show(path), struct)
     contract = {
         "about": "What the pinned endpoint picker and routing sidecar accept (scripts/extract_epp_contract.py).",
-        "epp": llmd.origin(), "inference_extension": repos["gie"].origin(),
         "config": {"apiVersion": f"{group.group(1)}/v1alpha1", "kind": "EndpointPickerConfig",
                    "fields": struct_fields(types_source, "EndpointPickerConfig"),
                    "plugin_spec": struct_fields(types_source, "PluginSpec"),
                    "profile": struct_fields(types_source, "SchedulingProfile"),
                    "profile_plugin": struct_fields(types_source, "SchedulingPlugin")},
         "plugins": dict(sorted(plugins.items())),
-        "epp_flags": go_flags(repos["gie"].show(EPP_OPTIONS[1])),
+        "epp_flags": go_flags(gie.show(EPP_OPTIONS[1])),
         "sidecar": sidecar(llmd),
     }
-    out = OUT_DIR / f"llm-d-inference-scheduler-{LLMD[1].lstrip('v')}.json"
+    contract = {"about": contract.pop("about"), "epp": llmd.origin(), "inference_extension": gie.origin(), **contract}
+    out = args.out / f"llm-d-inference-scheduler-{llmd.version.lstrip('v')}.json"
     out.write_text(json.dumps(contract, indent=1) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}: {len(plugins)} plugin types, {len(contract['sidecar']['flags'])} sidecar flags")
+    print(f"wrote {out}: {len(plugins)} plugin types, {len(contract['sidecar']['flags'])} sidecar flags, "
+          f"from {llmd.path} {llmd.version} and {gie.path} {gie.version}")
     return 0
 
 

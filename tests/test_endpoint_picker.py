@@ -1,13 +1,17 @@
 """The gateway_epp path as the pinned endpoint picker, its routing sidecar and the gateway behave.
 
-The picker's rules come from infra/render/pinned/llm-d-inference-scheduler-0.8.0.json, read
-from llm-d-inference-scheduler v0.8.0 and gateway-api-inference-extension v1.5.0 by
-scripts/extract_epp_contract.py.
+The picker's rules come from infra/render/pinned/llm-d-inference-scheduler-0.7.1.json, read
+by scripts/extract_epp_contract.py from the Go modules contracts/go.mod pins:
+llm-d-inference-scheduler v0.7.1 and gateway-api-inference-extension v1.4.0 (the version it is
+built with). Paths below are those modules'.
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -15,9 +19,10 @@ from infra import naming
 from infra.offline import run_offline, run_spec
 from infra.program import build_stack
 from infra.render.engine_args import ENGINE_PORT, SIDECAR_ENGINE_PORT
-from infra.render.epp_contract import config_problems, contract, flag_problems
+from infra.render.epp_contract import CONTRACT_FILE, config_problems, contract, flag_problems
+from infra.render.flagsets import PINNED_DIR
 from infra.render.router_config import epp_config
-from infra.spec import SpecError, parse_spec
+from infra.spec import REPO_ROOT, SpecError, parse_spec
 from infra.tracks import plan_tracks
 from tests.conftest import problems_of, stack_data, vllm_with_epp
 
@@ -30,9 +35,32 @@ def epp_spec(stack: str = "prod", **change):
     return parse_spec(data)
 
 
+def test_the_contract_names_the_go_modules_it_was_read_from():
+    """Each module the contract was read from is the one contracts/go.mod pins, at that
+    version and with go.sum's hash, and the contract lists the files it read."""
+    go_mod = (REPO_ROOT / "contracts" / "go.mod").read_text()
+    go_sum = (REPO_ROOT / "contracts" / "go.sum").read_text().splitlines()
+    for key in ("epp", "inference_extension"):
+        origin = contract()[key]
+        assert f"\t{origin['module']} {origin['version']}" in go_mod
+        assert f"{origin['module']} {origin['version']} {origin['go.sum']}" in go_sum
+        assert origin["files_read"] and all(not f.startswith("/") for f in origin["files_read"])
+    assert CONTRACT_FILE == f"llm-d-inference-scheduler-{contract()['epp']['version'].lstrip('v')}.json"
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go and the module proxy (or a filled module cache)")
+def test_the_contract_is_what_the_extractor_reads_from_the_pinned_modules(tmp_path):
+    """scripts/extract_epp_contract.py, run again on the modules contracts/go.mod pins (from the
+    module cache, checked against go.sum), writes exactly the committed contract."""
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "extract_epp_contract.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / CONTRACT_FILE).read_text() == (PINNED_DIR / CONTRACT_FILE).read_text()
+
+
 def test_the_rendered_config_is_what_the_pinned_picker_reads():
-    """apiVersion/kind as the v1.5.0 config loader decodes them (apix/config/v1alpha1), only
-    registered plugin types (llm-d pkg/epp/framework/plugins/register.go, GIE
+    """apiVersion/kind as the GIE v1.4.0 config loader decodes them (apix/config/v1alpha1), only
+    registered plugin types (llm-d pkg/plugins/register.go, GIE
     cmd/epp/runner/runner.go), parameters their structs define, every pluginRef defined."""
     for spec in (epp_spec(), colocated_epp_spec()):
         assert config_problems(epp_config(spec)) == []
@@ -52,11 +80,11 @@ def colocated_epp_spec():
 
 
 @pytest.mark.parametrize("break_it, expected", [
-    # The prefix producer's config: blockSize counted characters and is deprecated
-    # (GIE v1.5.0 requestcontrol/dataproducer/approximateprefix/types.go).
+    # The prefix-cache scorer's config: blockSize counted characters and is deprecated ("Depricated"
+    # in GIE v1.4.0 pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin.go).
     (lambda c: c["plugins"][0]["parameters"].update(blockSize=64), "parameters.blockSize: deprecated"),
     # pd-profile-handler is registered for backward compatibility only, and needs a decider
-    # plugin (llm-d profilehandler/disagg/pd_profile_handler.go).
+    # plugin (llm-d pkg/plugins/profile/pd_profile_handler.go).
     (lambda c: c["plugins"].append({"type": "pd-profile-handler"}), "pd-profile-handler is kept for backward"),
     (lambda c: c["plugins"][-1]["parameters"].update(threshold=0), "parameters.threshold: not a field"),
     (lambda c: c["plugins"][-1]["parameters"]["deciders"].update(prefill="missing"), "decider for prefill 'missing'"),
@@ -72,7 +100,7 @@ def test_the_contract_check_bites(break_it, expected):
 
 
 def test_picker_and_sidecar_flags_are_the_pinned_binaries_own():
-    """Flags from gateway-api-inference-extension v1.5.0 pkg/epp/server/options.go and llm-d
+    """Flags from gateway-api-inference-extension v1.4.0 pkg/epp/server/options.go and llm-d
     pkg/sidecar/proxy/options.go; deprecated ones (MarkDeprecated) refused."""
     assert flag_problems(["--pool-name=x", "--grpc-port=9002"], "epp") == []
     assert flag_problems(["--model-server-metrics-port=8000"], "epp") == [
@@ -88,7 +116,7 @@ def lws(run, role: str) -> dict:
 def test_decode_leaders_run_the_routing_sidecar_in_front_of_the_engine():
     """llm-d's PD path: the gateway sends the request to the decode pod the picker chose; the
     sidecar there (a native sidecar, restartPolicy Always, Kubernetes 1.29+) calls the prefill
-    pod named in the picker's header, then its own engine (llm-d-inference-scheduler v0.8.0,
+    pod named in the picker's header, then its own engine (llm-d-inference-scheduler v0.7.1,
     deploy/components/vllm-sim-pd/deployments.yaml: --port 8000, --vllm-port 8200)."""
     run = run_spec(epp_spec())
     decode = lws(run, "decode")["spec"]["leaderWorkerTemplate"]
@@ -118,7 +146,7 @@ def test_the_picker_runs_its_own_image():
 
 def test_vllm_pd_needs_nixl_and_the_images():
     """llm-d's routing sidecar knows the KV connectors nixlv2, shared-storage and sglang
-    (llm-d-inference-scheduler v0.8.0, pkg/sidecar/proxy/options.go, supportedKVConnectors),
+    (llm-d-inference-scheduler v0.7.1, pkg/sidecar/proxy/options.go, supportedKVConnectors),
     so vLLM's Mooncake connector has no PD path behind it."""
     data = vllm_with_epp(stack_data("prod"))
     data["engine"]["kv_transfer"] = "mooncake"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from infra.render.engine_args import all_launches
 from infra.render.engine_check import variant_spec
-from infra.render.flagsets import flagset
+from infra.render.flagsets import PINNED_DIR, flagset
 from infra.render.router_config import RoundRobinWarning, epp_config, router_launch
 from infra.spec import SpecError, load_spec, parse_spec, stack_spec_path
 from tests.conftest import stack_data, vllm_with_epp
@@ -184,3 +185,21 @@ def test_kv_hop_timeout_reaches_both_engines():
 def test_an_env_var_the_engine_does_not_read_is_refused():
     with pytest.raises(AssertionError, match="SGLANG_DISAGG_TIMEOUT"):
         flagset("sglang").require_env({"SGLANG_DISAGG_TIMEOUT": "30"}, "test")
+
+
+@pytest.mark.parametrize("table", [
+    "sglang-0.5.23.json", "sglang-router-0.3.2.json",
+    pytest.param("vllm-0.33.0.json", marks=pytest.mark.xfail(
+        strict=True, reason="made before scripts/extract_engine_flags.py recorded its origin; regenerate it in "
+                            "the scratch virtualenv (the script's docstring) and drop this mark")),
+])
+def test_each_flag_table_names_the_wheel_and_files_it_was_read_from(table):
+    """scripts/extract_engine_flags.py records the PyPI package and version it imported, the
+    wheel's sha256 (pip's direct_url.json, installed from the downloaded wheel) and every file
+    it read with its hash from the wheel's RECORD."""
+    data = json.loads((PINNED_DIR / table).read_text())
+    origin = data["origin"]
+    assert table == f"{data['engine']}-{origin['version']}.json" and origin["version"] == data["version"]
+    assert origin["package"] == data["engine"] and origin["index"] == "PyPI"
+    assert len(origin["wheel_hashes"]["sha256"]) == 64
+    assert origin["files_read"] and all(h.startswith("sha256=") for h in origin["files_read"].values())

@@ -352,7 +352,7 @@ def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
 def routes_through_sidecar(spec: StackSpec, role: str) -> bool:
     """With the endpoint picker, a PD request reaches the decode pod first: llm-d's routing
     sidecar there sends the prompt to the prefill pod the picker chose, then to its own engine
-    (llm-d-inference-scheduler v0.8.0, pkg/sidecar/proxy)."""
+    (llm-d-inference-scheduler v0.7.1, pkg/sidecar/proxy)."""
     return spec.deployment.load_balancer.implementation == "gateway_epp" and role == "decode"
 
 

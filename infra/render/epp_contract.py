@@ -1,8 +1,10 @@
 """The pinned endpoint picker's and routing sidecar's rules, and a check of what pdstack renders.
 
-`pinned/llm-d-inference-scheduler-0.8.0.json` was read from the Go source at the pinned tags
-by `scripts/extract_epp_contract.py` (llm-d-inference-scheduler v0.8.0, which builds on
-gateway-api-inference-extension v1.5.0's EPP framework). The EPP decodes the top level of
+`pinned/llm-d-inference-scheduler-0.7.1.json` was read by `scripts/extract_epp_contract.py`
+from the Go modules contracts/go.mod pins, as the module cache holds them:
+llm-d-inference-scheduler v0.7.1 (the proxy serves no v0.8.0) and the version of
+gateway-api-inference-extension it is built with, v1.4.0; the file names the module, version,
+go.sum hash and every source file read. The EPP decodes the top level of
 its config strictly but lets each plugin json-unmarshal its own parameters, dropping unknown
 keys silently; this check is stricter there on purpose: an unknown or deprecated parameter,
 a plugin type kept only for backward compatibility, or a reference to an undefined plugin is
@@ -16,7 +18,7 @@ import json
 
 from infra.render.flagsets import PINNED_DIR
 
-CONTRACT_FILE = "llm-d-inference-scheduler-0.8.0.json"
+CONTRACT_FILE = "llm-d-inference-scheduler-0.7.1.json"
 
 
 @functools.cache
@@ -99,4 +101,4 @@ def flag_problems(args: list[str], binary: str) -> list[str]:
 def require(problems: list[str], what: str) -> None:
     if problems:
         raise AssertionError(f"rendered {what} does not match llm-d-inference-scheduler "
-                             f"{contract()['epp']['tag']}: {problems}")
+                             f"{contract()['epp']['version']}: {problems}")

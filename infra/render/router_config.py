@@ -114,7 +114,7 @@ PREFIX_BLOCKS_TO_MATCH = 256  # prefix blocks the picker hashes per request (its
 
 
 def epp_config(spec: StackSpec) -> dict:
-    """EndpointPickerConfig of the pinned endpoint picker (llm-d-inference-scheduler v0.8.0).
+    """EndpointPickerConfig of the pinned endpoint picker (llm-d-inference-scheduler v0.7.1).
 
     The prefix-cache scorer hashes prompts in blocks of the engines' KV page size
     (blockSizeTokens; the older blockSize counted characters and is deprecated), so its
@@ -205,7 +205,7 @@ def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
         port=EPP_GRPC_PORT,
         metrics_port=ROUTER_METRICS_PORT,
         files={"config.yaml": yaml.safe_dump(config, sort_keys=False)},
-        notes=[f"endpoint picker: llm-d-inference-scheduler {contract()['epp']['tag']}; config and flags checked "
+        notes=[f"endpoint picker: llm-d-inference-scheduler {contract()['epp']['version']}; config and flags checked "
                "against its source (infra/render/epp_contract.py)"],
         leader_elected=leader_elected,
         health_port=EPP_HEALTH_PORT,

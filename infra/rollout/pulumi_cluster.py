@@ -4,9 +4,12 @@
 the same conditions the steps list, and what traffic the cluster serves is read from the
 live HTTPRoute (what the gateway was given, not what was intended).
 
-This machine has no Pulumi CLI (the Automation API drives it) and no API server, so this
-adapter runs only where they exist; its pure parts (which resources a step targets, the
-wait commands) are tested here.
+The program is handed to the Automation API inline: it runs in this process (the Python
+SDK's own language runtime serves it to the CLI) and reads the tracks from this rollout's
+release store, the one `intend` just wrote to, `pdctl --releases` included. That also needs no
+`pulumi-language-python` plugin beside the CLI. tests/test_engine.py drives this adapter with
+the real CLI and Kubernetes provider (`make engine`); readiness and the live route need a
+cluster (kubectl).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import re
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from infra.offline import OfflineRun, run_offline
@@ -79,6 +83,8 @@ class PulumiCluster:
         default=lambda cmd: subprocess.run(cmd, capture_output=True).returncode)
     read_command: Callable[[list[str]], str] = field(
         default=lambda cmd: subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    work_dir: Path = REPO_ROOT  # the Pulumi project: Pulumi.yaml, Pulumi.<stack>.yaml
+    policy_pack: str = POLICY_PACK  # a folder, or policy/run-pack where the CLI has no Python language plugin
     _stack: object = None
 
     @property
@@ -86,8 +92,12 @@ class PulumiCluster:
         if self._stack is None:
             from pulumi import automation as auto
 
+            from infra.program import main
+
             try:
-                self._stack = auto.select_stack(stack_name=self.stack_name, work_dir=str(REPO_ROOT))
+                self._stack = auto.select_stack(stack_name=self.stack_name, project_name=PROJECT,
+                                                program=lambda: main(store=self.store),
+                                                opts=auto.LocalWorkspaceOptions(work_dir=str(self.work_dir)))
             except FileNotFoundError as exc:  # the Automation API shells out to the CLI
                 raise ReleaseError("the Pulumi CLI is not installed here. Fix: install it (pulumi.com/docs/install), "
                                    "or use --sim for a simulated cluster") from exc
@@ -101,7 +111,7 @@ class PulumiCluster:
 
     def _up(self, targets: list[str] | None) -> None:
         # show_secrets=False: the update's output goes to our logs, secrets must not.
-        self.stack.up(target=targets, target_dependents=False, policy_packs=[POLICY_PACK],
+        self.stack.up(target=targets, target_dependents=False, policy_packs=[self.policy_pack],
                       on_output=self.on_output, show_secrets=False)
 
     def _program_run(self, tracks: dict[int, int]) -> OfflineRun:

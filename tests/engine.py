@@ -1,0 +1,124 @@
+"""The real Pulumi engine for the tests: the CLI and the Kubernetes provider that
+`make engine` builds from the Go modules pinned in engine/ (scripts/build_engine.py), a local
+file backend and a throwaway copy of the project in the test's folder.
+
+What is real and what stands in (README, "The real Pulumi engine"):
+- the `pulumi` CLI v3.274.1 and `pulumi-resource-kubernetes`: real, built from the modules;
+- the language runtime: the Python SDK's own (pulumi.automation's in-process server, from the
+  pinned wheel), which the CLI is pointed at; the `pulumi-language-python` plugin's module is
+  not served by the module proxy;
+- the policy pack: pulumi-policy's analyzer, started as an executable pack (policy/run-pack),
+  which the CLI runs without the language plugin;
+- pulumi-random: tests/engine_plugins' stand-in (its module is not served either).
+
+The cluster: a kubeconfig whose `pdstack-<env>` context (what Pulumi.<env>.yaml names) points at
+the cluster twin when one is up (`.twin/kubeconfig`, or PDSTACK_TWIN_KUBECONFIG), else at a
+closed port on 127.0.0.1, where the provider can only preview or render YAML.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.spec import REPO_ROOT, stack_spec_path
+
+ENGINE_PATH = REPO_ROOT / ".engine" / "path"
+STANDINS = Path(__file__).parent / "engine_plugins"
+# Encrypts the secrets of the tests' throwaway stacks (file backend in a temp folder); not a real secret.
+TEST_PASSPHRASE = "pdstack-tests-throwaway-passphrase"
+BINARIES = ("pulumi", "pulumi-resource-kubernetes")
+POLICY_PACK = str(REPO_ROOT / "policy" / "run-pack")  # the executable form of `--policy-pack policy`
+
+
+def require_engine() -> None:
+    """Skip where `make engine` has not run; in CI (CI=true) a missing build fails instead."""
+    missing = [b for b in BINARIES if not (ENGINE_PATH / b).exists()]
+    if missing:
+        message = f"no engine build ({', '.join(missing)} missing in {ENGINE_PATH}). Fix: make engine"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def twin_kubeconfig() -> Path | None:
+    """The cluster twin's kubeconfig, if the twin is up here."""
+    named = os.environ.get("PDSTACK_TWIN_KUBECONFIG")
+    path = Path(named) if named else REPO_ROOT / ".twin" / "kubeconfig"
+    return path if path.is_file() else None
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when this returns: nothing listens there
+
+
+def write_kubeconfig(path: Path, context: str, twin: Path | None) -> Path:
+    """A kubeconfig whose `context` reaches the twin (its current context, renamed), or nothing."""
+    if twin is not None:
+        config = yaml.safe_load(twin.read_text())
+        current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+        current["name"] = config["current-context"] = context
+        config["contexts"] = [current]
+    else:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": context,
+            "clusters": [{"name": "nowhere", "cluster": {"server": f"https://127.0.0.1:{_closed_port()}",
+                                                         "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "nobody", "user": {"token": "not-a-token"}}],
+            "contexts": [{"name": context, "context": {"cluster": "nowhere", "user": "nobody"}}],
+        }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass
+class EngineProject:
+    """A copy of the Pulumi project (Pulumi.yaml and one stack's settings) in a temp folder, so
+    what the CLI writes there (the passphrase's salt, config) never touches the checkout."""
+
+    work_dir: Path
+    stack: str
+    kubeconfig: Path
+
+    def render_yaml_to(self, folder: Path) -> None:
+        """The provider writes each object to `folder` instead of sending it (it takes no
+        kubeconfig context then)."""
+        settings_file = self.work_dir / f"Pulumi.{self.stack}.yaml"
+        settings = yaml.safe_load(settings_file.read_text())
+        settings["config"].pop("kubernetes:context", None)
+        settings["config"]["kubernetes:renderYamlToDirectory"] = str(folder)
+        settings_file.write_text(yaml.safe_dump(settings))
+
+
+def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path | None = None) -> EngineProject:
+    """Environment and project for the real engine; the CLI and its plugins found on PATH only."""
+    require_engine()
+    work_dir = tmp_path / "project"
+    work_dir.mkdir()
+    (work_dir / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
+    (work_dir / "stacks").symlink_to(REPO_ROOT / "stacks")  # Pulumi.yaml's main: the CLI checks it exists
+    settings = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
+    settings["config"]["pdstack:specFile"] = str(stack_spec_path(stack))
+    (work_dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(settings))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", settings["config"]["kubernetes:context"], twin)
+    (tmp_path / "state").mkdir()
+    for name, value in {
+        "PATH": os.pathsep.join([str(ENGINE_PATH), str(STANDINS), os.environ["PATH"]]),
+        "PULUMI_HOME": str(tmp_path / "pulumi-home"),  # plugin cache, credentials: none of the user's
+        "PULUMI_BACKEND_URL": f"file://{tmp_path / 'state'}",
+        "PULUMI_CONFIG_PASSPHRASE": TEST_PASSPHRASE,
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",  # nothing is downloaded, ever
+        "KUBECONFIG": str(kubeconfig),
+        "PDSTACK_PYTHON": sys.executable,  # the random stand-in's interpreter (grpc, pulumi)
+    }.items():
+        monkeypatch.setenv(name, value)
+    return EngineProject(work_dir, stack, kubeconfig)

@@ -1,0 +1,183 @@
+"""The program, the policy pack and the rollout's Automation API path under the real Pulumi
+engine: the `pulumi` CLI v3.274.1 and pulumi-kubernetes' provider built from the Go modules
+engine/*/go.mod pin (`make engine`), a file backend in the test's folder, and the pinned
+Python SDK (pulumi 3.272.0) serving the program to the CLI. tests/engine.py says what stands
+in (pulumi-random's provider) and why.
+
+Without the cluster twin the provider's kubeconfig points at a closed port: `preview` then
+runs the provider offline, and `up` renders every object to YAML through the provider's
+renderYamlToDirectory mode (pulumi-kubernetes provider/pkg/provider/provider.go, `yamlRenderMode`)
+instead of applying it. With the twin up (`.twin/kubeconfig`), test_up_on_the_twin applies dev.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from infra.components.access import API_KEYS_SECRET
+from infra.offline import manifest_of, run_offline, run_spec
+from infra.program import build_stack, main
+from infra.rollout.pulumi_cluster import PROJECT, PulumiCluster, step_targets
+from infra.rollout.releases import ReleaseStore
+from infra.rollout.steps import plan_steps
+from infra.spec import load_spec, stack_spec_path
+from infra.tracks import track_namespace
+from tests.engine import POLICY_PACK, EngineProject, engine_project, twin_kubeconfig
+
+
+def program_stack(project: EngineProject, program) -> auto.Stack:
+    return auto.create_or_select_stack(stack_name=project.stack, project_name=PROJECT, program=program,
+                                       opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
+
+
+def dev_program(tmp_path: Path):
+    """The program Pulumi.yaml runs, reading its tracks from an empty release store of the test's."""
+    store = ReleaseStore("dev", tmp_path / "releases")
+    return lambda: main(store=store)
+
+
+def offline_urns(stack: str) -> set[str]:
+    """URNs of the custom resources the program registers under Pulumi's mocks (infra/offline.py)."""
+    spec = load_spec(stack_spec_path(stack))
+    run = run_offline(lambda: build_stack(spec, release="unreleased"), project=PROJECT, stack=stack)
+    return {r.urn for r in run.custom()}
+
+
+def urn_type(urn: str) -> str:
+    """urn:pulumi:STACK::PROJECT::parent$type::name -> type."""
+    return urn.split("::")[2].rsplit("$", 1)[-1]
+
+
+class Events:
+    """The engine's events: which step each resource took."""
+
+    def __init__(self):
+        self.steps: dict[str, str] = {}
+        self.policy: list[tuple[str, str, str]] = []
+
+    def __call__(self, event: auto.EngineEvent) -> None:
+        if event.resource_pre_event:
+            meta = event.resource_pre_event.metadata
+            self.steps[meta.urn] = str(meta.op.value if hasattr(meta.op, "value") else meta.op)
+        if event.policy_event:
+            p = event.policy_event
+            self.policy.append((p.policy_name, p.enforcement_level, p.message))
+
+
+def rendered_objects(folder: Path) -> list[dict]:
+    return [yaml.safe_load(f.read_text()) for f in sorted(folder.rglob("*.yaml"))]
+
+
+def test_preview_of_dev_creates_what_the_mocks_record(tmp_path, monkeypatch):
+    """`pulumi preview` of dev by the real engine: every custom resource the offline preview
+    (Pulumi's mocks) records is planned for creation under the same URN, and nothing else."""
+    project = engine_project(tmp_path, monkeypatch)
+    events = Events()
+    result = program_stack(project, dev_program(tmp_path)).preview(on_event=events, on_output=lambda line: None)
+    created = {urn for urn, op in events.steps.items() if op == "create"}
+    custom = {urn for urn in created if not urn_type(urn).startswith(("pdstack:", "pulumi:"))}
+    assert custom == offline_urns("dev")
+    providers = {urn for urn in created if urn_type(urn).startswith("pulumi:providers:")}
+    assert result.change_summary.get(auto.OpType.CREATE) == len(created - providers)  # the count leaves them out
+
+
+def test_up_renders_every_object_through_the_real_provider(tmp_path, monkeypatch):
+    """`pulumi up` of dev, for real, with the Kubernetes provider rendering each object to YAML
+    (renderYamlToDirectory) instead of sending it: every manifest of the offline preview is
+    rendered once, with the same kind, name and namespace; the generated API key reaches the
+    Secret, and neither the update's output nor the stack's state holds it in plain text."""
+    project = engine_project(tmp_path, monkeypatch)
+    render = tmp_path / "rendered"
+    project.render_yaml_to(render)
+    output: list[str] = []
+    result = program_stack(project, dev_program(tmp_path)).up(on_output=output.append, show_secrets=False)
+    assert result.summary.result == "succeeded"
+
+    objects = rendered_objects(render)
+    spec = load_spec(stack_spec_path("dev"))
+    expected = run_offline(lambda: build_stack(spec, release="unreleased"), project=PROJECT, stack="dev")
+    # Cluster-scoped custom resources (NodePool) come out with namespace "default": in this
+    # mode the provider has no API server to tell it their scope, so only namespaces the
+    # program sets are compared.
+    offline = {(m["kind"], m["metadata"]["name"]): m["metadata"].get("namespace")
+               for m in map(manifest_of, expected.custom()) if m}
+    rendered = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in objects}
+    assert len(objects) == len(rendered) and rendered.keys() == offline.keys()
+    assert all(rendered[k] == ns for k, ns in offline.items() if ns is not None)
+
+    (keys,) = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == API_KEYS_SECRET]
+    values = list((keys.get("stringData") or keys.get("data")).values())
+    assert values and all(len(v) >= 48 for v in values)
+    state = "".join(p.read_text() for p in (tmp_path / "state").rglob("*.json"))
+    for value in values:
+        assert value not in "".join(output) and value not in state
+
+
+def test_policy_pack_runs_in_the_real_engine(tmp_path, monkeypatch):
+    """`pulumi preview --policy-pack policy/run-pack`: the real engine starts the pack
+    (pulumi-policy's analyzer, the pack's __main__.py) and dev passes every mandatory rule; a program that leaks a key into a
+    ConfigMap is stopped by the mandatory no-plaintext-secrets rule."""
+    project = engine_project(tmp_path, monkeypatch)
+    events = Events()
+    program_stack(project, dev_program(tmp_path)).preview(policy_packs=[POLICY_PACK], on_event=events,
+                                                         on_output=lambda line: None)
+    assert not [p for p in events.policy if p[1] == "mandatory"], events.policy
+
+    def leaky() -> None:
+        k8s.core.v1.ConfigMap("leaky", data={"key": "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n"})
+
+    (tmp_path / "leaky").mkdir()
+    leaky_project = engine_project(tmp_path / "leaky", monkeypatch)
+    events = Events()
+    with pytest.raises(auto.CommandError, match="no-plaintext-secrets"):
+        program_stack(leaky_project, leaky).preview(policy_packs=[POLICY_PACK], on_event=events,
+                                                    on_output=lambda line: None)
+    assert ("no-plaintext-secrets", "mandatory") in {p[:2] for p in events.policy}
+
+
+@pytest.mark.xfail(strict=True, raises=auto.CommandError, reason=(
+    "found on the real engine: a targeted up of a new track's step fails, 'depends on "
+    "...::pdstack:engines:Engines::dev-r1-engines which was not specified in --target list': step_targets "
+    "leaves out the track's component resources (and their other children); not fixed yet"))
+def test_the_rollout_applies_a_step_through_the_automation_api(tmp_path, monkeypatch):
+    """PulumiCluster, as `pdctl rollout --pulumi-stack` uses it: a targeted `up` with the policy
+    pack for one step of revision 1, the program reading the tracks from the rollout's own
+    store. The real engine resolves the URNs the adapter computed from the mocked run, and
+    only that step's objects (in the track's namespace) are rendered."""
+    project = engine_project(tmp_path, monkeypatch)
+    render = tmp_path / "rendered"
+    project.render_yaml_to(render)
+    store = ReleaseStore("dev", tmp_path / "releases")
+    spec = load_spec(stack_spec_path("dev"))
+    revision = store.create(spec).revision
+    program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the adapter selects an existing stack
+    store.intend({revision: 100})
+    output: list[str] = []
+    cluster = PulumiCluster("dev", store, work_dir=project.work_dir, policy_pack=POLICY_PACK,
+                            on_output=output.append, run_command=lambda cmd: 0)
+    run = cluster._program_run(store.tracks())
+    step = {s.name: s for s in plan_steps(spec, run_spec(spec).resources)}["deploy prefill"]
+    targets = step_targets(run, step, revision)
+    cluster.apply(revision, step)
+    objects = rendered_objects(render)
+    assert len(objects) == len(targets) == len(step.resources)
+    assert {o["metadata"]["namespace"] for o in objects} == {track_namespace(spec.environment.namespace, revision)}
+    assert {o["kind"] for o in objects} >= {"LeaderWorkerSet", "ConfigMap", "PodDisruptionBudget"}
+
+
+def test_up_on_the_twin(tmp_path, monkeypatch):
+    """`pulumi up` of dev applied for real, on the cluster twin's API server (`make twin-up`);
+    a second `up` changes nothing. Needs the twin: skipped where it is not up."""
+    twin = twin_kubeconfig()
+    if twin is None:
+        pytest.skip("no cluster twin here (.twin/kubeconfig). Fix: make twin-up")
+    project = engine_project(tmp_path, monkeypatch, twin=twin)
+    stack = program_stack(project, dev_program(tmp_path))
+    assert stack.up(on_output=lambda line: None, show_secrets=False).summary.result == "succeeded"
+    again = stack.preview(on_output=lambda line: None, expect_no_changes=True)
+    assert set(again.change_summary) == {auto.OpType.SAME}
