@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from infra import naming
-from infra.planning.capacity import domain_placement
+from infra.planning.capacity import domain_placement, pool_capacity
 from infra.spec import load_spec, stack_spec_path
 from tests.twin.conftest import FIGURES
 from twin import dra, fleet
@@ -135,6 +135,14 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
                                                                 f"{allocatable.get(resource, 0)} allocatable"
     for (role, group), domains in domains_of_group.items():
         assert len(domains) == 1, f"{role} group {group} spans NVLink domains {sorted(domains)}"
+    for lws in sets:
+        role = lws["metadata"]["labels"].get(naming.ROLE_LABEL)
+        if domain_label and domain_placement(spec, role) != "none":
+            groups = {g for (r, g) in domains_of_group if r == role}
+            assert len(groups) == lws["spec"].get("replicas", 1), f"{role}: groups seen {groups}"
+    claims = [c for ns in sorted(namespaces) for c in fleet.get("resourceclaims", "-n", ns)]
+    assert all(c.get("status", {}).get("allocation") for c in claims), "a ResourceClaim is not allocated"
+    assert len(claims) == sum(bool(p["spec"].get("resourceClaims")) for p in lws_pods)
     for role in spec.deployment.pools():
         if domain_label and domain_placement(spec, role) == "exclusive":
             taken = [next(iter(d)) for (r, _), d in domains_of_group.items() if r == role]
@@ -157,7 +165,8 @@ def _first(objects: list[dict], kind: str, where=lambda o: True) -> dict:
 
 @pytest.mark.parametrize("kind, break_it, said", [
     # strict field validation: a field no schema has
-    ("LeaderWorkerSet", lambda o: o["spec"]["leaderWorkerTemplate"].update(sizee=2), 'unknown field "spec.leaderWorkerTemplate.sizee"'),
+    ("LeaderWorkerSet", lambda o: o["spec"]["leaderWorkerTemplate"].update(sizee=2),
+     ".spec.leaderWorkerTemplate.sizee: field not declared in schema"),
     # a CEL rule of Karpenter's NodePool CRD (x-kubernetes-validations), evaluated by the API server
     ("NodePool", lambda o: o["spec"]["limits"].update(cpu="1000"), "only 'limits.nodes' is supported on static NodePools"),
     # a CEL rule on the requirements: Karpenter forbids the hostname label in a pool
@@ -171,3 +180,46 @@ def test_a_broken_object_is_rejected(prod_objects, kind, break_it, said):
     result = fleet.apply_each_pass([broken], dry_run=True)
     assert fleet.ident(broken) in result.rejected
     assert said in result.rejected[fleet.ident(broken)], result.rejected
+
+
+def _scale(lws: dict, replicas: int) -> None:
+    kubectl("scale", "leaderworkerset", lws["metadata"]["name"], "-n", lws["metadata"]["namespace"],
+            f"--replicas={replicas}")
+
+
+def _lws_pods(lws: dict) -> list[dict]:
+    return [p for p in fleet.get("pods", "-n", lws["metadata"]["namespace"], "-l",
+                                 f"{LWS_NAME_LABEL}={lws['metadata']['name']}")
+            if "deletionTimestamp" not in p["metadata"]]
+
+
+def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_fleet):
+    """Scaled to its maximum plus the rollout surge (what infra/planning/capacity.py reserves), every
+    group of a pool is bound; one group more stays Pending, and the scheduler says why."""
+    spec, objects, result, label = applied_fleet
+    for lws in [o for o in objects if o["kind"] == "LeaderWorkerSet"]:
+        role = lws["metadata"]["labels"][naming.ROLE_LABEL]
+        capacity = pool_capacity(spec, role)
+        size = lws["spec"]["leaderWorkerTemplate"].get("size", 1)
+        reserve = capacity.max_instances + capacity.surge_instances
+        try:
+            _scale(lws, reserve)
+            pods = fleet.wait_for(f"{role} at {reserve} groups", lambda: (
+                lambda ps: ps if len(ps) == reserve * size and all(p["spec"].get("nodeName") for p in ps) else None
+            )(_lws_pods(lws)), timeout=300) or _lws_pods(lws)
+            unbound = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+            assert len(pods) == reserve * size and not unbound, (
+                f"{label} {role} at {reserve} groups: {len(pods)} pods, unbound {unbound}: " + "; ".join(
+                    e for name in unbound[:2] for e in fleet.scheduler_events(lws["metadata"]["namespace"], name)))
+            _scale(lws, reserve + 1)
+
+            def refused():
+                pending = [p for p in _lws_pods(lws) if not p["spec"].get("nodeName")]
+                said = [e for p in pending for e in fleet.scheduler_events(p["metadata"]["namespace"],
+                                                                           p["metadata"]["name"])]
+                return [e for e in said if e.startswith("FailedScheduling")]
+            said = fleet.wait_for(f"{role} group {reserve + 1} refused", refused, timeout=180)
+            assert said, f"{label} {role}: group {reserve + 1} did not stay Pending with a scheduler event"
+            FIGURES.append(f"{label} {role}: {reserve} groups bound; group {reserve + 1} refused: {said[0][:160]}")
+        finally:
+            _scale(lws, lws["spec"].get("replicas", 1))
