@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from twin import build, crds, netns
-from twin.paths import CONTEXT, KUBECONFIG, RUN_DIR, STATE_DIR
+from twin.paths import CONTEXT, KUBECONFIG, ROOT, RUN_DIR, STATE_DIR
 from twin.pki import Authority, service_account_keys
 
 STATE = RUN_DIR / "state.json"
@@ -274,7 +274,7 @@ class Supervisor:
             str(build.program("karpenter-kwok"))]), env={
             "KUBECONFIG": str(kubeconfig_path), "SYSTEM_NAMESPACE": "kube-system", "DISABLE_LEADER_ELECTION": "true",
             "FEATURE_GATES": "StaticCapacity=true", "LOG_LEVEL": "info",
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "PYTHONPATH": str(ROOT),
             "INSTANCE_TYPES_FILE_PATH": str(self.karpenter_instance_types())})
         self.wait_until("karpenter", lambda: "Starting workers" in (self.logs / "karpenter.log").read_text(
             errors="replace"))
@@ -314,7 +314,7 @@ class Supervisor:
             return 0
         except BaseException as exc:  # every failure stops everything, and says why
             self.stop_children()
-            self.record("failed", error=str(exc) if self.stopping is False else "stopped while starting")
+            self.record("failed", error="stopped while starting" if self.stopping else str(exc))
             return 1
 
 
@@ -357,10 +357,9 @@ def up(log=print, with_karpenter: bool = True) -> dict:
     started = time.monotonic()
     argv = [sys.executable, "-m", "twin", "supervise"] + ([] if with_karpenter else ["--no-karpenter"])
     with open(RUN_DIR / "supervisor.log", "wb") as out:
-        supervisor = subprocess.Popen(argv, cwd=STATE_DIR.parent if STATE_DIR.name == ".twin" else None,
-                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        supervisor = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True,
-                                      env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + START_TIMEOUT
     try:
         while True:
