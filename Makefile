@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup system-deps loadtest-tool engine preview test
+.PHONY: setup system-deps loadtest-tool engine preview test twin-build twin-up twin-down
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,8 +33,20 @@ loadtest-tool: $(LOADTEST_VENV)/.installed
 engine:
 	python3 scripts/build_engine.py
 
+# The cluster twin (README.md, "Cluster twin"): a real control plane and controllers built from
+# the Go modules in twin/*/go.mod, on 127.0.0.1. Builds are cached in .twin/bin by go.sum.
+twin-build: setup
+	$(PY) -m twin build
+
+twin-up: setup
+	$(PY) -m twin up
+
+twin-down:
+	$(PY) -m twin down
+
 preview: setup
 	$(VENV)/bin/pdctl preview --offline --stack dev
 
-test: setup system-deps loadtest-tool engine
+# The twin tests start the twin (or reuse one `make twin-up` started) and stop what they started.
+test: setup system-deps loadtest-tool engine twin-build
 	$(PY) -m pytest

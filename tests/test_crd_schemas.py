@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +22,9 @@ from infra.render.manifests import manifests, unwrap, validate_manifests
 from infra.spec import parse_spec
 from tests.conftest import stack_data, vllm_with_epp
 from tests.test_tracks import prod_tracks
+from twin.paths import TWIN_SRC
+
+TWIN_MODULES = [p.parent for p in TWIN_SRC.glob('*/go.mod')]
 
 
 def prod_variant(change) -> dict:
@@ -104,9 +109,10 @@ def test_a_wrong_api_version_is_not_silently_passed(prod_items):
     assert report.unchecked_kinds == {"NodePool (karpenter.sh/v1beta1)": 1}
 
 
-def test_every_vendored_schema_names_its_origin():
-    """Vendored by scripts/vendor_crds.py from ../shared/crds and infra/render/crds/sources;
-    each keeps its repository, tag, commit and path (Apache-2.0, notice in crds/README.md)."""
+def test_every_schema_names_its_origin():
+    """Derived by scripts/derive_crds.py from the Go modules twin/*/go.sum pins: each keeps
+    module, version, path and go.sum hash (Apache-2.0, notice in crds/README.md). The one schema
+    no module carries (ComputeDomain) names repository, tag, commit and why."""
     index = vendored_crds()
     assert {r["kind"] for r in index} >= {
         "LeaderWorkerSet", "NodePool", "EC2NodeClass", "Gateway", "HTTPRoute", "ReferenceGrant", "InferencePool",
@@ -114,7 +120,21 @@ def test_every_vendored_schema_names_its_origin():
         "EnvoyProxy", "ComputeDomain"}
     notice = (CRD_DIR / "README.md").read_text()
     assert "Apache License, Version 2.0" in notice
+    go_sums = "".join((p / "go.sum").read_text() for p in TWIN_MODULES)
     for row in index:
         origin = json.loads((CRD_DIR / row["file"]).read_text())["origin"]
-        assert len(origin["commit"]) == 40 and origin["tag"] and origin["path"].endswith(".yaml")
-        assert origin["commit"] in notice
+        assert origin["path"].endswith(".yaml")
+        if "module" in origin:
+            assert f"{origin['module']} {origin['version']} {origin['go_sum']}" in go_sums
+            assert origin["module"] in notice
+        else:
+            assert row["kind"] == "ComputeDomain" and len(origin["commit"]) == 40 and origin["why_not_a_module"]
+            assert origin["commit"] in notice
+
+
+def test_the_schemas_are_what_the_pinned_modules_hold():
+    """infra/render/crds/ is exactly what scripts/derive_crds.py derives from the module zips
+    `go mod download` verifies against twin/*/go.sum: no hand edit, no stale pin."""
+    done = subprocess.run([sys.executable, "scripts/derive_crds.py", "--check"], capture_output=True, text=True,
+                          cwd=CRD_DIR.parent.parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr

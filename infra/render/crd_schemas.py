@@ -1,7 +1,8 @@
 """Custom resources checked against their projects' CRD schemas, as the API server would.
 
-The schemas are vendored in `infra/render/crds/` (scripts/vendor_crds.py; each file records
-its repository, tag, commit and path; Apache-2.0). The API server validates a custom resource
+The schemas are in `infra/render/crds/`, derived by scripts/derive_crds.py from the CRD files in
+each project's Go module at the version twin/*/go.mod pins (each file records module, version,
+path and go.sum hash; Apache-2.0), the same files the cluster twin's API server is given. The API server validates a custom resource
 against the served version's structural openAPIV3Schema and prunes unknown fields (or, with
 `kubectl apply --validate=strict`, the default since kubectl 1.25, refuses them); pdstack
 treats an unknown field as an error, so a field the controller would never see is caught here.
@@ -37,7 +38,10 @@ class CRDSchema:
 
     @property
     def source(self) -> str:
-        """Where the schema comes from: repository and release tag (the path is in crds/index.json)."""
+        """Where the schema comes from: module (or, for the one no module carries, repository)
+        and version; the path is in crds/index.json."""
+        if "module" in self.origin:
+            return f"{self.origin['module']} {self.origin['version']}"
         return f"{self.origin['repository'].removeprefix('github:')} {self.origin['tag']}"
 
 
@@ -88,7 +92,7 @@ def _count_cel(node: object) -> int:
 
 @functools.lru_cache(maxsize=None)
 def crd_schema(api_version: str, kind: str) -> CRDSchema | None:
-    """The vendored schema for one custom kind and version, or None if none is vendored."""
+    """The derived schema for one custom kind and version, or None if there is none."""
     group, _, version = api_version.rpartition("/")
     path = CRD_DIR / f"{group}_{kind.lower()}_{version}.json"
     if not group or not path.is_file():
@@ -104,5 +108,5 @@ def crd_schema(api_version: str, kind: str) -> CRDSchema | None:
 
 
 def vendored_crds() -> list[dict]:
-    """What is vendored: group, kind, version, repository and tag of each schema."""
+    """What is there: group, kind, version and origin of each schema."""
     return json.loads((CRD_DIR / "index.json").read_text())

@@ -1,6 +1,7 @@
 // The cluster twin's controllers that share one Kubernetes client generation (k8s.io v0.36,
 // controller-runtime v0.24): kwok (nodes and pods without kubelets) and the LeaderWorkerSet
-// controller manager, each at the version README's controllers table names.
+// controller manager. LWS is at v0.9.0, the nearest version the Go module proxy serves a zip of:
+// it refuses v0.10.0 (README's controllers table), v0.10.1 and v0.9.1.
 module pdstack.dev/twin/controllers
 
 go 1.26.0

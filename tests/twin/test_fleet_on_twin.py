@@ -1,0 +1,225 @@
+"""The rendered fleet, applied to the cluster twin: a real kube-apiserver (v1.34.4) with the
+upstream CRDs at their pinned versions, the real scheduler, and the LeaderWorkerSet controller
+with its admission webhooks called by the API server.
+
+What the API server checks here that the offline checks cannot: strict field validation
+(`fieldValidation=Strict`: unknown and duplicate fields refused), the CRDs' CEL rules
+(`x-kubernetes-validations`), defaulting, and LWS's own webhooks
+(kubernetes-sigs/lws, pkg/webhooks/leaderworkerset_webhook.go and pod_webhook.go, at the
+version twin/controllers/go.mod pins). What the scheduler checks: each pod's node selector,
+tolerations, NVLink-domain affinities and GPU/EFA requests against the kwok nodes that stand in
+for the pools' instances (twin/nodes.py derives them from the spec and the NodePools).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter, defaultdict
+
+import pytest
+
+from infra import naming
+from infra.planning.capacity import domain_placement, pool_capacity
+from infra.spec import load_spec, stack_spec_path
+from tests.twin.conftest import FIGURES
+from twin import dra, fleet
+from twin.cluster import kubectl
+from twin.nodes import TWIN_LABEL, stack_nodes
+
+RENDERS = [("dev", None), ("dev", "vllm"), ("prod", None), ("prod", "vllm")]
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+
+
+def _label(stack: str, engine: str | None) -> str:
+    return f"{stack}-{engine or 'sglang'}"
+
+
+def remove_fleet(objects: list[dict]) -> None:
+    """Delete what a render applied (namespaces take their contents with them) and the stack's nodes."""
+    namespaces = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+    cluster_scoped = [f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}"
+                      for o in objects if "namespace" not in o["metadata"] and o["kind"] != "Namespace"
+                      and "/" in o["apiVersion"]]
+    if cluster_scoped:
+        kubectl("delete", "--ignore-not-found", "--wait=false", *cluster_scoped)
+    if namespaces:
+        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=180s", *namespaces)
+
+
+@pytest.fixture(scope="module", params=RENDERS, ids=[_label(*r) for r in RENDERS])
+def applied_fleet(request, twin, tmp_path_factory):
+    """One render applied to the twin, on nodes of its stack; removed afterwards."""
+    stack, engine = request.param
+    spec = load_spec(stack_spec_path(stack))
+    objects = fleet.render(stack, tmp_path_factory.mktemp(_label(stack, engine)), engine)
+    nodes = stack_nodes(spec)
+    made = fleet.apply_each_pass(nodes)
+    assert made.rejected == {}, made.rejected
+    result = fleet.apply_each_pass(objects)
+    # NVIDIA's DRA driver does not run on the twin: publish what it would (twin/dra.py).
+    dra_stand_in = dra.stand_in(objects, nodes)
+    assert fleet.apply_each_pass(dra_stand_in).rejected == {}
+    yield spec, objects, result, _label(stack, engine)
+    remove_fleet(objects)
+    for kind in ("resourceslices", "deviceclasses"):
+        kubectl("delete", kind, "-l", "twin.pdstack.io/stands-in-for", "--ignore-not-found")
+    kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
+
+
+def test_every_rendered_object_is_accepted(applied_fleet):
+    """0 rejections from the real API server, strict field validation and CEL included."""
+    spec, objects, result, label = applied_fleet
+    assert result.rejected == {}, "\n".join(f"{k}: {v}" for k, v in result.rejected.items())
+    assert len(result.applied) == len({fleet.ident(o) for o in objects}) > 0
+
+
+def _pods(namespaces: set[str]) -> list[dict]:
+    return [p for ns in sorted(namespaces) for p in fleet.get("pods", "-n", ns)]
+
+
+def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
+    """Each LeaderWorkerSet's groups come up in full (the LWS controller makes the leader's
+    StatefulSet and each group's workers), and the real scheduler binds every pod: GPU pods to
+    nodes of their own role's pool, a placed group inside one NVLink domain (a decode group
+    alone in its domain), and no node past its allocatable GPUs or EFA devices. A pod left
+    Pending fails this test with what the scheduler said about it."""
+    spec, objects, result, label = applied_fleet
+    namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"}
+    sets = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
+    expected = sum(o["spec"].get("replicas", 1) * o["spec"]["leaderWorkerTemplate"].get("size", 1) for o in sets)
+
+    def all_bound():
+        pods = [p for p in _pods(namespaces) if "deletionTimestamp" not in p["metadata"]]
+        lws_pods = [p for p in pods if LWS_NAME_LABEL in p["metadata"].get("labels", {})]
+        if len(lws_pods) >= expected and all(p["spec"].get("nodeName") for p in pods):
+            return pods
+        return None
+
+    pods = fleet.wait_for("every pod bound", all_bound, timeout=300) or _pods(namespaces)
+    pending = [p for p in pods if not p["spec"].get("nodeName")]
+    FIGURES.append(f"{label}: objects applied {len(result.applied)}, rejected {len(result.rejected)}; "
+                   f"pods bound {len(pods) - len(pending)}, pending {len(pending)}; "
+                   f"LeaderWorkerSet pods {sum(LWS_NAME_LABEL in p['metadata'].get('labels', {}) for p in pods)}"
+                   f"/{expected}")
+    assert not pending, "pods left Pending:\n" + "\n".join(
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}: "
+        f"{'; '.join(fleet.scheduler_events(p['metadata']['namespace'], p['metadata']['name'])) or 'no event'}"
+        for p in pending)
+    lws_pods = [p for p in pods if LWS_NAME_LABEL in p["metadata"].get("labels", {})]
+    assert len(lws_pods) == expected, f"{len(lws_pods)} LeaderWorkerSet pods, the sets ask for {expected}"
+
+    nodes = {n["metadata"]["name"]: n for n in fleet.get("nodes")}
+    used: dict[str, Counter] = defaultdict(Counter)
+    domain_label = spec.hardware.supernode.topology_label if spec.hardware.supernode else None
+    domains_of_group: dict[tuple, set] = defaultdict(set)
+    for pod in pods:
+        node = nodes[pod["spec"]["nodeName"]]
+        role = pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
+        for container in pod["spec"]["containers"]:
+            for resource, amount in container.get("resources", {}).get("limits", {}).items():
+                if resource.startswith(("nvidia.com/", "vpc.amazonaws.com/", "rdma/")):
+                    used[node["metadata"]["name"]][resource] += int(amount)
+        wants_gpu = any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["spec"]["containers"])
+        if wants_gpu and role:
+            assert node["metadata"]["labels"].get(naming.ROLE_LABEL) == role, (
+                f"{pod['metadata']['name']} ({role}) is on {node['metadata']['name']}, a "
+                f"{node['metadata']['labels'].get(naming.ROLE_LABEL)} node")
+        group = pod["metadata"].get("labels", {}).get(GROUP_KEY_LABEL)
+        if group and role and domain_label and domain_placement(spec, role) != "none":
+            domains_of_group[(role, group)].add(node["metadata"]["labels"][domain_label])
+    for name, counts in used.items():
+        allocatable = nodes[name]["status"]["allocatable"]
+        for resource, amount in counts.items():
+            assert amount <= int(allocatable.get(resource, 0)), f"{name}: {amount} {resource} bound, " \
+                                                                f"{allocatable.get(resource, 0)} allocatable"
+    for (role, group), domains in domains_of_group.items():
+        assert len(domains) == 1, f"{role} group {group} spans NVLink domains {sorted(domains)}"
+    for lws in sets:
+        role = lws["metadata"]["labels"].get(naming.ROLE_LABEL)
+        if domain_label and domain_placement(spec, role) != "none":
+            groups = {g for (r, g) in domains_of_group if r == role}
+            assert len(groups) == lws["spec"].get("replicas", 1), f"{role}: groups seen {groups}"
+    claims = [c for ns in sorted(namespaces) for c in fleet.get("resourceclaims", "-n", ns)]
+    assert all(c.get("status", {}).get("allocation") for c in claims), "a ResourceClaim is not allocated"
+    assert len(claims) == sum(bool(p["spec"].get("resourceClaims")) for p in lws_pods)
+    for role in spec.deployment.pools():
+        if domain_label and domain_placement(spec, role) == "exclusive":
+            taken = [next(iter(d)) for (r, _), d in domains_of_group.items() if r == role]
+            assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
+
+
+@pytest.fixture(scope="module")
+def prod_objects(twin, tmp_path_factory):
+    """prod's render, its namespaces created (a namespaced object is judged inside its namespace)."""
+    objects = fleet.render("prod", tmp_path_factory.mktemp("prod-broken"))
+    namespaces = [o for o in objects if o["kind"] == "Namespace"]
+    assert fleet.apply_each_pass(namespaces).rejected == {}
+    yield objects
+    remove_fleet(namespaces)
+
+
+def _first(objects: list[dict], kind: str, where=lambda o: True) -> dict:
+    return copy.deepcopy(next(o for o in objects if o["kind"] == kind and where(o)))
+
+
+@pytest.mark.parametrize("kind, break_it, said", [
+    # strict field validation: a field no schema has
+    ("LeaderWorkerSet", lambda o: o["spec"]["leaderWorkerTemplate"].update(sizee=2),
+     ".spec.leaderWorkerTemplate.sizee: field not declared in schema"),
+    # a CEL rule of Karpenter's NodePool CRD (x-kubernetes-validations), evaluated by the API server
+    ("NodePool", lambda o: o["spec"]["limits"].update(cpu="1000"), "only 'limits.nodes' is supported on static NodePools"),
+    # a CEL rule on the requirements: Karpenter forbids the hostname label in a pool
+    ("NodePool", lambda o: o["spec"]["template"]["spec"]["requirements"].append(
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["x"]}), "kubernetes.io/hostname"),
+])
+def test_a_broken_object_is_rejected(prod_objects, kind, break_it, said):
+    """The same apply path refuses a broken object, with the API server's reason: the test bites."""
+    broken = _first(prod_objects, kind, lambda o: kind != "NodePool" or "replicas" in o["spec"])
+    break_it(broken)
+    result = fleet.apply_each_pass([broken], dry_run=True)
+    assert fleet.ident(broken) in result.rejected
+    assert said in result.rejected[fleet.ident(broken)], result.rejected
+
+
+def _scale(lws: dict, replicas: int) -> None:
+    kubectl("scale", "leaderworkerset", lws["metadata"]["name"], "-n", lws["metadata"]["namespace"],
+            f"--replicas={replicas}")
+
+
+def _lws_pods(lws: dict) -> list[dict]:
+    return [p for p in fleet.get("pods", "-n", lws["metadata"]["namespace"], "-l",
+                                 f"{LWS_NAME_LABEL}={lws['metadata']['name']}")
+            if "deletionTimestamp" not in p["metadata"]]
+
+
+def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_fleet):
+    """Scaled to its maximum plus the rollout surge (what infra/planning/capacity.py reserves), every
+    group of a pool is bound; one group more stays Pending, and the scheduler says why."""
+    spec, objects, result, label = applied_fleet
+    for lws in [o for o in objects if o["kind"] == "LeaderWorkerSet"]:
+        role = lws["metadata"]["labels"][naming.ROLE_LABEL]
+        capacity = pool_capacity(spec, role)
+        size = lws["spec"]["leaderWorkerTemplate"].get("size", 1)
+        reserve = capacity.max_instances + capacity.surge_instances
+        try:
+            _scale(lws, reserve)
+            pods = fleet.wait_for(f"{role} at {reserve} groups", lambda: (
+                lambda ps: ps if len(ps) == reserve * size and all(p["spec"].get("nodeName") for p in ps) else None
+            )(_lws_pods(lws)), timeout=300) or _lws_pods(lws)
+            unbound = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+            assert len(pods) == reserve * size and not unbound, (
+                f"{label} {role} at {reserve} groups: {len(pods)} pods, unbound {unbound}: " + "; ".join(
+                    e for name in unbound[:2] for e in fleet.scheduler_events(lws["metadata"]["namespace"], name)))
+            _scale(lws, reserve + 1)
+
+            def refused():
+                pending = [p for p in _lws_pods(lws) if not p["spec"].get("nodeName")]
+                said = [e for p in pending for e in fleet.scheduler_events(p["metadata"]["namespace"],
+                                                                           p["metadata"]["name"])]
+                return [e for e in said if e.startswith("FailedScheduling")]
+            said = fleet.wait_for(f"{role} group {reserve + 1} refused", refused, timeout=180)
+            assert said, f"{label} {role}: group {reserve + 1} did not stay Pending with a scheduler event"
+            FIGURES.append(f"{label} {role}: {reserve} groups bound; group {reserve + 1} refused: {said[0][:160]}")
+        finally:
+            _scale(lws, lws["spec"].get("replicas", 1))

@@ -1,0 +1,42 @@
+"""python -m twin build | up | down | status | supervise (the last one is what `up` starts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from twin import build, cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m twin", description=__doc__)
+    parser.add_argument("command", choices=("build", "up", "down", "status", "supervise"))
+    parser.add_argument("--no-karpenter", action="store_true", help="start without Karpenter")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            build.build()
+        elif args.command == "up":
+            cluster.up(with_karpenter=not args.no_karpenter)
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "status":
+            state = cluster.read_state()
+            print(json.dumps(state, indent=1) if state else "twin: never started")
+            return 0 if cluster.running() else 1
+        else:
+            return cluster.Supervisor(with_karpenter=not args.no_karpenter).run()
+    except subprocess.CalledProcessError as exc:
+        print(f"twin: {' '.join(map(str, exc.cmd[:3]))} failed with {exc.returncode}; its output is above",
+              file=sys.stderr)
+        return 1
+    except (cluster.TwinError, RuntimeError, OSError) as exc:
+        print(f"twin: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Build the twin's programs from the Go modules pinned in twin/*/go.mod and go.sum.
+
+Each module folder lists its programs as `tool` lines in go.mod; `go install tool` builds them
+all. The binaries land in `.twin/bin/<module>-<key>/`, where the key hashes go.mod, go.sum and
+the build flags, so a warm run (same pins) finds them and builds nothing, and a changed pin
+builds into a new folder. Go's own caches (GOCACHE, GOMODCACHE) stay where the machine keeps
+them, so a fresh clone on a machine that built the twin before only links.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from twin.paths import BIN_DIR, TWIN_SRC
+
+KUBERNETES_VERSION = "v1.34.4"
+# k8s.io/kubernetes reads its version from ldflags (hack/lib/version.sh does the same); without
+# them it reports v0.0.0-master, which controllers that check the server's version refuse.
+_KUBE_LDFLAGS = " ".join([
+    "-s", "-w",
+    f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}",
+    "-X k8s.io/component-base/version.gitMajor=1",
+    f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
+    "-X k8s.io/component-base/version.gitTreeState=clean",
+])
+
+
+@dataclass(frozen=True)
+class GoModule:
+    """One folder under twin/ with a go.mod whose `tool` lines are the programs to build."""
+
+    name: str
+    ldflags: str = "-s -w"
+
+    @property
+    def folder(self) -> Path:
+        return TWIN_SRC / self.name
+
+    def tools(self) -> list[str]:
+        return _tool_lines((self.folder / "go.mod").read_text())
+
+    def key(self) -> str:
+        digest = hashlib.sha256()
+        for name in ("go.mod", "go.sum"):
+            digest.update((self.folder / name).read_bytes())
+        digest.update(self.ldflags.encode())
+        return digest.hexdigest()[:16]
+
+    @property
+    def bin_dir(self) -> Path:
+        return BIN_DIR / f"{self.name}-{self.key()}"
+
+
+def _tool_lines(go_mod: str) -> list[str]:
+    tools, in_block = [], False
+    for raw in go_mod.splitlines():
+        line = raw.split("//")[0].strip()
+        if line == "tool (":
+            in_block = True
+        elif in_block and line == ")":
+            in_block = False
+        elif in_block and line:
+            tools.append(line)
+        elif line.startswith("tool "):
+            tools.append(line.split()[1])
+    return tools
+
+
+MODULES = {
+    "kube": GoModule("kube", _KUBE_LDFLAGS),
+    "controllers": GoModule("controllers"),
+    "karpenter": GoModule("karpenter"),
+}
+
+# The program each tool path installs as (`go install` names it after the last path element,
+# or the one before a trailing major-version element: server/v3 installs as `server`).
+PROGRAMS = {
+    "etcd": ("kube", "server"),  # go.etcd.io/etcd/server/v3
+    "kube-apiserver": ("kube", "kube-apiserver"),
+    "kube-controller-manager": ("kube", "kube-controller-manager"),
+    "kube-scheduler": ("kube", "kube-scheduler"),
+    "kubectl": ("kube", "kubectl"),
+    "kwok": ("controllers", "kwok"),
+    "lws-controller-manager": ("controllers", "cmd"),  # sigs.k8s.io/lws/cmd
+    "karpenter-kwok": ("karpenter", "kwok"),  # sigs.k8s.io/karpenter/kwok
+}
+
+
+def program(name: str) -> Path:
+    """Path of one built program (build() first)."""
+    module, installed_as = PROGRAMS[name]
+    return MODULES[module].bin_dir / installed_as
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    env["GOTOOLCHAIN"] = env.get("GOTOOLCHAIN", "local")
+    return env
+
+
+def build_module(module: GoModule, log=print) -> float | None:
+    """Install the module's tools into its keyed folder; None when they are there already."""
+    if (module.bin_dir / ".complete").is_file():
+        return None
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("twin: the `go` command is not on PATH. Fix: install Go 1.26 (the README's set-up)")
+    staging = module.bin_dir.with_name(module.bin_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    started = time.monotonic()
+    log(f"twin: building {', '.join(module.tools())} (twin/{module.name})")
+    subprocess.run([go, "install", f"-ldflags={module.ldflags}", "tool"], cwd=module.folder,
+                   env={**go_env(), "GOBIN": str(staging)}, check=True)
+    took = time.monotonic() - started
+    (staging / ".complete").write_text(json.dumps({"seconds": round(took, 1), "tools": module.tools()}) + "\n")
+    shutil.rmtree(module.bin_dir, ignore_errors=True)
+    staging.rename(module.bin_dir)
+    for old in BIN_DIR.glob(f"{module.name}-*"):  # earlier pins' builds
+        if old != module.bin_dir:
+            shutil.rmtree(old, ignore_errors=True)
+    log(f"twin: built twin/{module.name} in {took:.0f} s")
+    return took
+
+
+def build(names: list[str] | None = None, log=print) -> dict[str, float | None]:
+    return {name: build_module(MODULES[name], log) for name in (names or list(MODULES))}
+
+
+if __name__ == "__main__":
+    try:
+        build(sys.argv[1:] or None)
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"twin: go install failed ({exc.returncode}); the output above names the package")

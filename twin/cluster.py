@@ -1,0 +1,406 @@
+"""Start and stop the cluster twin: a real control plane and real controllers on 127.0.0.1.
+
+What runs (each built from the Go modules in twin/*/go.mod, see twin/build.py):
+  etcd -> kube-apiserver -> kube-controller-manager, kube-scheduler -> kwok -> the CRDs ->
+  LeaderWorkerSet's controller manager (its webhooks registered for the API server to call) ->
+  Karpenter with its kwok cloud provider.
+
+How it is supervised: `up()` starts one supervisor process (`python -m twin supervise`) in a
+session of its own and waits until it says the twin is ready. The supervisor starts every
+component as its child with the kernel's parent-death signal set, so if the supervisor dies,
+even by SIGKILL, the components die with it; if any component exits, or a start step fails,
+the supervisor stops all of them and records why. `down()` asks the supervisor to stop
+(SIGTERM), and kills it if it does not. Nothing listens beyond 127.0.0.1; every port is picked
+free at start and written to .twin/run/state.json; the kubeconfig is .twin/kubeconfig
+(context `pdstack-twin`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from twin import build, crds, netns
+from twin.paths import CONTEXT, KUBECONFIG, ROOT, RUN_DIR, STATE_DIR
+from twin.pki import Authority, service_account_keys
+
+STATE = RUN_DIR / "state.json"
+START_TIMEOUT = float(os.environ.get("PDSTACK_TWIN_START_TIMEOUT", 600))
+SERVICE_CIDR = "10.96.0.0/16"  # virtual service addresses inside the API server; nothing is routed
+POD_CIDR = "10.244.0.1/16"  # the addresses kwok writes into pod status; nothing is routed
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+class TwinError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Ports:
+    etcd: int = field(default_factory=_free_port)
+    etcd_peer: int = field(default_factory=_free_port)
+    apiserver: int = field(default_factory=_free_port)
+    controller_manager: int = field(default_factory=_free_port)
+    scheduler: int = field(default_factory=_free_port)
+    kwok: int = field(default_factory=_free_port)
+    lws_webhook: int = field(default_factory=_free_port)
+    lws_metrics: int = field(default_factory=_free_port)
+    lws_health: int = field(default_factory=_free_port)
+
+
+def kubeconfig(server: str, ca: Path, cert: Path, key: Path, context: str = CONTEXT) -> dict:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": context,
+            "clusters": [{"name": context, "cluster": {"server": server, "certificate-authority": str(ca)}}],
+            "users": [{"name": context, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}]}
+
+
+def kubectl(*args: str, kubeconfig_path: Path = KUBECONFIG, input: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """kubectl built from the same k8s.io/kubernetes module as the API server."""
+    result = subprocess.run([str(build.program("kubectl")), f"--kubeconfig={kubeconfig_path}", *args],
+                            input=input, capture_output=True, text=True)
+    if check and result.returncode:
+        raise TwinError(f"kubectl {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+class Supervisor:
+    """Owns the components of one twin; runs in its own process (`python -m twin supervise`)."""
+
+    def __init__(self, with_karpenter: bool = True):
+        self.ports = Ports()
+        self.children: dict[str, subprocess.Popen] = {}
+        self.with_karpenter = with_karpenter
+        self.stopping = False
+        self.pki = RUN_DIR / "pki"
+        self.logs = RUN_DIR / "logs"
+
+    # --- state, as the waiting `up()` and the tests read it ---------------------------------
+    def record(self, phase: str, **extra) -> None:
+        state = {"phase": phase, "supervisor_pid": os.getpid(), "ports": self.ports.__dict__,
+                 "kubeconfig": str(KUBECONFIG), "context": CONTEXT,
+                 "components": {name: p.pid for name, p in self.children.items()}, **extra}
+        tmp = STATE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1) + "\n")
+        tmp.replace(STATE)
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=RUN_DIR, env={**os.environ, **(env or {})},
+                                preexec_fn=_set_parent_death_signal)
+        self.children[name] = proc
+        self.record("starting", step=f"started {name}")
+        return proc
+
+    def wait_until(self, what: str, ready, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_children()
+            try:
+                if ready():
+                    return
+            except (OSError, ssl.SSLError, subprocess.SubprocessError, TwinError):
+                pass
+            time.sleep(0.5)
+        raise TwinError(f"{what} was not ready within {timeout:.0f} s (logs: {self.logs})")
+
+    def check_children(self) -> None:
+        for name, proc in self.children.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
+                raise TwinError(f"{name} exited with {proc.returncode}; the end of its log "
+                                f"({self.logs / (name + '.log')}):\n" + "\n".join(tail))
+
+    def https_ok(self, port: int, path: str, client: tuple[Path, Path] | None = None) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        if client:
+            context.load_cert_chain(str(client[0]), str(client[1]))
+        context.check_hostname = False
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as answer:
+            return answer.status == 200
+
+    # --- the start, step by step ----------------------------------------------------------
+    def start(self) -> None:
+        for folder in (self.pki, self.logs, RUN_DIR / "etcd"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.record("starting", step="certificates")
+        ca = Authority(self.pki)
+        serving = ca.issue("apiserver", "kube-apiserver", server_names=(
+            "127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local", "10.96.0.1"))
+        admin = ca.issue("admin", "pdstack-twin-admin", groups=("system:masters",), client=True)
+        kcm = ca.issue("controller-manager", "system:kube-controller-manager", client=True)
+        sched = ca.issue("scheduler", "system:kube-scheduler", client=True)
+        apiserver_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                    groups=("kubeadm:cluster-admins",), client=True)
+        webhook = ca.issue("lws-webhook", "lws-webhook", server_names=("127.0.0.1",))
+        kcm_serving = ca.issue("controller-manager-serving", "kube-controller-manager", server_names=("127.0.0.1",))
+        sched_serving = ca.issue("scheduler-serving", "kube-scheduler", server_names=("127.0.0.1",))
+        sa = service_account_keys(self.pki)
+        server = f"https://127.0.0.1:{self.ports.apiserver}"
+
+        def write_kubeconfig(path: Path, pair) -> Path:
+            path.write_text(yaml.safe_dump(kubeconfig(server, ca.ca.cert, pair.cert, pair.key)))
+            return path
+
+        admin_kc = write_kubeconfig(KUBECONFIG, admin)
+        kcm_kc = write_kubeconfig(RUN_DIR / "controller-manager.kubeconfig", kcm)
+        sched_kc = write_kubeconfig(RUN_DIR / "scheduler.kubeconfig", sched)
+
+        self.spawn("etcd", [str(build.program("etcd")), "--name=twin", f"--data-dir={RUN_DIR / 'etcd'}",
+                            f"--listen-client-urls=http://127.0.0.1:{self.ports.etcd}",
+                            f"--advertise-client-urls=http://127.0.0.1:{self.ports.etcd}",
+                            f"--listen-peer-urls=http://127.0.0.1:{self.ports.etcd_peer}",
+                            f"--initial-advertise-peer-urls=http://127.0.0.1:{self.ports.etcd_peer}",
+                            f"--initial-cluster=twin=http://127.0.0.1:{self.ports.etcd_peer}",
+                            # a throwaway store: no fsync, so a busy disk does not slow every write
+                            "--unsafe-no-fsync", "--log-level=warn"])
+        self.wait_until("etcd", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports.etcd}/health", timeout=5).status == 200)
+
+        self.spawn("kube-apiserver", [
+            str(build.program("kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.ports.apiserver}",
+            f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={ca.ca.cert}",
+            f"--kubelet-client-certificate={apiserver_client.cert}", f"--kubelet-client-key={apiserver_client.key}",
+            f"--service-account-issuer={ISSUER}", f"--api-audiences={ISSUER}",
+            f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
+            "--authorization-mode=Node,RBAC", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false"])
+        self.wait_until("kube-apiserver", lambda: self.https_ok(
+            self.ports.apiserver, "/readyz", (admin.cert, admin.key)))
+
+        common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false"]
+        self.spawn("kube-controller-manager", [
+            str(build.program("kube-controller-manager")), f"--kubeconfig={kcm_kc}",
+            f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
+            f"--secure-port={self.ports.controller_manager}", *common,
+            f"--tls-cert-file={kcm_serving.cert}", f"--tls-private-key-file={kcm_serving.key}",
+            f"--service-account-private-key-file={sa.key}", f"--root-ca-file={ca.ca.cert}",
+            "--use-service-account-credentials=true",
+            f"--cluster-signing-cert-file={ca.ca.cert}", f"--cluster-signing-key-file={ca.ca.key}"])
+        self.spawn("kube-scheduler", [
+            str(build.program("kube-scheduler")), f"--kubeconfig={sched_kc}",
+            f"--authentication-kubeconfig={sched_kc}", f"--authorization-kubeconfig={sched_kc}",
+            f"--secure-port={self.ports.scheduler}", *common,
+            f"--tls-cert-file={sched_serving.cert}", f"--tls-private-key-file={sched_serving.key}"])
+        self.wait_until("kube-controller-manager", lambda: self.https_ok(self.ports.controller_manager, "/healthz"))
+        self.wait_until("kube-scheduler", lambda: self.https_ok(self.ports.scheduler, "/healthz"))
+
+        self.spawn("kwok", [
+            str(build.program("kwok")), f"--kubeconfig={admin_kc}",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{self.ports.kwok}", "--node-ip=127.0.0.1", f"--cidr={POD_CIDR}",
+            *(f"--config={p}" for p in crds.kwok_stages())])
+
+        self.record("starting", step="CRDs")
+        crds.apply_twin_crds(lambda *a, **k: kubectl(*a, kubeconfig_path=admin_kc, **k))
+
+        self.spawn("lws-controller-manager", [
+            str(build.program("lws-controller-manager")), f"--kubeconfig={admin_kc}",
+            f"--config={self.lws_config(webhook)}"])
+        self.wait_until("the LeaderWorkerSet webhook server", lambda: self.tls_listening(self.ports.lws_webhook))
+        kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pdstack-twin", "-f", "-",
+                kubeconfig_path=admin_kc, input=yaml.safe_dump_all(
+                    crds.lws_webhook_configurations(self.ports.lws_webhook, ca.pem)))
+
+        if self.with_karpenter:
+            self.start_karpenter(admin_kc)
+        self.record("ready")
+
+    def tls_listening(self, port: int) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1"):
+                return True
+
+    def lws_config(self, webhook) -> Path:
+        """LWS's Configuration (config.lws.x-k8s.io/v1alpha1): its own certificate rotation off,
+        serving the certificate made here on loopback, no leader election."""
+        cert_dir = self.pki / "lws-webhook"
+        cert_dir.mkdir(exist_ok=True)
+        shutil.copy(webhook.cert, cert_dir / "tls.crt")
+        shutil.copy(webhook.key, cert_dir / "tls.key")
+        path = RUN_DIR / "lws-config.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": self.ports.lws_webhook, "certDir": str(cert_dir)},
+            "metrics": {"bindAddress": f"127.0.0.1:{self.ports.lws_metrics}"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.ports.lws_health}"}}))
+        return path
+
+    def start_karpenter(self, admin_kc: Path) -> None:
+        """Karpenter binds its metrics and health ports on every interface, so it runs in a network
+        namespace of its own (twin/netns.py) and reaches the API server through a Unix socket."""
+        inside_port = 6443
+        kubeconfig_path = RUN_DIR / "karpenter.kubeconfig"
+        config = yaml.safe_load(admin_kc.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{inside_port}"
+        kubeconfig_path.write_text(yaml.safe_dump(config))
+        tunnel = RUN_DIR / "karpenter-apiserver.sock"
+        self.tunnel = netns.forward_unix_to_tcp(tunnel, self.ports.apiserver)
+        self.spawn("karpenter", netns.argv(tunnel, inside_port, [
+            str(build.program("karpenter-kwok"))]), env={
+            "KUBECONFIG": str(kubeconfig_path), "SYSTEM_NAMESPACE": "kube-system", "DISABLE_LEADER_ELECTION": "true",
+            "FEATURE_GATES": "StaticCapacity=true", "LOG_LEVEL": "info",
+            "PYTHONPATH": str(ROOT),
+            "INSTANCE_TYPES_FILE_PATH": str(self.karpenter_instance_types())})
+        self.wait_until("karpenter", lambda: "Starting workers" in (self.logs / "karpenter.log").read_text(
+            errors="replace"))
+
+    def karpenter_instance_types(self) -> Path:
+        from twin.karpenter import instance_types_file
+        path = RUN_DIR / "karpenter-instance-types.json"
+        path.write_text(json.dumps(instance_types_file(), indent=1) + "\n")
+        return path
+
+    # --- running and stopping ---------------------------------------------------------------
+    def stop(self, *_):
+        self.stopping = True
+
+    def stop_children(self) -> None:
+        for proc in reversed(list(self.children.values())):
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 15
+        for proc in self.children.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        try:
+            self.start()
+            while not self.stopping:
+                self.check_children()
+                time.sleep(1)
+            self.stop_children()
+            self.record("stopped")
+            return 0
+        except BaseException as exc:  # every failure stops everything, and says why
+            self.stop_children()
+            self.record("failed", error="stopped while starting" if self.stopping else str(exc))
+            return 1
+
+
+# --- what `make twin-up`, `make twin-down` and the tests call -------------------------------
+
+def read_state() -> dict | None:
+    try:
+        return json.loads(STATE.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"supervise" in cmdline and any(b"twin" in part for part in cmdline)
+
+
+def running() -> dict | None:
+    """The state of a twin that is up and ready, or None."""
+    state = read_state()
+    if state and state.get("phase") == "ready" and _alive(state["supervisor_pid"]):
+        return state
+    return None
+
+
+def up(log=print, with_karpenter: bool = True) -> dict:
+    """Build what is missing, start the twin and wait until it is ready; reuse one that is up."""
+    state = running()
+    if state:
+        log(f"twin: already up (kubeconfig {KUBECONFIG}, context {CONTEXT})")
+        return state
+    down(log=lambda *_: None)
+    build.build(log=log)
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    RUN_DIR.mkdir(parents=True)
+    STATE_DIR.mkdir(exist_ok=True)
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "twin", "supervise"] + ([] if with_karpenter else ["--no-karpenter"])
+    with open(RUN_DIR / "supervisor.log", "wb") as out:
+        supervisor = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + START_TIMEOUT
+    try:
+        while True:
+            state = read_state() or {}
+            if state.get("phase") == "ready":
+                log(f"twin: up in {time.monotonic() - started:.0f} s: kubectl --kubeconfig {KUBECONFIG} "
+                    f"(context {CONTEXT}); logs in {RUN_DIR / 'logs'}")
+                return state
+            if state.get("phase") == "failed":
+                raise TwinError(f"the twin did not start: {state.get('error')}")
+            if supervisor.poll() is not None:
+                raise TwinError(f"the twin's supervisor exited ({supervisor.returncode}); see {RUN_DIR}/supervisor.log")
+            if time.monotonic() > deadline:
+                raise TwinError(f"the twin was not ready within {START_TIMEOUT:.0f} s (last step: "
+                                f"{state.get('step')}); logs in {RUN_DIR / 'logs'}")
+            time.sleep(0.5)
+    except BaseException:
+        _stop_supervisor(supervisor.pid)
+        raise
+
+
+def _stop_supervisor(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        try:  # reap it if it is our child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    if _alive(pid):  # its components die with it (parent-death signal)
+        os.kill(pid, signal.SIGKILL)
+
+
+def down(log=print) -> None:
+    state = read_state()
+    if not state or not _alive(state.get("supervisor_pid", -1)):
+        log("twin: not running")
+        return
+    _stop_supervisor(state["supervisor_pid"])
+    log("twin: stopped")
