@@ -12,7 +12,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 
 from infra.inputs import InputError, read_text, write_output
-from infra.spec import SpecError, load_spec, parse_spec, ratio_value
+from infra.spec import SpecError, ratio_value
+from infra.spec_checks import load_spec, parse_spec
 
 
 def _quoted(ratio: str, like) -> str:

@@ -17,7 +17,8 @@ import yaml  # noqa: E402
 
 from infra.planning.pd_ratio import Workload  # noqa: E402
 from infra.planning.simulate import day_curve, simulate_day  # noqa: E402
-from infra.spec import REPO_ROOT, load_spec, stack_spec_path  # noqa: E402
+from infra.spec import REPO_ROOT, stack_spec_path  # noqa: E402
+from infra.spec_checks import load_spec  # noqa: E402
 
 
 def main() -> int:

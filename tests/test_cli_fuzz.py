@@ -241,7 +241,7 @@ def _tree(*roots: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     from infra.rollout.releases import ReleaseStore
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
 
     root = tmp_path_factory.mktemp("corpus")
     for name, content in BAD_FILES.items():

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from infra.cli import main
-from infra.spec import REPO_ROOT, load_spec
+from infra.spec import REPO_ROOT
+from infra.spec_checks import load_spec
 
 PDCTL = [sys.executable, "-m", "infra.cli"]
 
@@ -132,7 +133,7 @@ def test_plan_write_keeps_comments_and_layout_and_changes_only_the_counts(tmp_pa
 def test_tables_keep_whole_timestamps_when_piped(tmp_path):
     """rich assumes 80 columns when stdout is not a terminal and would cut a table's cells."""
     from infra.rollout.releases import ReleaseStore
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
     from tests.conftest import stack_data
 
     store = ReleaseStore("dev", tmp_path / "releases")

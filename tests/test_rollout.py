@@ -26,7 +26,7 @@ from infra.rollout.cluster import InMemoryCluster
 from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
 from infra.rollout.rollback import rollback
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, StepFailed, rollout
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 from tests.engine_exporter import DEGRADED, HEALTHY, EngineExporter
 from tests.stores import snapshot

@@ -15,7 +15,7 @@ from infra.rollout.canary import Observation, observe
 from infra.rollout.cluster import InMemoryCluster
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, rollout
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 from tests.servers import misbehaving_prometheus
 

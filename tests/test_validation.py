@@ -165,7 +165,7 @@ def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_
                  "plan", "--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--render-job", str(planned),
                  "--results-claim", "loadtest-results", "--api-key-secret", "api-keys/batch-eval"]) == 0
     from infra.planning.pd_ratio import SLO, plan
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
     from infra.validation.loadtest import sweep_from_plan
 
     spec = parse_spec(data)

@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.inputs import InputError
-from infra.spec import StackSpec, load_spec, stack_spec_path, switch_engine
+from infra.spec import StackSpec, stack_spec_path
+from infra.spec_checks import load_spec, switch_engine
 
 EXIT_FAILED, EXIT_REFUSED = 1, 3  # a rollout that stopped (and rolled back) / a refused command
 

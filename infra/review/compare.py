@@ -13,7 +13,8 @@ from infra.render.engine_args import all_launches
 from infra.render.manifests import unwrap
 from infra.review.diff import (CapacityModel, FieldChange, FleetDiff, Impact, classify, flag_changes, gpus_of,
                                labels_of, resource_changes)
-from infra.spec import REPO_ROOT, SpecError, StackSpec, load_spec, parse_spec
+from infra.spec import REPO_ROOT, SpecError, StackSpec
+from infra.spec_checks import load_spec, parse_spec
 
 
 def capacity_model(spec: StackSpec) -> CapacityModel:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.render.engine_args import EngineLaunch, all_launches
-from infra.spec import PINNED_ENGINE_VERSIONS, StackSpec, parse_spec, stack_spec_path
+from infra.spec import PINNED_ENGINE_VERSIONS, StackSpec, stack_spec_path
+from infra.spec_checks import parse_spec
 
 import yaml
 
