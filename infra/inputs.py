@@ -160,6 +160,34 @@ def load_model(path: str | Path, model: type[M], what: str) -> M:
                          + "\n".join(f"  - {line}" for line in lines)) from None
 
 
+def http_url(url: str, what: str, example: str) -> str:
+    """An http(s) URL pdctl will connect to, checked before any command reads or changes anything:
+    a scheme, a host, a port in range; no credentials (urllib sends none, and a command line is
+    visible to every user of the machine), no query or fragment (paths are appended to it), no
+    spaces or control characters. `what` names the option, `example` is the fix."""
+    import urllib.parse
+
+    fix = f"Fix: e.g. {example}"
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 - raises for a port out of range
+    except ValueError as exc:
+        raise InputError(f"{what} {url!r} is not a URL ({exc}). {fix}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise InputError(f"{what} {url!r} has no http:// or https:// scheme. {fix}")
+    if not parsed.hostname:
+        raise InputError(f"{what} {url!r} names no host. {fix}")
+    if parsed.username is not None or parsed.password is not None:
+        raise InputError(f"{what} of {parsed.hostname} carries credentials (user:password@), which pdctl does "
+                         "not send and a process list shows. Fix: remove them")
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        raise InputError(f"{what} {url!r} has a query or fragment; pdctl appends its API's path to it. {fix} "
+                         "(a path prefix is fine)")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InputError(f"{what} {url!r} holds spaces or control characters. {fix}")
+    return url
+
+
 def write_output(path: str | Path, text: str) -> None:
     """Write one output file whole: into a temporary file beside it, then renamed over it, so a
     reader (or a run killed half way) sees the old file or the new one, never part of one. A

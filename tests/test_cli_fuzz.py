@@ -177,10 +177,35 @@ def _cases():
         cases.append((f"canary-prometheus-{mode}", ["canary", "--prometheus", f"{{PROM_{mode}}}", "--revision", "1"],
                       code))
         cases.append((f"cost-prometheus-{mode}", ["cost", "--prometheus", f"{{PROM_{mode}}}"], code))
-    for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999"):
+    for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999",
+                "http://admin:hunter2@127.0.0.1:9", "http://127.0.0.1:9/?token=x", "http://127.0.0.1:9/#x",
+                "http://127.0.0.1:9/ x"):
         cases.append((f"canary-url-{url}", ["canary", "--prometheus", url, "--revision", "1"], BAD))
         cases.append((f"rollout-url-{url}", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases",
                                              "--prometheus", url], BAD))
+        cases.append((f"cost-url-{url}", ["cost", "--prometheus", url], BAD))
+        # every address validate-deployment will use is checked before its first request
+        for option in ("--url", "--compare-url", "--prometheus"):
+            given = ["--url", "http://127.0.0.1:9"] if option != "--url" else []
+            cases.append((f"validate-deployment{option}-{url}", ["validate-deployment", *given, option, url,
+                                                                 "--out", "{W}/v"], BAD))
+    # A PromQL range Prometheus would refuse (a bare number, 0, a fraction, an upper-case unit, units out
+    # of order, past 2^63 ns): refused by every command before it asks or changes anything.
+    for window in ("5", "0", "0s", "1.5h", "5M", "-5m", "", "1m1h", "5m5m", "293y", "9" * 400 + "s", "5 m", "5m\n"):
+        for command, rest in (("rollout", ["--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                                           "{PROM_OK}"]),
+                              ("canary", ["--prometheus", "{PROM_OK}", "--revision", "1"]),
+                              ("cost", ["--prometheus", "{PROM_OK}"]),
+                              ("validate-deployment", ["--url", "http://127.0.0.1:9", "--prometheus", "{PROM_OK}",
+                                                       "--out", "{W}/v"])):
+            cases.append((f"{command}-window-{window[:12]!r}", [command, *rest, "--window", window], BAD))
+    for mode in ("refused", "503", "junk"):  # the gates cannot be read: said before the first change
+        cases.append((f"rollout-prometheus-{mode}", ["rollout", "--sim", "{W}/sim.json", "--releases",
+                                                     "{W}/releases", "--prometheus", f"{{PROM_{mode}}}", "--bake", "0"],
+                      FAILED))
+        cases.append((f"validate-deployment-prometheus-{mode}", ["validate-deployment", "--url", "http://127.0.0.1:9",
+                                                                 "--prometheus", f"{{PROM_{mode}}}", "--out", "{W}/v"],
+                      FAILED))
     return cases
 
 

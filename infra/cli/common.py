@@ -48,6 +48,18 @@ def with_spec(p: argparse.ArgumentParser, output: bool = False) -> argparse.Argu
     return p
 
 
+def promql_range(text: str) -> str:
+    """argparse type of an option that becomes a PromQL range (--window): refused at parsing, before
+    a command reads or changes anything, rather than by Prometheus's 400 half way through."""
+    from infra.prometheus import range_seconds
+
+    try:
+        range_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}. Fix: e.g. --window 5m") from None
+    return text
+
+
 def spec_path(args: argparse.Namespace) -> Path:
     """The spec file named by a positional path, --spec, or --stack (stacks/<stack>.yaml)."""
     if args.spec_path and args.spec and Path(args.spec_path) != Path(args.spec):
