@@ -182,7 +182,7 @@ def test_prod_preview_lists_every_layer_with_counts():
 
     import io
 
-    from infra import cli
+    from infra.cli import common as cli
 
     buffer = io.StringIO()
     cli.console.file = buffer
