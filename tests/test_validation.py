@@ -96,6 +96,52 @@ def test_a_healthy_endpoint_passes_and_its_measured_capacity_feeds_the_planner(a
     assert f"capacity measured by aiperf {AIPERF_VERSION}" in " ".join(capsys.readouterr().out.split())
 
 
+def test_the_api_key_never_reaches_a_command_line_or_a_file(aiperf_env, generous_spec, tmp_path, capsys,
+                                                            monkeypatch):
+    """The key went to aiperf as `--api-key KEY`: on /proc/<pid>/cmdline, which every user of the
+    machine can read. aiperf 0.13.0 reads it from its config file as `${VAR}`, substituted from
+    its environment (aiperf/config/endpoint.py EndpointConfig.api_key, config/loader/env_vars.py
+    substitute_env_vars), readable only by the owner. Every process on the machine is watched
+    while aiperf runs; the run is served (the stand-in answers 401 without the key)."""
+    import os
+    import secrets
+    import threading
+    from pathlib import Path
+
+    tokenizer, env = aiperf_env
+    key = f"pdstack-{secrets.token_hex(16)}"
+    seen = {"aiperf": 0, "with_key": []}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    argv = cmdline.read_bytes()
+                except OSError:
+                    continue
+                seen["aiperf"] += b"aiperf" in argv
+                if key.encode() in argv:
+                    seen["with_key"].append(argv.replace(b"\0", b" ").decode(errors="replace"))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        with openai_stub(Behaviour(ttft_s=0.05, itl_s=0.01, api_key=key)) as url:
+            code, doc = _validate(generous_spec, url, tokenizer, {**env, "PDSTACK_TEST_KEY": key}, tmp_path, capsys,
+                                  monkeypatch, "--concurrency", "1,2")
+    finally:
+        done.set()
+        watcher.join()
+    assert code == 0 and doc["passed"] and all(run["errors"] == 0 for run in doc["runs"]), doc["gates"]
+    assert seen["aiperf"], "aiperf was never seen running"
+    assert not seen["with_key"], seen["with_key"]
+    written = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert not written, written
+    assert any(os.path.basename(p).endswith(".aiperf.yaml") for p in os.listdir(tmp_path / "runs"))
+
+
 def test_an_slo_breach_fails_the_validation_with_the_gate_named(aiperf_env, slo_spec, tmp_path, capsys, monkeypatch):
     tokenizer, env = aiperf_env
     with openai_stub(Behaviour(ttft_s=0.6, itl_s=0.02, api_key=KEY)) as url:  # TTFT 600 ms > 400 ms
@@ -164,9 +210,12 @@ def test_judging_and_the_profile_are_pure_functions_of_the_results():
 
 
 def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_manifest(tmp_path, capsys):
-    """batch/v1 Job against Kubernetes 1.34's own schema (kubernetes-validate, strict); the key
-    reaches aiperf by $(VAR) expansion from a secretKeyRef (kubernetes.io/docs/tasks/inject-data-
-    application/define-interdependent-environment-variables/)."""
+    """batch/v1 Job and its ConfigMap against Kubernetes 1.34's own schema (kubernetes-validate,
+    strict). The key reaches the container's environment from a secretKeyRef and aiperf reads it
+    from its config file as `${VAR}`: never in the manifest, nor in the container's arguments
+    (a $(VAR) there would put it on the pod's process table). The config is loaded by the pinned
+    aiperf's own loader (aiperf.config.loader.load_config)."""
+    import subprocess
     data = stack_data("prod")
     data["images"]["loadtest"] = "nvcr.io/nvidia/aiperf@sha256:" + "ab" * 32
     spec_file = tmp_path / "prod.yaml"
@@ -190,12 +239,25 @@ def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_
                      spec.deployment.prefill.gpus_per_instance(), spec.deployment.decode.gpus_per_instance())
     levels = sweep_from_plan(predicted.decode_slots_per_instance, spec.deployment.decode.instances)
     assert levels[-1] > predicted.decode_slots_per_instance * spec.deployment.decode.instances  # past it
-    assert [j["metadata"]["name"] for j in yaml.safe_load_all(planned.read_text())] == \
+    assert [j["metadata"]["name"] for j in yaml.safe_load_all(planned.read_text()) if j["kind"] == "Job"] == \
         [f"loadtest-chat-shared-prefix-c{c}" for c in levels]
-    assert [j["metadata"]["name"] for j in jobs] == ["loadtest-chat-shared-prefix-c1", "loadtest-chat-shared-prefix-c32"]
-    container = jobs[0]["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"].endswith("ab" * 32) and "$(PDSTACK_API_KEY)" in container["args"]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "api-keys", "key": "batch-eval"}
+    names = ["loadtest-chat-shared-prefix-c1", "loadtest-chat-shared-prefix-c32"]
+    assert [(m["kind"], m["metadata"]["name"]) for m in jobs] == [(k, n) for n in names for k in ("ConfigMap", "Job")]
+    config_map, job = jobs[0], jobs[1]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].endswith("ab" * 32) and container["args"] == ["profile", "--config",
+                                                                            "/etc/aiperf/aiperf.yaml"]
+    assert container["env"][0] == {"name": "PDSTACK_AIPERF_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "api-keys", "key": "batch-eval"}}}
+    config = config_map["data"]["aiperf.yaml"]
+    assert "${PDSTACK_AIPERF_API_KEY}" in config and "$(" not in str(jobs)
+    (tmp_path / "aiperf.yaml").write_text(config)
+    loaded = subprocess.run([str(AIPERF.with_name("python")), "-c", "import sys; from aiperf.config.loader import "
+                             "load_config; c = load_config(sys.argv[1]).benchmark; print(c.endpoint.api_key, "
+                             "c.phases[0].concurrency, c.phases[0].requests, c.datasets[0].entries)",
+                             str(tmp_path / "aiperf.yaml")], capture_output=True, text=True,
+                            env={"PDSTACK_AIPERF_API_KEY": "from-the-secret", "PATH": "/usr/bin:/bin"})
+    assert loaded.stdout.split() == ["from-the-secret", "1", "200", "200"], loaded.stderr[-2000:]
     capsys.readouterr()
     del data["images"]["loadtest"]
     spec_file.write_text(yaml.safe_dump(data))

@@ -65,8 +65,8 @@ def render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, co
                          "(SECRET/KEY holding a gateway API key). Fix: add both")
     secret, _, key = args.api_key_secret.partition("/")
     try:
-        jobs = [loadtest_job(spec, args.url, scenario, c, args.requests, args.results_claim, secret, key or "key")
-                for c in concurrencies]
+        jobs = [manifest for c in concurrencies for manifest in loadtest_job(
+            spec, args.url, scenario, c, args.requests, args.results_claim, secret, key or "key")]
     except ValueError as exc:
         raise InputError(str(exc)) from None
     report = validate_manifests(jobs, spec.environment.kubernetes_version)
@@ -74,7 +74,8 @@ def render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, co
     if not report.ok:
         return EXIT_FAILED
     write_output(args.render_job, yaml.safe_dump_all(jobs, sort_keys=False))
-    err_console.print(f"wrote {len(jobs)} Job(s) to {args.render_job}: kubectl apply -f {args.render_job}; "
+    err_console.print(f"wrote {len(concurrencies)} Job(s) and their aiperf configs to {args.render_job}: "
+                      f"kubectl apply -f {args.render_job}; "
                       f"results land on PVC {args.results_claim}")
     return 0
 
