@@ -51,11 +51,49 @@ def read_text(path: str | Path, what: str) -> str:
                          "or name the right file") from None
 
 
-def load_yaml_mapping(path: str | Path, what: str) -> dict:
-    """A YAML file that must hold a mapping (a spec, an inventory, a workload)."""
-    text = read_text(path, what)
+class DuplicateKey(Exception):
+    """A key that appears twice in one mapping: YAML requires mapping keys to be unique (YAML 1.2,
+    3.2.1.1 Nodes), and JSON objects' names SHOULD be (RFC 8259, 4), but PyYAML and Python's json
+    keep the last one silently, so a typo'd second `instances:` would win unseen."""
+
+    def __init__(self, key, line: int | None = None, first_line: int | None = None):
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+    def says(self, path, what: str) -> str:
+        where = f" at line {self.line}" if self.line else ""
+        first = f" (first at line {self.first_line})" if self.first_line else ""
+        return (f"{path}: the key {self.key!r} appears twice in one mapping{where}{first}; the {what} file would "
+                "silently mean the last one. Fix: keep one")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping. A merge (`<<:`)
+    may still be overridden by the mapping's own keys: that is what it is for."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: the base constructor says so
+                    continue
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, path, what: str):
+    """YAML text as the file `path` (for messages) holds it: safe, duplicate keys refused; every
+    way it can fail is an InputError naming the file, where, and the fix."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except DuplicateKey as exc:
+        raise InputError(exc.says(path, what)) from None
     except ValueError as exc:  # an integer longer than Python converts (4300 digits)
         raise InputError(f"{path}: holds a number too long to read ({str(exc).split(';')[0]}). Fix: correct it") from None
     except RecursionError:
@@ -65,15 +103,36 @@ def load_yaml_mapping(path: str | Path, what: str) -> dict:
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}: not valid YAML{at} ({problem}). Fix: correct the syntax") from None
-    return _mapping(data, path, what)
+
+
+def load_yaml_mapping(path: str | Path, what: str) -> dict:
+    """A YAML file that must hold a mapping (a spec, an inventory, a workload)."""
+    return _mapping(parse_yaml(read_text(path, what), path, what), path, what)
 
 
 def load_json(path: str | Path, what: str):
     text = read_text(path, what)
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        try:  # JSON is YAML: PyYAML's marks say where the second one is
+            yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        except DuplicateKey as located:
+            exc = located
+        except Exception:  # noqa: BLE001 - JSON PyYAML cannot read: said without the line
+            pass
+        raise InputError(exc.says(path, what)) from None
     except ValueError as exc:
         raise InputError(f"{path}: the {what} file is not valid JSON ({exc}). Fix: correct the syntax") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise DuplicateKey(key)
+        data[key] = value
+    return data
 
 
 def _no_constant(name: str):
@@ -158,6 +217,34 @@ def load_model(path: str | Path, model: type[M], what: str) -> M:
         lines = validation_problems(exc, model)
         raise InputError(f"{path}: the {what} file has {len(lines)} problem(s):\n"
                          + "\n".join(f"  - {line}" for line in lines)) from None
+
+
+def http_url(url: str, what: str, example: str) -> str:
+    """An http(s) URL pdctl will connect to, checked before any command reads or changes anything:
+    a scheme, a host, a port in range; no credentials (urllib sends none, and a command line is
+    visible to every user of the machine), no query or fragment (paths are appended to it), no
+    spaces or control characters. `what` names the option, `example` is the fix."""
+    import urllib.parse
+
+    fix = f"Fix: e.g. {example}"
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        parsed.port  # noqa: B018 - raises for a port out of range
+    except ValueError as exc:
+        raise InputError(f"{what} {url!r} is not a URL ({exc}). {fix}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise InputError(f"{what} {url!r} has no http:// or https:// scheme. {fix}")
+    if not parsed.hostname:
+        raise InputError(f"{what} {url!r} names no host. {fix}")
+    if parsed.username is not None or parsed.password is not None:
+        raise InputError(f"{what} of {parsed.hostname} carries credentials (user:password@), which pdctl does "
+                         "not send and a process list shows. Fix: remove them")
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        raise InputError(f"{what} {url!r} has a query or fragment; pdctl appends its API's path to it. {fix} "
+                         "(a path prefix is fine)")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InputError(f"{what} {url!r} holds spaces or control characters. {fix}")
+    return url
 
 
 def write_output(path: str | Path, text: str) -> None:

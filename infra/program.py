@@ -21,7 +21,8 @@ from infra.components.platform_links import PlatformLinks
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
 from infra.rollout.releases import ReleaseStore, store_for
-from infra.spec import REPO_ROOT, StackSpec, load_spec, stack_spec_path
+from infra.spec import REPO_ROOT, StackSpec, stack_spec_path
+from infra.spec_checks import load_spec
 from infra.tracks import Track, plan_tracks
 
 

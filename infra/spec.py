@@ -2,7 +2,9 @@
 
 Everything pdstack creates or renders is derived from a `StackSpec`. Parsing is strict:
 unknown keys are errors (a typo must not be silently ignored), and cross-field rules are
-checked once, here, with messages that name the field and say how to fix it.
+checked once, with messages that name the field and say how to fix it. This module holds the
+data and its own rules (`cross_field_problems`) and imports no planner: a spec is read with
+`infra.spec_checks.load_spec`/`parse_spec`, which add the rules that need the planner.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
+from infra.inputs import InputError, Strict
 from infra.naming import (
     OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value)
 from infra.weights import SAFE_NAME, unsafe_name
@@ -747,13 +749,6 @@ class StackSpec(Strict):
     access: AccessSpec
     observability: ObservabilitySpec = ObservabilitySpec()
 
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> StackSpec:
-        problems = cross_field_problems(self)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
-
     def labels(self) -> dict[str, str]:
         return {
             "app.kubernetes.io/part-of": "pdstack",
@@ -856,15 +851,11 @@ def engine_capability_problems(spec: StackSpec) -> list[str]:
     return problems
 
 
-def capacity_problems(spec: StackSpec) -> list[str]:
-    """Can the scaling maximums be placed, and can the ratio bounds hold at every count?"""
+def ratio_bounds_problems(spec: StackSpec) -> list[str]:
+    """Can the ratio bounds hold at every count? (What the pools reserve against quota and NVLink
+    domains needs the planner: infra/spec_checks.py checks it.)"""
     dep = spec.deployment
     problems = []
-    # Quota, NVLink domains and rollout surge: infra/planning/capacity.py (imported here, not at
-    # the top, because it builds on this module's types).
-    from infra.planning.capacity import capacity_problems as reserved_capacity_problems
-
-    problems += reserved_capacity_problems(spec)
     bounds = dep.autoscaling.pd_ratio_bounds
     lo, hi = bounds.low(), bounds.high()
     if lo > hi:
@@ -1126,7 +1117,7 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
             )
 
     problems += engine_capability_problems(spec)
-    problems += capacity_problems(spec)
+    problems += ratio_bounds_problems(spec)
     problems += hardware_problems(spec)
 
     if dep.cache.store == "mooncake" and dep.cache.eviction_policy != "lru":
@@ -1159,65 +1150,6 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
             "Fix: lower it or tighten tpot_p99_ms"
         )
     return problems
-
-
-# --- loading ------------------------------------------------------------------------------
-
-
-def _ratio_hint(err: dict) -> str | None:
-    path = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "string_type" and isinstance(err.get("input"), int) and path.endswith(
-            ("pd_ratio", "pd_ratio_bounds.min", "pd_ratio_bounds.max")):
-        return (f"is the number {err['input']}: YAML reads an unquoted ratio such as 1:1 as a base-60 number. "
-                "Fix: quote it, e.g. '1:1'")
-    return None
-
-
-def parse_spec(data: object) -> StackSpec:
-    """Validate a spec mapping, raising SpecError with one line per problem."""
-    try:
-        return StackSpec.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(validation_problems(exc, StackSpec, _ratio_hint)) from None
-
-
-def load_spec(path: str | Path) -> StackSpec:
-    try:
-        data = load_yaml_mapping(path, "spec")
-    except InputError as exc:
-        raise SpecError([str(exc)]) from None
-    return parse_spec(data)
-
-
-def switch_engine(spec: StackSpec, kind: str) -> tuple[StackSpec, list[str]]:
-    """The same spec for the other engine (`render --engine`): the engine's pinned version, and
-    each setting the other engine cannot use replaced by the nearest one it can, each said."""
-    if kind == spec.engine.kind:
-        return spec, []
-    data = spec.model_dump(mode="json")
-    data["engine"].update(kind=kind, version=PINNED_ENGINE_VERSIONS[kind])
-    dep, notes = data["deployment"], []
-
-    def change(where: dict, key: str, value, field: str, why: str) -> None:
-        notes.append(f"{field}: {where[key]} -> {value} ({why})")
-        where[key] = value
-
-    if kind != "sglang" and dep["load_balancer"]["implementation"] == "sglang_router":
-        change(dep["load_balancer"], "implementation", "gateway_epp", "deployment.load_balancer.implementation",
-               f"sglang_router cannot route {kind}")
-    if kind == "vllm" and dep["load_balancer"]["implementation"] == "gateway_epp" and data["engine"]["kv_transfer"] != "nixl":
-        change(data["engine"], "kv_transfer", "nixl", "engine.kv_transfer", "llm-d's sidecar runs vLLM's P->D hop over NIXL")
-    if kind == "sglang" and dep["cache"]["store"] == "lmcache":
-        change(dep["cache"], "store", "mooncake", "deployment.cache.store", "sglang has no LMCache backend")
-    for role in ("prefill", "decode", "colocated"):
-        if kind == "vllm" and (dep.get(role) or {}).get("expert_placement"):
-            change(dep[role], "expert_placement", None, f"deployment.{role}.expert_placement",
-                   "vllm rebalances experts at runtime")
-    try:
-        return parse_spec(data), notes
-    except SpecError as exc:
-        raise SpecError([f"--engine {kind}: after {'; '.join(notes) or 'the engine switch'}: {p}"
-                         for p in exc.problems]) from None
 
 
 def stack_spec_path(stack: str) -> Path:

@@ -8,11 +8,12 @@ import io
 from fractions import Fraction
 from pathlib import Path
 
-from ruamel.yaml import YAML
+from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 
-from infra.inputs import InputError, read_text, write_output
-from infra.spec import SpecError, load_spec, parse_spec, ratio_value
+from infra.inputs import InputError, parse_yaml, read_text, write_output
+from infra.spec import SpecError, ratio_value
+from infra.spec_checks import load_spec, parse_spec
 
 
 def _quoted(ratio: str, like) -> str:
@@ -35,7 +36,14 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-fold a long line the operator wrote
     yaml.indent(mapping=2, sequence=4, offset=2)  # the shipped specs' layout: "  key:\n    - item"
-    doc = yaml.load(read_text(source, "spec"))
+    text = read_text(source, "spec")
+    parse_yaml(text, source, "spec")  # what every reader refuses (a duplicate key, bad syntax), said the same way
+    try:
+        doc = yaml.load(text)
+    except YAMLError as exc:  # what ruamel (YAML 1.2) refuses beyond that
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"{source}: ruamel.yaml cannot edit it{f' at line {mark.line + 1}' if mark else ''} "
+                         f"({getattr(exc, 'problem', None) or exc}). Nothing was written. Fix: correct it") from None
     dep = doc["deployment"]
     notes = []
     for role in ("prefill", "decode"):
@@ -58,10 +66,8 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
     text = buffer.getvalue()
-    import yaml as pyyaml  # the spec's own reader decides whether the result is valid
-
-    try:
-        parse_spec(pyyaml.safe_load(text))
+    try:  # the spec's own reader decides whether the result is valid
+        parse_spec(parse_yaml(text, target, "spec"))
     except SpecError as exc:
         raise SpecError([f"--write {target}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
     write_output(target, text)  # whole or not at all

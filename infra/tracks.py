@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from infra.spec import SpecError, StackSpec, parse_spec
+from infra.spec import SpecError, StackSpec
+from infra.spec_checks import parse_spec
 
 WHERE = "release store tracks"  # how messages name what plan_tracks was given
 

@@ -122,7 +122,8 @@ def main() -> int:
     parser.add_argument("--with-platform", action="store_true", help="also the platform stack the spec names")
     args = parser.parse_args()
     from infra.offline import run_spec
-    from infra.spec import load_spec, stack_spec_path
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
 
     spec = load_spec(stack_spec_path(args.stack))
     if args.with_platform:

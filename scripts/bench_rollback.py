@@ -39,7 +39,8 @@ from infra.rollout.objectstore import BucketStore  # noqa: E402
 from infra.rollout.releases import ReleaseStore  # noqa: E402
 from infra.rollout.rollback import rollback  # noqa: E402
 from infra.rollout.rollout import RolloutOptions, rollout  # noqa: E402
-from infra.spec import load_spec, parse_spec, stack_spec_path  # noqa: E402
+from infra.spec import stack_spec_path  # noqa: E402
+from infra.spec_checks import load_spec, parse_spec  # noqa: E402
 
 BUCKET = "pdstack-bench-releases"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import yaml  # noqa: E402
-
+from infra.inputs import InputError, load_model  # noqa: E402
 from infra.planning.pd_ratio import Workload  # noqa: E402
 from infra.planning.simulate import day_curve, simulate_day  # noqa: E402
-from infra.spec import REPO_ROOT, load_spec, stack_spec_path  # noqa: E402
+from infra.spec import REPO_ROOT, SpecError, stack_spec_path  # noqa: E402
+from infra.spec_checks import load_spec  # noqa: E402
 
 
 def main() -> int:
@@ -25,8 +25,11 @@ def main() -> int:
     parser.add_argument("--stack", default="prod")
     parser.add_argument("--workload", default=str(REPO_ROOT / "stacks/workloads/prod-day.yaml"))
     args = parser.parse_args()
-    spec = load_spec(stack_spec_path(args.stack))
-    workload = Workload.model_validate(yaml.safe_load(Path(args.workload).read_text()))
+    try:
+        spec = load_spec(stack_spec_path(args.stack))
+        workload = load_model(args.workload, Workload, "workload")  # the reader every command uses
+    except (InputError, SpecError) as exc:
+        parser.exit(2, f"{exc}\n")
     if workload.day is None:
         parser.error(f"{args.workload} has no `day:` (valley_rps, peak_hour)")
     day = simulate_day(spec, workload, day_curve(workload.arrival_rate_rps, workload.day.valley_rps, workload.day.peak_hour))

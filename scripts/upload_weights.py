@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from botocore.exceptions import BotoCoreError, ClientError  # noqa: E402
 
 from infra import weights  # noqa: E402
-from infra.spec import SpecError, load_spec, stack_spec_path  # noqa: E402
+from infra.spec import SpecError, stack_spec_path  # noqa: E402
+from infra.spec_checks import load_spec  # noqa: E402
 
 
 def main() -> int:

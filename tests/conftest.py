@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from infra.offline import OfflineRun, run_spec
-from infra.spec import SpecError, StackSpec, load_spec, parse_spec, stack_spec_path
+from infra.spec import SpecError, StackSpec, stack_spec_path
+from infra.spec_checks import load_spec, parse_spec
 from tests.servers import require_binary, sshd
 from tests.ssh_hosts import write_stubs
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from infra.offline import run_spec
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, stack_data
 
 ROOT_STACKS = ("dev", "prod")

@@ -14,7 +14,8 @@ from infra.planning.autoscaling import Signal, desired_counts, hpa_desire, ratio
 from infra.planning.pd_ratio import Workload
 from infra.planning.simulate import day_curve, simulate_day
 from infra.render.manifests import manifests, validate_manifests
-from infra.spec import REPO_ROOT, parse_spec
+from infra.spec import REPO_ROOT
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, shipped_run, stack_data
 
 
@@ -27,7 +28,8 @@ def by_name(run, kind: str) -> dict[str, dict]:
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_one_scaler_per_phase_with_the_specs_triggers_and_bounds(stack):
-    from infra.spec import load_spec, stack_spec_path
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
 
     spec = load_spec(stack_spec_path(stack))
     scalers = by_name(shipped_run(stack), "ScaledObject")
@@ -129,7 +131,8 @@ def test_hpa_arithmetic():
 
 
 def test_ratio_floor_raises_the_lagging_side():
-    from infra.spec import load_spec, stack_spec_path
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
 
     spec = load_spec(stack_spec_path("prod"))
     quiet = {"prefill": {"queue_depth": 0.0, "ttft_p99_s": 0.2},
@@ -141,7 +144,8 @@ def test_ratio_floor_raises_the_lagging_side():
 
 
 def test_a_day_of_load_meets_the_slo_shrinks_at_night_and_keeps_the_ratio():
-    from infra.spec import load_spec, stack_spec_path
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
 
     spec = load_spec(stack_spec_path("prod"))
     workload = Workload.model_validate(yaml.safe_load((REPO_ROOT / "stacks/workloads/prod-day.yaml").read_text()))

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from infra.offline import run_spec
 from infra.planning.prefix_affinity import ARRANGEMENTS, Workload, hit_rate
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 from tests.test_endpoint_picker import epp_spec
 

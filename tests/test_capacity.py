@@ -12,7 +12,7 @@ from infra import naming
 from infra.offline import run_offline
 from infra.planning.capacity import capacity_plan
 from infra.program import build_stack
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, shipped_run, stack_data
 from tests.test_tracks import prod_tracks
 

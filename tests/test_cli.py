@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -82,3 +86,90 @@ def test_version_names_the_installed_package(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"pdctl (pdstack) {version('pdstack')}"
+
+
+# --- the process as a shell runs it: Ctrl-C, a closed stdout, a reader that goes away ----------
+
+PDCTL = Path(sys.executable).with_name("pdctl")  # the console script pip made: `pdctl = infra.cli:main`
+
+
+def _pdctl_is_importing(pid: int) -> bool:
+    """pdctl's own imports have begun: the first extension module is mapped. Before that the
+    interpreter runs its own start-up (site, .pth files), which no program's code can guard."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+    return re.search(r"lib-dynload/|site-packages/\S*\.so", maps) is not None
+
+
+def test_importing_the_entry_point_loads_nothing_a_ctrl_c_could_interrupt():
+    """The console script runs `from infra.cli import main` before any try can catch a Ctrl-C:
+    that import must be the two package files and nothing else (no rich, no pydantic)."""
+    done = subprocess.run([sys.executable, "-c", "import sys; before = set(sys.modules); import infra.cli; "
+                           "print(' '.join(sorted(set(sys.modules) - before))); import infra.cli.run; "
+                           "print(callable(infra.cli.main))"], capture_output=True, text=True, check=True)
+    loaded, main_still_the_entry_point = done.stdout.splitlines()
+    assert loaded.split() == ["infra", "infra.cli"]
+    assert main_still_the_entry_point == "True"  # no submodule named main may shadow it once imported
+
+
+@pytest.mark.parametrize("command", [["validate"], ["preview", "--offline"]])
+def test_ctrl_c_while_pdctl_starts_or_runs_is_one_line_and_exit_130(command):
+    """SIGINT at several moments after pdctl's imports begin, three times over: each run ends with
+    `interrupted` and 130, or (a signal at the very end, after Python restored the default
+    action) killed by SIGINT with nothing said; never a traceback."""
+    codes = []
+    for _ in range(3):
+        for delay in (0, 0.01, 0.03, 0.1, 0.3, 1.0):
+            proc = subprocess.Popen([str(PDCTL), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            while proc.poll() is None and not _pdctl_is_importing(proc.pid):
+                time.sleep(0.001)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+            assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+            assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
+            if proc.returncode == 130:
+                assert err.strip() == "interrupted", err
+            codes.append(proc.returncode)
+    assert 130 in codes, codes
+
+
+def test_a_closed_stdout_is_no_traceback_and_no_file_gets_the_output(tmp_path):
+    """`pdctl validate >&-`: Python leaves sys.stdout None, and the next file pdctl opens would
+    get descriptor 1. The command runs with its output dropped; render's manifests hold only
+    manifests."""
+    for command in (["validate"], ["validate", "--output", "json"], ["render", "--out", str(tmp_path / "out")]):
+        done = subprocess.run(["/bin/sh", "-c", 'exec "$0" "$@" >&-', str(PDCTL), *command], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0 and done.stderr == "", (command, done.stderr)
+    written = [p for p in (tmp_path / "out").rglob("*.yaml")]
+    assert written and not [p for p in written if "wrote" in p.read_text() or "schema-checked" in p.read_text()]
+
+
+def test_a_reader_that_goes_away_ends_nothing_half_way(tmp_path):
+    """`pdctl ... | head -1`: the pipe breaks (EPIPE). Output is dropped, silently, and the
+    command carries on to its end: a rollout whose log reader died still judges its revision
+    and records the outcome (rich would raise SystemExit at the first print after the break)."""
+    from infra.rollout.releases import ReleaseStore
+    from tests.servers import healthy_prometheus
+
+    def reader_gone(*args: str) -> tuple[int, str]:
+        proc = subprocess.Popen([str(PDCTL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # the reader leaves before the first line
+        err = proc.stderr.read()
+        return proc.wait(timeout=300), err
+
+    for command in (["validate"], ["preview", "--offline", "--stack", "prod"],
+                    ["preview", "--offline", "--stack", "prod", "--output", "json"]):
+        code, err = reader_gone(*command)
+        assert code == 0 and err == "", (command, err)
+    releases = tmp_path / "releases"
+    with healthy_prometheus() as prometheus:
+        code, err = reader_gone("rollout", "--sim", str(tmp_path / "cluster.json"), "--releases", str(releases),
+                                "--prometheus", prometheus, "--stages", "100", "--bake", "0")
+    assert code == 0 and "Traceback" not in err, err
+    store = ReleaseStore("dev", releases)
+    assert store.traffic() == {1: 100} and store.status(1) == "good" and store.operation() is None

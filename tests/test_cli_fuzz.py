@@ -46,6 +46,16 @@ BAD_FILES = {  # name -> bytes (None: the path does not exist; "dir": a folder)
     "nan.json": b'{"logical_count": [[NaN, 1]]}',
     "huge.yaml": b"x: " + b"9" * 5000 + b"\n",
     "deep.yaml": b"a: " + b"[" * 200 + b"]" * 200 + b"\n",
+    "duplicate-key.yaml": b"environment:\n  name: dev\n  name: prod\n",  # PyYAML would keep the last silently
+    "duplicate-key.json": b'{"logical_count": [[1, 2]], "logical_count": [[3, 4]]}',
+}
+
+# Files that are right in every way but one: a key given twice in one mapping (each reader
+# refuses it, naming the file, the line and the key; `plan --write` went through ruamel).
+DUPLICATED = {  # file -> (the shipped file it copies, the line after which a duplicate of it goes)
+    "dup-spec.yaml": ("stacks/prod.yaml", "    instances: "),
+    "dup-workload.yaml": ("stacks/workloads/prod-chat.yaml", "arrival_rate_rps: "),
+    "dup-inventory.yaml": ("stacks/inventory/dev.yaml", "timeout_seconds: "),
 }
 
 SPEC_COMMANDS = {  # each subcommand with the other options it needs, and what it does given a bad spec
@@ -88,6 +98,17 @@ def _cases():
         cases.append((f"plan-{name}", ["plan", "--stack", "prod", "--workload", f"{{C}}/workload-{name}.yaml"], BAD))
     for name in INVENTORY_BREAKS:
         cases.append((f"preflight-{name}", ["preflight", "--inventory", f"{{C}}/inventory-{name}.yaml"], BAD))
+    workload = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
+    cases += [
+        ("duplicate-key-validate", ["validate", "{C}/dup-spec.yaml"], BAD),
+        ("duplicate-key-plan-write", ["plan", "{C}/dup-spec.yaml", "--workload", workload, "--write", "{W}/p.yaml"],
+         BAD),
+        ("duplicate-key-diff-against", ["diff", "--stack", "prod", "--against", "{C}/dup-spec.yaml"], BAD),
+        ("duplicate-key-workload", ["plan", "--stack", "prod", "--workload", "{C}/dup-workload.yaml"], BAD),
+        ("duplicate-key-inventory", ["preflight", "--inventory", "{C}/dup-inventory.yaml"], BAD),
+        ("duplicate-key-loads", ["eplb", "--stack", "prod", "--loads", "{C}/dup-loads.json", "--out", "{W}/p.json"],
+         BAD),
+    ]
     options = [
         ("stages-words", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
                           "{PROM_OK}", "--stages", "one,two"], BAD),
@@ -177,10 +198,35 @@ def _cases():
         cases.append((f"canary-prometheus-{mode}", ["canary", "--prometheus", f"{{PROM_{mode}}}", "--revision", "1"],
                       code))
         cases.append((f"cost-prometheus-{mode}", ["cost", "--prometheus", f"{{PROM_{mode}}}"], code))
-    for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999"):
+    for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999",
+                "http://admin:hunter2@127.0.0.1:9", "http://127.0.0.1:9/?token=x", "http://127.0.0.1:9/#x",
+                "http://127.0.0.1:9/ x"):
         cases.append((f"canary-url-{url}", ["canary", "--prometheus", url, "--revision", "1"], BAD))
         cases.append((f"rollout-url-{url}", ["rollout", "--sim", "{W}/sim.json", "--releases", "{W}/releases",
                                              "--prometheus", url], BAD))
+        cases.append((f"cost-url-{url}", ["cost", "--prometheus", url], BAD))
+        # every address validate-deployment will use is checked before its first request
+        for option in ("--url", "--compare-url", "--prometheus"):
+            given = ["--url", "http://127.0.0.1:9"] if option != "--url" else []
+            cases.append((f"validate-deployment{option}-{url}", ["validate-deployment", *given, option, url,
+                                                                 "--out", "{W}/v"], BAD))
+    # A PromQL range Prometheus would refuse (a bare number, 0, a fraction, an upper-case unit, units out
+    # of order, past 2^63 ns): refused by every command before it asks or changes anything.
+    for window in ("5", "0", "0s", "1.5h", "5M", "-5m", "", "1m1h", "5m5m", "293y", "9" * 400 + "s", "5 m", "5m\n"):
+        for command, rest in (("rollout", ["--sim", "{W}/sim.json", "--releases", "{W}/releases", "--prometheus",
+                                           "{PROM_OK}"]),
+                              ("canary", ["--prometheus", "{PROM_OK}", "--revision", "1"]),
+                              ("cost", ["--prometheus", "{PROM_OK}"]),
+                              ("validate-deployment", ["--url", "http://127.0.0.1:9", "--prometheus", "{PROM_OK}",
+                                                       "--out", "{W}/v"])):
+            cases.append((f"{command}-window-{window[:12]!r}", [command, *rest, "--window", window], BAD))
+    for mode in ("refused", "503", "junk"):  # the gates cannot be read: said before the first change
+        cases.append((f"rollout-prometheus-{mode}", ["rollout", "--sim", "{W}/sim.json", "--releases",
+                                                     "{W}/releases", "--prometheus", f"{{PROM_{mode}}}", "--bake", "0"],
+                      FAILED))
+        cases.append((f"validate-deployment-prometheus-{mode}", ["validate-deployment", "--url", "http://127.0.0.1:9",
+                                                                 "--prometheus", f"{{PROM_{mode}}}", "--out", "{W}/v"],
+                      FAILED))
     return cases
 
 
@@ -241,7 +287,7 @@ def _tree(*roots: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     from infra.rollout.releases import ReleaseStore
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
 
     root = tmp_path_factory.mktemp("corpus")
     for name, content in BAD_FILES.items():
@@ -268,6 +314,12 @@ def corpus(tmp_path_factory):
                                                                 "redundant_experts": 0})
     del colocated["deployment"]["prefill"], colocated["deployment"]["decode"]
     (root / "colocated.yaml").write_text(yaml.safe_dump(colocated))
+    for name, (shipped, after) in DUPLICATED.items():
+        lines = (REPO_ROOT / shipped).read_text().splitlines(keepends=True)
+        at = next(i for i, line in enumerate(lines) if line.startswith(after))
+        (root / name).write_text("".join(lines[:at + 1] + [lines[at]] + lines[at + 1:]))
+    (root / "dup-loads.json").write_text(json.dumps({"logical_count": [[1] * 256] * 58})[:-1]
+                                         + ', "logical_count": ' + json.dumps([[2] * 256] * 58) + "}")
     (root / "foreign").mkdir()
     (root / "foreign" / "notes.txt").write_text("mine, not render's")
     for name in ("store-corrupt-state", "store-corrupt-revision", "store-stray"):  # one revision each, then broken

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from infra.cli import main
-from infra.spec import REPO_ROOT, load_spec
+from infra.spec import REPO_ROOT
+from infra.spec_checks import load_spec
 
 PDCTL = [sys.executable, "-m", "infra.cli"]
 
@@ -129,10 +130,38 @@ def test_plan_write_keeps_comments_and_layout_and_changes_only_the_counts(tmp_pa
     assert written.deployment.pd_ratio == doc["pd_ratio"]["recommended"]
 
 
+def test_a_key_given_twice_is_refused_by_every_reader_with_file_line_and_key(tmp_path, capsys):
+    """PyYAML and Python's json keep the last of two equal keys silently: `validate` took the
+    second `instances:` unseen, and `plan --write` (ruamel.yaml's round trip) ended in
+    "unexpected error". YAML requires unique keys (YAML 1.2, 3.2.1.1); every reader refuses them."""
+    from infra.inputs import InputError
+    from infra.spec_edit import write_counts
+
+    lines = (REPO_ROOT / "stacks/prod.yaml").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("    instances: "))
+    spec = tmp_path / "prod.yaml"
+    spec.write_text("".join(lines[:at] + ["    instances: 7\n"] + lines[at:]))
+    said = f"{spec}: the key 'instances' appears twice in one mapping at line {at + 2} (first at line {at + 1})"
+    workload = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
+    for argv in (["validate", str(spec)], ["plan", str(spec), "--workload", workload, "--write", str(tmp_path / "p.yaml")],
+                 ["diff", "--stack", "prod", "--against", str(spec)]):
+        assert main(argv) == 2, argv
+        err = " ".join(capsys.readouterr().err.split())
+        assert said in err and "Fix: keep one" in err and "unexpected error" not in err, err
+    with pytest.raises(InputError, match=f"at line {at + 2}"):  # the ruamel path, called on its own
+        write_counts(spec, tmp_path / "p.yaml", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prod.yaml"]  # nothing written
+    loads = tmp_path / "loads.json"
+    loads.write_text('{"logical_count":\n  [[1, 2]],\n "logical_count":\n  [[3, 4]]}')
+    assert main(["eplb", "--stack", "prod", "--loads", str(loads), "--out", str(tmp_path / "p.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{loads}: the key 'logical_count' appears twice in one mapping at line 3 (first at line 1)" in err, err
+
+
 def test_tables_keep_whole_timestamps_when_piped(tmp_path):
     """rich assumes 80 columns when stdout is not a terminal and would cut a table's cells."""
     from infra.rollout.releases import ReleaseStore
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
     from tests.conftest import stack_data
 
     store = ReleaseStore("dev", tmp_path / "releases")

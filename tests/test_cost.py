@@ -15,7 +15,7 @@ import yaml
 from infra.prometheus import PrometheusAPI
 from infra.reports.cost import CacheEntry, cost_report, scan_caches, stale_entries
 from infra.rollout.preflight import load_inventory
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data, vllm_with_epp
 from tests.servers import free_port, require_binary, running
 from tests.ssh_hosts import inventory

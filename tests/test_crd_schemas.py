@@ -19,7 +19,7 @@ from infra.offline import run_offline, run_spec
 from infra.program import build_stack
 from infra.render.crd_schemas import CRD_DIR, crd_schema, vendored_crds
 from infra.render.manifests import manifests, unwrap, validate_manifests
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data, vllm_with_epp
 from tests.test_tracks import prod_tracks
 from twin.paths import TWIN_SRC

@@ -162,7 +162,7 @@ def test_secrets_never_appear_in_a_diff(tmp_path, capsys):
     """A new API key changes the Secret of generated keys: the diff says it changed, never its values."""
     from infra.offline import run_spec
     from infra.render.manifests import unwrap
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
 
     def add_key(d):
         d["access"]["api_keys"].append({"name": "new-team", "requests_per_minute": 60})

@@ -22,7 +22,8 @@ from infra.render.engine_args import ENGINE_PORT, SIDECAR_ENGINE_PORT
 from infra.render.epp_contract import CONTRACT_FILE, config_problems, contract, flag_problems
 from infra.render.flagsets import PINNED_DIR
 from infra.render.router_config import epp_config
-from infra.spec import REPO_ROOT, SpecError, parse_spec
+from infra.spec import REPO_ROOT, SpecError
+from infra.spec_checks import parse_spec
 from infra.tracks import plan_tracks
 from tests.conftest import problems_of, stack_data, vllm_with_epp
 

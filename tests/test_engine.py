@@ -25,7 +25,8 @@ from infra.program import build_stack, main
 from infra.rollout.pulumi_cluster import PROJECT, PulumiCluster, step_targets
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
-from infra.spec import load_spec, stack_spec_path
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from infra.tracks import track_namespace
 from tests.engine import POLICY_PACK, EngineProject, engine_project, twin_kubeconfig
 

@@ -13,7 +13,8 @@ from infra.render.engine_args import all_launches
 from infra.render.engine_check import variant_spec
 from infra.render.flagsets import PINNED_DIR, flagset
 from infra.render.router_config import RoundRobinWarning, epp_config, router_launch
-from infra.spec import SpecError, load_spec, parse_spec, stack_spec_path
+from infra.spec import SpecError, stack_spec_path
+from infra.spec_checks import load_spec, parse_spec
 from tests.conftest import stack_data, vllm_with_epp
 
 GOLDEN = Path(__file__).parent / "golden"

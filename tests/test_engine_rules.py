@@ -15,7 +15,8 @@ from infra.render.engine_args import all_launches, dense_mlp_fully_data_parallel
 from infra.render.engine_check import (
     committed_commands, launch_argv, load_verdicts, unverified, variant_spec)
 from infra.render.kvcache_config import kv_cache_plan
-from infra.spec import parse_spec, pod_memory_gib, store_segment_gib_per_rank
+from infra.spec import pod_memory_gib, store_segment_gib_per_rank
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, stack_data
 
 

@@ -107,7 +107,7 @@ def test_default_deny_plus_allowlist(run, spec):
 
 def test_global_rate_limits_count_across_replicas():
     from tests.conftest import stack_data
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
 
     data = stack_data("prod")
     data["access"]["rate_limit_scope"] = "global"
@@ -182,7 +182,7 @@ def test_prod_preview_lists_every_layer_with_counts():
 
     import io
 
-    from infra import cli
+    from infra.cli import common as cli
 
     buffer = io.StringIO()
     cli.console.file = buffer
@@ -196,7 +196,7 @@ def test_prod_preview_lists_every_layer_with_counts():
 
 
 def test_dedicated_encoder_pool_exists_where_prefill_is_told_to_call_it():
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
     from tests.conftest import stack_data
 
     data = stack_data("dev")
@@ -219,7 +219,7 @@ def test_expert_placement_file_reaches_the_engine(tmp_path):
     """The expert balancer: a pdctl eplb placement is shipped and loaded at engine start."""
     import json
 
-    from infra.spec import parse_spec
+    from infra.spec_checks import parse_spec
     from tests.conftest import stack_data
 
     placement = tmp_path / "dev-decode.json"

@@ -11,7 +11,7 @@ import pytest
 from infra import naming
 from infra.offline import run_spec
 from infra.render.engine_args import ENGINE_PORT
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import shipped_run, stack_data, vllm_with_epp
 from tests.netpol import Endpoint, connection_allowed
 

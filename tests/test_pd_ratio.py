@@ -71,7 +71,8 @@ def test_unmeetable_slos_are_clear_errors():
 
 def test_pdctl_plan_writes_a_valid_spec(tmp_path):
     from infra.cli import main
-    from infra.spec import REPO_ROOT, load_spec
+    from infra.spec import REPO_ROOT
+    from infra.spec_checks import load_spec
 
     out = tmp_path / "prod.yaml"
     assert main(["plan", "--stack", "prod", "--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"), "--write", str(out)]) == 0

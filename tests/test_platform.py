@@ -16,7 +16,8 @@ from infra.platform_stack.taints import gpu_node_taints, tolerates
 from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
 from infra.rollout.preflight import HostEntry, Inventory
-from infra.spec import SpecError, load_spec, parse_spec
+from infra.spec import SpecError
+from infra.spec_checks import load_spec, parse_spec
 
 PLATFORMS = ["platform-prod", "platform-dev"]
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from infra.offline import run_spec
 from infra.render.manifests import manifests, validate_manifests
-from infra.spec import SpecError, parse_spec
+from infra.spec import SpecError
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 
 

@@ -13,7 +13,7 @@ from infra.rollout.pulumi_cluster import PulumiCluster, traffic_from_route, wait
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 
 

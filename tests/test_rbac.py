@@ -21,7 +21,7 @@ from infra import naming
 from infra.offline import run_spec
 from infra.render import rbac
 from infra.render.router_config import router_launch
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import shipped_run, stack_data
 from tests.test_endpoint_picker import epp_spec
 

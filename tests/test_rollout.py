@@ -26,7 +26,7 @@ from infra.rollout.cluster import InMemoryCluster
 from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
 from infra.rollout.rollback import rollback
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, StepFailed, rollout
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
 from tests.engine_exporter import DEGRADED, HEALTHY, EngineExporter
 from tests.stores import snapshot
@@ -245,3 +245,64 @@ def test_a_revision_that_cannot_fit_beside_the_serving_one_is_refused_before_any
     with pytest.raises(RolloutRefused, match="cannot run beside revision 2.*Nothing was changed"):
         rollout(parse_spec(data), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
     assert (snapshot(store), cluster.traffic(), dict(cluster.applied)) == before
+
+
+# Ranges for Prometheus's own parser: accepted, refused for grammar, and both sides of the
+# int64-nanosecond limit (292 years fit, 293 do not).
+PROMQL_RANGES = ("5m", "10s", "1h30m", "24h", "300ms", "1y2w3d4h5m6s7ms", "05m", "292y", "5", "0", "0s", "1.5h",
+                 "5M", "-5m", "", "m", "1m1h", "5m5m", "1d1d", "293y", "99999999999y", "1hs", "5min")
+
+
+def test_the_range_grammar_is_the_one_prometheus_parses(prom):
+    """`range_seconds` against the real server: Debian's Prometheus 2.42.0 refuses (HTTP 400)
+    exactly the ranges it refuses (promql/parser/lex.go lexDuration, parse.go parseDuration,
+    prometheus/common v0.39.0 model/time.go ParseDuration)."""
+    from infra.prometheus import PrometheusError, range_seconds
+
+    for text in PROMQL_RANGES:
+        try:
+            range_seconds(text)
+            ours = True
+        except ValueError:
+            ours = False
+        try:
+            prom.vector(f"count_over_time(up[{text}])")
+            theirs = True
+        except PrometheusError as exc:
+            assert "HTTP 400" in str(exc), exc
+            theirs = False
+        assert ours == theirs, f"{text!r}: pdctl {'accepts' if ours else 'refuses'}, Prometheus does not"
+
+
+def test_an_option_prometheus_would_refuse_stops_the_rollout_before_any_change(tmp_path, prom, capsys):
+    """`rollout --window 5` passed the option checks: revision 2 was deployed and took 50% of the
+    traffic before its first gate failed on Prometheus's 400. Now every option that ends up in a
+    query is checked first, and the gates' queries are asked once before the first change: a
+    Prometheus that is down is said with nothing changed."""
+    import yaml
+
+    from infra.cli import main
+    from tests.servers import misbehaving_prometheus
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_in(HEALTHY_NS).model_dump(mode="json")))
+    sim, releases = tmp_path / "cluster.json", tmp_path / "releases"
+    args = ["rollout", "--spec", str(spec), "--sim", str(sim), "--releases", str(releases), "--stages", "50,100",
+            "--bake", "0"]
+    assert main([*args, "--prometheus", prom.url, "--window", WINDOW]) == 0  # r1 serves 100%
+    capsys.readouterr()
+    store = ReleaseStore("dev", releases)
+    before, cluster_before = snapshot(store), sim.read_text()
+    for window in ("5", "0s", "1.5h", "5M"):
+        with pytest.raises(SystemExit) as refused:  # argparse: a usage error
+            main([*args, "--prometheus", prom.url, "--window", window])
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--window: {window!r}" in err and "Fix: e.g. --window 5m" in err and "Traceback" not in err
+    for mode in ("503", "refused"):
+        with misbehaving_prometheus(mode) as url:
+            assert main([*args, "--prometheus", url, "--window", WINDOW]) == 1
+        err = capsys.readouterr().err
+        assert "The canary gates cannot be read, so nothing was changed" in err, err
+    assert snapshot(store) == before and sim.read_text() == cluster_before
+    assert store.revisions() == [1] and store.traffic() == {1: 100}

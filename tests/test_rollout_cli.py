@@ -13,7 +13,8 @@ from infra.rollout.canary import Observation
 from infra.rollout.cluster import load_simulated, save_simulated
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.rollout import RolloutOptions, rollout
-from infra.spec import REPO_ROOT, load_spec, stack_spec_path
+from infra.spec import REPO_ROOT, stack_spec_path
+from infra.spec_checks import load_spec
 
 
 def test_rollback_script_after_two_rollouts(tmp_path, monkeypatch):

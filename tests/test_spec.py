@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.spec import SpecError, parse_spec
+from infra.spec import SpecError
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, stack_data, vllm_with_epp
 
 
@@ -146,3 +147,23 @@ def test_ratio_bounds_must_be_ordered():
     data["deployment"]["autoscaling"]["pd_ratio_bounds"] = {"min": "2:1", "max": "1:2"}
     with pytest.raises(SpecError, match="min 2:1 is above max 1:2. Fix: swap them"):
         parse_spec(data)
+
+
+def test_the_spec_is_data_and_imports_no_planner():
+    """infra/spec.py and infra/planning/capacity.py imported each other (the spec lazily, inside a
+    function); the rules that need the planner now live above both (infra/spec_checks.py), and
+    still run on every spec read, with the spec's own rules, all problems at once."""
+    import ast
+
+    from infra.spec import REPO_ROOT
+
+    tree = ast.parse((REPO_ROOT / "infra/spec.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith(("infra.planning", "infra.spec_checks"))}, imported
+    data = stack_data("prod")
+    data["hardware"]["max_gpus"] = 8  # the planner's rule: what the pools reserve against the quota
+    data["timeouts"]["prefill_to_decode_kv"] = {"timeout_seconds": 900, "retries": 0}  # and one of the spec's own
+    problems = problems_of(data)
+    assert any(p.startswith("hardware.max_gpus: the pools reserve") for p in problems), problems
+    assert any(p.startswith("timeouts.prefill_to_decode_kv.timeout_seconds") for p in problems), problems

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from infra.spec import parse_spec
+from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, stack_data
 
 

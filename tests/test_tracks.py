@@ -11,7 +11,8 @@ from infra.offline import run_offline
 from infra.policy.rules import Resource, evaluate
 from infra.program import build_stack
 from infra.render.manifests import manifests, unwrap, validate_manifests
-from infra.spec import SpecError, parse_spec
+from infra.spec import SpecError
+from infra.spec_checks import parse_spec
 from infra.tracks import plan_tracks
 from tests.conftest import stack_data
 

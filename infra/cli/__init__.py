@@ -1,13 +1,51 @@
 """`pdctl`, the operator's command line, one module per command (or tight group):
 
-- `main`: the parser and the one error boundary (messages, exit codes, --debug);
+- `run`: the parser and the one error boundary (messages, exit codes, --debug);
 - `common`: the consoles, the json/yaml emitter, tables, exit codes and spec-path resolution;
 - one module per command: `validate`, `preview`, `render`, `eplb`, `plan`, `preflight`,
   `rollout` (rollout and rollback), `canary`, `releases`, `cost`, `policy`,
   `validate_deployment`, `diff`. Each registers its own options and stays a thin shell over `infra`.
+
+This module imports nothing but the standard streams: the console script imports it before
+anything can catch a Ctrl-C, so everything slow (rich, pydantic, the commands) is imported
+inside `main`, where an interrupt is one line and exit 130.
 """
 
-from infra.cli.common import console, err_console
-from infra.cli.main import build_parser, main
+import os
+import sys
 
-__all__ = ["build_parser", "console", "err_console", "main"]
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
+
+
+def _open_standard_fds() -> None:
+    """A standard descriptor that is closed (`pdctl validate >&-`) is opened on /dev/null, as git
+    does before anything else (git setup.c sanitize_stdfds): Python would leave sys.stdout None,
+    and the next file pdctl opened would get descriptor 1, so that output, and any child's,
+    would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The entry point (`pdctl = infra.cli:main`): the commands' boundary is `infra.cli.run.run`."""
+    try:
+        _open_standard_fds()
+        from infra.cli.run import run
+
+        return run(argv)
+    except KeyboardInterrupt:  # while pdctl starts (imports, parsing), before run's own boundary
+        try:
+            os.write(2, b"interrupted\n")
+        except OSError:
+            pass
+        return EXIT_INTERRUPTED

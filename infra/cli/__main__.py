@@ -2,6 +2,6 @@
 
 import sys
 
-from infra.cli.main import main
+from infra.cli import main
 
 sys.exit(main())

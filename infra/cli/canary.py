@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from infra.cli.common import EXIT_FAILED, emit, print_table, spec_from_args, with_spec
+from infra.cli.common import EXIT_FAILED, emit, print_table, promql_range, spec_from_args, with_spec
 from infra.spec import StackSpec
 
 
 def with_gates(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
     """The options of a command that judges the canary gates from Prometheus."""
     p.add_argument("--prometheus", required=required, help="Prometheus base URL, e.g. http://127.0.0.1:9090")
-    p.add_argument("--window", default="5m", help="PromQL range each gate looks back over (default 5m)")
+    p.add_argument("--window", default="5m", type=promql_range,
+                   help="PromQL range each gate looks back over (default 5m)")
     return p
 
 

@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.inputs import InputError
-from infra.spec import StackSpec, load_spec, stack_spec_path, switch_engine
+from infra.spec import StackSpec, stack_spec_path
+from infra.spec_checks import load_spec, switch_engine
 
 EXIT_FAILED, EXIT_REFUSED = 1, 3  # a rollout that stopped (and rolled back) / a refused command
 
@@ -45,6 +46,18 @@ def with_spec(p: argparse.ArgumentParser, output: bool = False) -> argparse.Argu
         p.add_argument("--output", "-o", choices=["text", "json", "yaml"], default="text",
                        help="text for a person (default), or a json/yaml document (see README.md)")
     return p
+
+
+def promql_range(text: str) -> str:
+    """argparse type of an option that becomes a PromQL range (--window): refused at parsing, before
+    a command reads or changes anything, rather than by Prometheus's 400 half way through."""
+    from infra.prometheus import range_seconds
+
+    try:
+        range_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}. Fix: e.g. --window 5m") from None
+    return text
 
 
 def spec_path(args: argparse.Namespace) -> Path:

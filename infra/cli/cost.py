@@ -6,14 +6,14 @@ import argparse
 import dataclasses
 import math
 
-from infra.cli.common import console, emit, err_console, print_table, spec_from_args, with_spec
+from infra.cli.common import console, emit, err_console, print_table, promql_range, spec_from_args, with_spec
 from infra.inputs import InputError
 
 
 def register(sub) -> None:
     p = with_spec(sub.add_parser("cost", help="GPU-hours, idle share and stale caches"), output=True)
     p.add_argument("--prometheus", required=True, help="Prometheus base URL")
-    p.add_argument("--window", default="24h", help="how far back (PromQL duration, default 24h)")
+    p.add_argument("--window", default="24h", type=promql_range, help="how far back (PromQL duration, default 24h)")
     p.add_argument("--at", help="end of the window: unix seconds or ISO time (default now)")
     p.add_argument("--idle-below", type=float, default=5.0, help="GPU utilisation %% that counts as idle")
     p.add_argument("--idle-instance-share", type=float, default=0.5, help="flag instances idle more than this share")

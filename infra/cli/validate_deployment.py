@@ -12,10 +12,12 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from infra.cli.common import EXIT_FAILED, console, emit, err_console, print_table, spec_from_args, with_spec
+from infra.cli.common import (EXIT_FAILED, console, emit, err_console, print_table, promql_range, spec_from_args,
+                              with_spec)
 from infra.cli.plan import planned
 from infra.cli.render import print_validation
-from infra.inputs import InputError, write_output
+from infra.inputs import InputError, http_url, write_output
+from infra.prometheus import PrometheusAPI
 from infra.spec import StackSpec
 
 
@@ -39,7 +41,8 @@ def register(sub) -> None:
     p.add_argument("--out", default="out/validation", help="folder for aiperf's own result files")
     p.add_argument("--prometheus", help="after the load: per-instance load spread, expert balance, KV-transfer "
                                         "and request failures from the engines' metrics")
-    p.add_argument("--window", default="5m", help="PromQL range the fleet checks look back over (default 5m)")
+    p.add_argument("--window", default="5m", type=promql_range,
+                   help="PromQL range the fleet checks look back over (default 5m)")
     p.add_argument("--profile-out", help="write the measured capacity as a workload file for `pdctl plan`")
     p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
     p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
@@ -62,8 +65,8 @@ def render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, co
                          "(SECRET/KEY holding a gateway API key). Fix: add both")
     secret, _, key = args.api_key_secret.partition("/")
     try:
-        jobs = [loadtest_job(spec, args.url, scenario, c, args.requests, args.results_claim, secret, key or "key")
-                for c in concurrencies]
+        jobs = [manifest for c in concurrencies for manifest in loadtest_job(
+            spec, args.url, scenario, c, args.requests, args.results_claim, secret, key or "key")]
     except ValueError as exc:
         raise InputError(str(exc)) from None
     report = validate_manifests(jobs, spec.environment.kubernetes_version)
@@ -71,7 +74,8 @@ def render_loadtest_jobs(args: argparse.Namespace, spec: StackSpec, scenario, co
     if not report.ok:
         return EXIT_FAILED
     write_output(args.render_job, yaml.safe_dump_all(jobs, sort_keys=False))
-    err_console.print(f"wrote {len(jobs)} Job(s) to {args.render_job}: kubectl apply -f {args.render_job}; "
+    err_console.print(f"wrote {len(concurrencies)} Job(s) and their aiperf configs to {args.render_job}: "
+                      f"kubectl apply -f {args.render_job}; "
                       f"results land on PVC {args.results_claim}")
     return 0
 
@@ -152,6 +156,20 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     if args.api_key_env and not api_key:
         raise InputError(f"--api-key-env {args.api_key_env}: that variable is empty. Fix: export it with a key of "
                          "the gateway (never on the command line)")
+    # Every address is checked before the first request: a bad one must not surface after the load.
+    http_url(args.url, "--url", "https://api.example.com")
+    if args.compare_url:
+        http_url(args.compare_url, "--compare-url", "https://baseline.example.com")
+    fleet = None
+    if args.prometheus and not args.render_job:  # asked once now: down, or refusing a query, is said before the load
+        from infra.render.metrics import balancedness_roles
+        from infra.validation.health import fleet_queries
+
+        prometheus = PrometheusAPI(args.prometheus)
+        fleet = fleet_queries(spec.engine.kind, spec.environment.namespace, args.window, list(spec.deployment.pools()),
+                              balancedness_roles(spec))
+        for query in fleet.values():
+            prometheus.vector(query)
     model = args.model or spec.model.name
     scenario = SCENARIOS[args.scenario].scaled(args.scale)
     if args.render_job:
@@ -176,15 +194,10 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     comparison = None
     if args.compare_url and result.sweep:
         comparison = compare(args, spec, model, scenario, concurrencies, api_key, out, result)
-    if args.prometheus and result.passed:
-        from infra.prometheus import PrometheusAPI
-        from infra.render.metrics import balancedness_roles
-        from infra.validation.health import fleet_gates, fleet_queries
+    if fleet and result.passed:
+        from infra.validation.health import fleet_gates
 
-        api = PrometheusAPI(args.prometheus)
-        queries = fleet_queries(spec.engine.kind, spec.environment.namespace, args.window,
-                                list(spec.deployment.pools()), balancedness_roles(spec))
-        result.add("fleet", fleet_gates({name: api.query(q) for name, q in queries.items()}))
+        result.add("fleet", fleet_gates({name: prometheus.query(q) for name, q in fleet.items()}))
     if args.plot and result.sweep:
         plot(args, spec, scenario, result.sweep, comparison, out)
     profile = None

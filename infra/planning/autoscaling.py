@@ -13,7 +13,7 @@ ceil(min_ratio x decode GPUs / GPUs per prefill instance) instances, and the dec
 for at least ceil(prefill GPUs / max_ratio / GPUs per decode instance). Since an HPA can
 only be pushed up by a signal, the lagging side is raised instead of the leading side
 being held back: neither phase starves the other. The spec check (infra/spec.py,
-capacity_problems) makes sure both maximums leave room for that.
+ratio_bounds_problems) makes sure both maximums leave room for that.
 
 A decode instance is a whole LeaderWorkerSet group, and the scalers target the
 LeaderWorkerSet's scale subresource, whose replicas are groups: counts here are groups.

@@ -21,7 +21,8 @@ from infra.platform_stack.checks import platform_problems
 from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
 from infra.platform_stack.taints import gpu_node_taints, tolerations_for
 from infra.rollout.preflight import Inventory, load_inventory
-from infra.spec import REPO_ROOT, StackSpec, load_spec
+from infra.spec import REPO_ROOT, StackSpec
+from infra.spec_checks import load_spec
 
 ENVOY_GATEWAY_NAMESPACE = controller("envoy-gateway").namespace
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from infra.inputs import InputError
+from infra.inputs import InputError, parse_yaml
 from infra.offline import run_spec
 from infra.policy.rules import evaluate_offline
 from infra.render.engine_args import all_launches
 from infra.render.manifests import unwrap
 from infra.review.diff import (CapacityModel, FieldChange, FleetDiff, Impact, classify, flag_changes, gpus_of,
                                labels_of, resource_changes)
-from infra.spec import REPO_ROOT, SpecError, StackSpec, load_spec, parse_spec
+from infra.spec import REPO_ROOT, SpecError, StackSpec
+from infra.spec_checks import load_spec, parse_spec
 
 
 def capacity_model(spec: StackSpec) -> CapacityModel:
@@ -73,12 +74,7 @@ def spec_at(against: str, stack: str, current: Path) -> tuple[StackSpec, str]:
     if against == "merge-base":
         ref = _git("merge-base", "HEAD", "main", fix="Fix: fetch main (git fetch origin main:main), or --against REF")
     text = _git("show", f"{ref}:{rel.as_posix()}", fix=f"Fix: a ref where {rel} exists, or --against a spec file")
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{ref}:{rel}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = parse_yaml(text, f"{ref}:{rel}", "spec")
     try:
         return parse_spec(data), f"{rel} at {ref[:12]}"
     except SpecError as exc:

@@ -34,7 +34,8 @@ from infra.render.engine_args import all_launches
 from infra.render.router_config import router_launch
 from infra.rollout.faultpoints import process_alive
 from infra.rollout.objectstore import Conflict, FolderStore, ObjectStore, StoreUnavailable, open_store
-from infra.spec import REPO_ROOT, StackSpec, parse_spec
+from infra.spec import REPO_ROOT, StackSpec
+from infra.spec_checks import parse_spec
 from infra.tracks import serving_revision
 
 RELEASES_DIR = REPO_ROOT / "releases"

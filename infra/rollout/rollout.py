@@ -122,6 +122,17 @@ def _refuse_unless_it_fits(store: ReleaseStore, spec: StackSpec, baseline: int |
                              + "; ".join(exc.problems) + ". Nothing was changed") from None
 
 
+def _refuse_unless_judgeable(observe: Callable[[int], Observation], revision: int) -> None:
+    """The gates' queries asked once before anything changes: a Prometheus that is down, or that
+    refuses a query (HTTP 400), would otherwise fail the first stage only after the revision was
+    deployed and took traffic. No answer yet (no series) is fine; no answer at all is not."""
+    try:
+        observe(revision)
+    except PrometheusError as exc:
+        raise PrometheusError(f"{exc}. The canary gates cannot be read, so nothing was changed. Fix: check "
+                              "--prometheus and --window, then run again") from None
+
+
 def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Observation],
             options: RolloutOptions = RolloutOptions(), message: str = "", console: Console | None = None) -> Release:
     """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
@@ -138,6 +149,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         raise _unfinished_refusal(store, unfinished)
     live = cluster.traffic()
     _refuse_unless_it_fits(store, spec, serving_revision(live))
+    _refuse_unless_judgeable(observe, serving_revision(live) or max(store.revisions(), default=0) + 1)
     with store.lock("rollout"):
         unfinished = store.operation()  # again: another may have started meanwhile
         if unfinished is not None:
@@ -192,6 +204,7 @@ def resume(store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Obser
         if baseline is not None and not cluster.healthy(baseline):
             raise RolloutRefused(f"revision {baseline}, which served before, is not healthy, so the canary has "
                                  "nothing to fall back to. Nothing was changed. Fix: `scripts/rollback --to N`")
+        _refuse_unless_judgeable(observe, rev)
         stage = unfinished.get("stage")
         remaining = stages[stages.index(stage):] if stage in stages else stages
         console.print(f"resuming the rollout of r{rev} at {remaining[0]}% (stages {remaining}); the cluster "

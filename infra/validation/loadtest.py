@@ -1,5 +1,5 @@
-"""Load tests with NVIDIA's aiperf, pinned, and what pdstack makes of its results. Pure: the
-command line for a scenario, the tool's own result file read at its pinned schema, the SLO
+"""Load tests with NVIDIA's aiperf, pinned, and what pdstack makes of its results. Pure: aiperf's
+config file for a scenario, the tool's own result file read at its pinned schema, the SLO
 gates, and the measured capacity written as the workload profile `pdctl plan` reads.
 
 Why aiperf (compared in README.md): it measures TTFT and inter-token latency per streamed
@@ -19,6 +19,7 @@ from infra.rollout.canary import Gate  # one gate type for every verdict: name, 
 AIPERF_VERSION = "0.13.0"  # pinned in pyproject.toml's `loadtest` extra; the Job's image is the same release
 RESULT_FILE = "profile_export_aiperf.json"
 RESULT_SCHEMA = "1.4"  # profile_export_aiperf.json's schema_version at that release
+RANDOM_SEED = 7  # one synthetic dataset for every run, so two runs (or endpoints) see the same prompts
 
 
 class LoadTestError(RuntimeError):
@@ -35,13 +36,15 @@ class Scenario:
     turns: int = 1  # multi-turn conversations re-send their history: the prefix cache's work
     shared_prefix_tokens: int = 0  # a system prompt every conversation shares
 
-    def args(self) -> list[str]:
-        out = ["--prompt-input-tokens-mean", str(self.input_tokens), "--prompt-input-tokens-stddev", "0",
-               "--prompt-output-tokens-mean", str(self.output_tokens), "--prompt-output-tokens-stddev", "0"]
+    def dataset(self, entries: int) -> dict:
+        """aiperf's synthetic dataset of this shape (its config's `benchmark.datasets` entry)."""
+        out: dict = {"name": "main", "type": "synthetic", "entries": entries, "random_seed": RANDOM_SEED,
+                     "prompts": {"isl": {"mean": self.input_tokens, "stddev": 0},
+                                 "osl": {"mean": self.output_tokens, "stddev": 0}}}
         if self.turns > 1:
-            out += ["--conversation-turn-mean", str(self.turns), "--conversation-turn-stddev", "0"]
+            out["turns"] = {"mean": self.turns, "stddev": 0}
         if self.shared_prefix_tokens:
-            out += ["--shared-system-prompt-length", str(self.shared_prefix_tokens)]
+            out["prefix_prompts"] = {"shared_system_length": self.shared_prefix_tokens}
         return out
 
     def scaled(self, factor: float) -> "Scenario":
@@ -58,14 +61,35 @@ SCENARIOS = {
 }
 
 
-def aiperf_command(aiperf: str, url: str, model: str, scenario: Scenario, concurrency: int, requests: int,
-                   out_dir: Path, tokenizer: str, api_key: str | None = None) -> list[str]:
-    """One aiperf run at a fixed concurrency: streaming chat, so TTFT and ITL are measured per chunk."""
-    cmd = [aiperf, "profile", "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming",
-           "--tokenizer", tokenizer, "--concurrency", str(concurrency), "--request-count", str(requests),
-           *scenario.args(), "--random-seed", "7", "--output-artifact-dir", str(out_dir), "--ui-type", "none",
-           "--no-server-metrics"]
-    return cmd + (["--api-key", api_key] if api_key else [])
+# aiperf reads an API key from its config file as `${VAR}` (aiperf 0.13.0, config/endpoint.py
+# EndpointConfig.api_key and config/loader/env_vars.py substitute_env_vars), never from its
+# command line here: /proc/<pid>/cmdline is readable by every user of the machine, a process's
+# environment only by its owner. aiperf hands the key to its own workers the same way
+# (orchestrator/local_executor.py, AIPERF_INJECTED_API_KEY, popped by each child).
+AIPERF_API_KEY_ENV = "PDSTACK_AIPERF_API_KEY"
+
+
+def aiperf_config(url: str, model: str, scenario: Scenario, concurrency: int, requests: int, out_dir: Path,
+                  tokenizer: str, with_api_key: bool) -> dict:
+    """One aiperf run at a fixed concurrency, as aiperf's own config file (`aiperf profile
+    --config`, schemaVersion 2.0): streaming chat, so TTFT and ITL are measured per chunk. With
+    `with_api_key` the key is read from $PDSTACK_AIPERF_API_KEY when aiperf loads the file."""
+    endpoint = {"urls": [url], "type": "chat", "streaming": True,
+                **({"api_key": f"${{{AIPERF_API_KEY_ENV}}}"} if with_api_key else {})}
+    return {"schemaVersion": "2.0", "random_seed": RANDOM_SEED, "benchmark": {
+        "models": {"items": [{"name": model}]},
+        "endpoint": endpoint,
+        "datasets": [scenario.dataset(entries=requests)],
+        "phases": [{"name": "profiling", "type": "concurrency", "concurrency": concurrency, "requests": requests}],
+        "artifacts": {"dir": str(out_dir), "auto_plot": False},
+        "tokenizer": {"name": tokenizer},
+        "server_metrics": {"enabled": False},
+        "runtime": {"ui": "none"},
+    }}
+
+
+def aiperf_command(aiperf: str, config_file: str | Path) -> list[str]:
+    return [aiperf, "profile", "--config", str(config_file)]
 
 
 SWEEP_SHARES = (0.25, 0.5, 1.0, 1.25)  # of the planner's predicted capacity: up to it, and past it

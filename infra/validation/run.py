@@ -13,8 +13,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.validation.loadtest import (RESULT_FILE, Gate, LoadTestError, Scenario, Sweep, aiperf_command, judge,
-                                       read_result)
+import yaml
+
+from infra.inputs import write_output
+from infra.validation.loadtest import (AIPERF_API_KEY_ENV, RESULT_FILE, Gate, LoadTestError, Scenario, Sweep,
+                                       aiperf_command, aiperf_config, judge, read_result)
 
 
 @dataclass
@@ -63,13 +66,19 @@ def run_sweep(aiperf: str, url: str, model: str, scenario: Scenario, concurrenci
               timeout_seconds: float = 900) -> Sweep:
     """aiperf once per concurrency, each run's own result file read and judged."""
     sweep = Sweep(scenario.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
     for concurrency in concurrencies:
         run_dir = out_dir / f"{scenario.name}-c{concurrency}"
         (run_dir / RESULT_FILE).unlink(missing_ok=True)  # a result left from an earlier run is never judged
-        cmd = aiperf_command(aiperf, url, model, scenario, concurrency, requests, run_dir, tokenizer, api_key)
+        config = out_dir / f"{scenario.name}-c{concurrency}.aiperf.yaml"  # holds no secret: `${VAR}` at most
+        write_output(config, yaml.safe_dump(aiperf_config(url, model, scenario, concurrency, requests, run_dir,
+                                                          tokenizer, with_api_key=api_key is not None),
+                                            sort_keys=False))
         started = time.monotonic()
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_seconds)
+            done = subprocess.run(aiperf_command(aiperf, config), capture_output=True, text=True,
+                                  env={**env, **({AIPERF_API_KEY_ENV: api_key} if api_key else {})},
+                                  timeout=timeout_seconds)
         except FileNotFoundError:
             raise LoadTestError(f"{aiperf}: not installed. Fix: `make loadtest-tool` (aiperf, pinned)") from None
         except subprocess.TimeoutExpired:

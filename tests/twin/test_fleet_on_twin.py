@@ -20,7 +20,8 @@ import pytest
 
 from infra import naming
 from infra.planning.capacity import domain_placement, pool_capacity
-from infra.spec import load_spec, stack_spec_path
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
 from twin import dra, fleet
 from twin.cluster import kubectl

@@ -19,7 +19,8 @@ import pytest
 from infra import naming
 from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import pool_capacity
-from infra.spec import load_spec, stack_spec_path
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
 from tests.twin.test_fleet_on_twin import LWS_NAME_LABEL, remove_fleet
 from twin import fleet

@@ -8,7 +8,8 @@ from collections import Counter
 from infra import naming
 from infra.components.nodepools import nodepool_manifest
 from infra.planning.capacity import pool_capacity
-from infra.spec import load_spec, stack_spec_path
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from twin.nodes import pool_nodes, stack_nodes
 
 

@@ -23,10 +23,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.inputs import load_yaml_mapping
 from infra.render.engine_args import EngineLaunch, all_launches
-from infra.spec import PINNED_ENGINE_VERSIONS, StackSpec, parse_spec, stack_spec_path
-
-import yaml
+from infra.spec import PINNED_ENGINE_VERSIONS, StackSpec, stack_spec_path
+from infra.spec_checks import parse_spec
 
 HERE = Path(__file__).resolve().parent
 VERDICTS = HERE / "verdicts.json"
@@ -39,7 +39,7 @@ ENGINES = ("sglang", "vllm")
 
 def variant_spec(stack: str, engine: str) -> StackSpec:
     """A committed stack with the engine switched (vLLM with the balancer it can use)."""
-    data = yaml.safe_load(stack_spec_path(stack).read_text())
+    data = load_yaml_mapping(stack_spec_path(stack), "spec")
     data["engine"]["kind"] = engine
     data["engine"]["version"] = PINNED_ENGINE_VERSIONS[engine]
     if engine == "vllm":

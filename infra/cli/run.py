@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
+from contextlib import contextmanager
 
 from rich.markup import escape
 
-from infra.cli import (canary, cost, diff, eplb, plan, policy, preflight, preview, releases, render, rollout,
-                       validate, validate_deployment)
+from infra.cli import (EXIT_INTERRUPTED, canary, cost, diff, eplb, plan, policy, preflight, preview, releases, render,
+                       rollout, validate, validate_deployment)
 from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, err_console
 from infra.inputs import InputError
 from infra.spec import SpecError
@@ -38,9 +41,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+class _Reader:
+    """A standard stream whose reader may go away (`pdctl ... | head`): the first write that
+    finds the pipe broken (EPIPE) sends the descriptor to /dev/null and every later write goes
+    there too, silently, as well-behaved tools end on a closed pipe. The command itself goes on:
+    a rollout whose log reader died must still end with traffic on a judged revision, so output
+    is never a reason to stop one half way (rich's own handling would raise SystemExit)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._gone = False
+
+    def _drop(self) -> None:
+        self._gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # what is still buffered, and any child, goes there
+            os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _readers_may_leave():
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Reader(stdout), _Reader(stderr)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def run(argv: list[str] | None = None) -> int:
     """One boundary: expected failures become a message and an exit code (2 input, 1 a check
     failed, 3 refused); anything else a short line, and the traceback only with --debug."""
+    with _readers_may_leave():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     from infra.prometheus import PrometheusError
     from infra.rollout.objectstore import StoreUnavailable
     from infra.rollout.releases import ReleaseError
@@ -64,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback reaches a user without --debug
         if args.debug:
             raise
@@ -73,5 +132,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-if __name__ == "__main__":
-    sys.exit(main())
