@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import copy
 
-from infra.spec import load_spec, stack_spec_path
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from twin.nodes import pool_nodes
 
 KWOK_NODE_CLASS = {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
