@@ -46,6 +46,31 @@ def is_host_path(path: str) -> bool:
     return bool(_HOST_PATH.fullmatch(path))
 
 
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+def release_store_url_problem(url: str) -> str | None:
+    """Why `url` is not a release store (None if it is): `s3://bucket/prefix`, or a folder.
+    Anything that starts like a URL (`s3:/bucket`, `S3://`, `s3//bucket`, `https://...`) is
+    taken for a mistyped bucket, never for a folder of that name: a store in the wrong place
+    would hold a lease and a history nobody else sees. A folder whose name has a colon is
+    written `./name:x`."""
+    if not url.strip():
+        return "empty. Fix: s3://<bucket>/<prefix>, or a folder"
+    if url.startswith("s3://"):
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not S3_BUCKET_NAME.fullmatch(bucket):
+            return (f"{bucket!r} is not an S3 bucket name (3-63 lower-case letters, digits, '.' and '-'). "
+                    "Fix: s3://<bucket>/<prefix>, e.g. s3://pdstack-releases/prod")
+        if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
+            return f"the key prefix {prefix!r} has an empty, '.' or '..' part. Fix: e.g. s3://{bucket}/teams/inference"
+        return None
+    if _URL_SCHEME.match(url) or url.lower().startswith("s3//"):
+        return ("not s3://bucket/prefix, and a release store is that or a folder. Fix: s3://<bucket>/<prefix> "
+                "(two slashes, lower case), or ./<folder> for a folder whose name has a colon")
+    return None
+
+
 def is_dns_subdomain(name: str) -> bool:
     return bool(_DNS_SUBDOMAIN.fullmatch(name))
 

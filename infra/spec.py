@@ -21,7 +21,8 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.inputs import InputError, Strict
 from infra.naming import (
-    OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value)
+    OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value,
+    release_store_url_problem)
 from infra.weights import SAFE_NAME, unsafe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -676,12 +677,10 @@ class ReleaseStoreSpec(Strict):
 
     @field_validator("url")
     @classmethod
-    def _bucket_named(cls, v: str) -> str:
-        if v.startswith("s3://") and not S3_BUCKET_NAME.fullmatch(v[5:].partition("/")[0]):
-            raise ValueError(f"{v}: not an S3 bucket name (3-63 lowercase letters, digits, dots, hyphens). "
-                             "Fix: e.g. s3://pdstack-releases/prod")
-        if "://" in v and not v.startswith("s3://"):
-            raise ValueError(f"{v}: a release store is s3://bucket/prefix or a folder. Fix: one of those")
+    def _store_url(cls, v: str) -> str:
+        problem = release_store_url_problem(v)
+        if problem:
+            raise ValueError(f"{v[:80]!r}: {problem}")
         return v
 
 

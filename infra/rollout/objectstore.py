@@ -16,7 +16,7 @@ break the process there).
 
 `open_store(url)`: `s3://bucket/prefix` is a bucket (endpoint from the spec or the standard
 AWS_ENDPOINT_URL_S3, credentials from the standard AWS chain, never from pdstack's files);
-anything else is a folder.
+a path is a folder; anything else shaped like a URL (`s3:/bucket`, `S3://`) is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from infra.naming import S3_BUCKET_NAME
+from infra.naming import release_store_url_problem
 from infra.rollout.faultpoints import before_change, sweep_dead_writers
 
 
@@ -222,13 +222,14 @@ class BucketStore:
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str = "us-east-1") -> FolderStore | BucketStore:
-    """`s3://bucket/prefix` -> a bucket; anything else -> a folder (relative to the caller's directory)."""
+    """`s3://bucket/prefix` -> a bucket; a folder (relative to the caller's directory) -> a
+    folder; anything else that looks like a URL (`s3:/bucket`) is refused, never a folder."""
+    problem = release_store_url_problem(url)
+    if problem:
+        from infra.inputs import InputError
+
+        raise InputError(f"release store {url[:80]!r}: {problem}")
     if url.startswith("s3://"):
         bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not S3_BUCKET_NAME.fullmatch(bucket):
-            from infra.inputs import InputError
-
-            raise InputError(f"release store {url}: {bucket!r} is not an S3 bucket name (3-63 lower-case letters, "
-                             "digits, '.' and '-'). Fix: s3://<bucket>/<prefix>")
         return BucketStore(bucket, prefix, endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or None, region)
     return FolderStore(Path(url))
