@@ -198,6 +198,15 @@ def _cases():
         cases.append((f"canary-prometheus-{mode}", ["canary", "--prometheus", f"{{PROM_{mode}}}", "--revision", "1"],
                       code))
         cases.append((f"cost-prometheus-{mode}", ["cost", "--prometheus", f"{{PROM_{mode}}}"], code))
+    for name, (_, codes) in CORRUPT_STORES.items():
+        for kind, where in (("folder", "{C}/corrupt-" + name), ("s3", "s3://" + FUZZ_BUCKET + "/corrupt-" + name)):
+            for (command, argv), code in zip(STORE_COMMANDS, codes):
+                sim = [] if command == "releases" else ["--sim", "{C}/corrupt-cluster.json"]
+                cases.append((f"{command}-on-{kind}-{name}", [*argv, *sim, "--releases", where], code))
+    for url in ("s3:/pdstack-releases/x", "s3:pdstack-releases", "S3://pdstack-releases/x", "s3//pdstack-releases",
+                "https://pdstack-releases.s3.amazonaws.com/x", "s3://pdstack-releases/a/../b", ""):
+        cases.append((f"releases-url-{url}", ["releases", "--releases", url], BAD))
+        cases.append((f"rollback-url-{url}", ["rollback", "--sim", "{W}/sim.json", "--releases", url], BAD))
     for url in ("prometheus:9090", "ftp://127.0.0.1:9", "http://", "http://[::1", "http://127.0.0.1:99999",
                 "http://admin:hunter2@127.0.0.1:9", "http://127.0.0.1:9/?token=x", "http://127.0.0.1:9/#x",
                 "http://127.0.0.1:9/ x"):
@@ -272,6 +281,55 @@ INVENTORY_BREAKS = {
 }
 
 
+def _lease(**change) -> str:
+    """A live-looking lease of another host (so only its own content decides), changed."""
+    lease = {"operation": "rollout", "actor": "ci@runner", "pid": 4242, "host": "elsewhere",
+             "since": "2026-12-03T00:00:00+00:00", "expires": "2999-01-01T00:00:00+00:00", "token": "ab12", "fence": 3}
+    return json.dumps({k: v for k, v in {**lease, **change}.items() if v is not ...})
+
+
+def _with_state(**change):
+    def apply(store: Path) -> None:
+        state = json.loads((store / "state.json").read_text())
+        (store / "state.json").write_text(json.dumps({**state, **change}))
+    return apply
+
+
+def _write(name: str, text: str):
+    return lambda store: (store / name).write_text(text)
+
+
+# Release stores broken the ways issue #24 found, and a few more; each one, on a folder and on
+# S3 (moto), given to rollout, rollback, rollout --abort and releases: (break, exit codes).
+# A broken state is refused by all; a broken lease or operation by all but `releases` (which
+# reads neither), each naming the object and the fix; `--force` works around them
+# (test_rollback_force_works_around_a_broken_lease_or_operation).
+CORRUPT_STORES = {
+    "lease-expires-no-zone": (_write("lease.json", _lease(expires="2999-01-01T00:00:00")), (REFUSED,) * 3 + (0,)),
+    "lease-no-expires": (_write("lease.json", _lease(expires=...)), (REFUSED,) * 3 + (0,)),
+    "lease-empty": (_write("lease.json", ""), (REFUSED,) * 3 + (0,)),
+    "lease-a-list": (_write("lease.json", "[1, 2]"), (REFUSED,) * 3 + (0,)),
+    "lease-fence-words": (_write("lease.json", _lease(fence="three")), (REFUSED,) * 3 + (0,)),
+    "traffic-a-list": (_with_state(traffic=[2, 100]), (REFUSED,) * 4),
+    "traffic-weight-200": (_with_state(traffic={"2": 200}), (REFUSED,) * 4),
+    "status-unknown": (_with_state(status={"1": "good", "2": "great"}), (REFUSED,) * 4),
+    "tracks-a-string": (_with_state(tracks="1,2"), (REFUSED,) * 4),
+    "fence-negative": (_with_state(fence=-1), (REFUSED,) * 4),
+    "state-unknown-key": (_with_state(trafic={}), (REFUSED,) * 4),
+    "state-truncated": (_write("state.json", '{"traffic": {"2": 10'), (REFUSED,) * 4),
+    "operation-half-written": (_with_state(operation={"kind": "rollout", "revision": 3}), (REFUSED,) * 3 + (0,)),
+    "operation-a-string": (_with_state(operation="rollout"), (REFUSED,) * 3 + (0,)),
+    "operation-started-no-zone": (_with_state(operation={
+        "kind": "rollout", "revision": 3, "actor": "a", "started": "2026-12-03T00:00:00", "serving_before": {"2": 100},
+        "stages": [100]}), (REFUSED,) * 3 + (0,)),
+    "revisions-foreign": (lambda store: [_write(f"revisions/000{n}.json", f'{{"revision": {n}}}')(store)
+                                         for n in (1, 2)], (REFUSED,) * 4),
+}
+STORE_COMMANDS = (("rollout", ["rollout", "--prometheus", "{PROM_OK}", "--stages", "100", "--bake", "0"]),
+                  ("rollback", ["rollback"]), ("abort", ["rollout", "--abort"]), ("releases", ["releases"]))
+FUZZ_BUCKET = "pdstack-fuzz"
+
+
 def _tree(*roots: Path) -> dict[str, str]:
     """Every file and folder under `roots`: path -> content hash (or "dir")."""
     seen = {}
@@ -284,12 +342,67 @@ def _tree(*roots: Path) -> dict[str, str]:
     return seen
 
 
+def _two_good_revisions(store_root: Path, sim: Path) -> None:
+    """r1 and r2 rolled out for real into a simulated cluster: r2 serves, r1 is warm."""
+    import io
+
+    from rich.console import Console
+
+    from infra.rollout.canary import Observation
+    from infra.rollout.cluster import load_simulated
+    from infra.rollout.releases import ReleaseStore
+    from infra.rollout.rollout import RolloutOptions, rollout
+    from infra.spec_checks import parse_spec
+
+    store, cluster = ReleaseStore("dev", store_root), load_simulated(sim)
+    for threshold in (0.5, 0.6):
+        data = stack_data("dev")
+        data["deployment"]["load_balancer"]["weights"] = {"cache_threshold": threshold}
+        rollout(parse_spec(data), store, cluster, lambda rev: Observation(0.3, 0.02, 0.0, 0),
+                RolloutOptions(stages=(100,), bake_seconds=0, poll_seconds=0.001), console=Console(file=io.StringIO()))
+
+
+def corrupt_stores(root: Path, s3_endpoint: str, names=CORRUPT_STORES, prefix: str = "corrupt-") -> None:
+    """Each of CORRUPT_STORES, broken after two good rollouts: `root/corrupt-<name>` (a
+    folder store) and the same objects under s3://FUZZ_BUCKET/<prefix><name>/ (moto), with the
+    simulated cluster they share at root/corrupt-cluster.json."""
+    import boto3
+
+    pristine = root / "corrupt-pristine"
+    if not pristine.exists():
+        _two_good_revisions(pristine, root / "corrupt-cluster.json")
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    if FUZZ_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=FUZZ_BUCKET)
+    for name in names:
+        import shutil
+
+        where = root / f"corrupt-{name}"
+        shutil.copytree(pristine, where, dirs_exist_ok=True)
+        for path in where.rglob("*.json"):
+            path.chmod(0o644)
+        CORRUPT_STORES[name][0](where / "dev")
+        for path in sorted(where.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                s3.put_object(Bucket=FUZZ_BUCKET, Key=f"{prefix}{name}/{path.relative_to(where)}", Body=path.read_bytes())
+
+
+def _bucket(s3_endpoint: str) -> dict[str, str]:
+    """Every object of the fuzz bucket: key -> ETag (a refused command changes none)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    return {o["Key"]: o["ETag"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=FUZZ_BUCKET)
+            for o in page.get("Contents", [])}
+
+
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, s3_endpoint):
     from infra.rollout.releases import ReleaseStore
     from infra.spec_checks import parse_spec
 
     root = tmp_path_factory.mktemp("corpus")
+    corrupt_stores(root, s3_endpoint)
     for name, content in BAD_FILES.items():
         if content == "dir":
             (root / name).mkdir()
@@ -344,6 +457,7 @@ def corpus(tmp_path_factory):
             "key_file": "key", "known_hosts": "known_hosts", "timeout_seconds": 3, "hosts": [
                 {"name": "http-not-ssh", "address": "127.0.0.1", "port": int(urls["PROM_OK"].rsplit(":", 1)[1])},
                 {"name": "nothing-there", "address": "127.0.0.1", "port": 9}]}))
+        urls["S3_ENDPOINT"] = s3_endpoint
         yield root, urls
 
 
@@ -358,7 +472,8 @@ def test_a_bad_input_gets_a_message_and_its_exit_code_and_changes_nothing(corpus
     work.mkdir()
     argv = [a.format(C=root, W=work, **urls) for a in argv]
     monkeypatch.chdir(work)  # anything written relative to the caller lands here, and is seen
-    before = _tree(root, work, REPO_ROOT / "stacks")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", urls["S3_ENDPOINT"])
+    before = _tree(root, work, REPO_ROOT / "stacks"), _bucket(urls["S3_ENDPOINT"])
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse: a usage error, exit 2
@@ -369,7 +484,11 @@ def test_a_bad_input_gets_a_message_and_its_exit_code_and_changes_nothing(corpus
     assert code == expected, said
     if code:
         assert out.err.strip(), "a failure must say why, on stderr"
-    assert _tree(root, work, REPO_ROOT / "stacks") == before, "a refused or failed command changed a file"
+    assert (_tree(root, work, REPO_ROOT / "stacks"), _bucket(urls["S3_ENDPOINT"])) == before, \
+        "a refused or failed command changed a file or a stored object"
+    if code and "corrupt-" in " ".join(argv) and "no unfinished rollout" not in said:  # the object is named, and the fix
+        assert any(key in said for key in ("lease.json", "state.json", "revisions/000")), said
+        assert "Fix:" in said, said
 
 
 def _leaves(data, path=()):
@@ -475,6 +594,57 @@ def test_every_spec_string_field_refuses_shell_syntax_with_its_field(path, hosti
         named = [".".join(map(str, path[:n])) for n in range(len(path), 0, -1)]
         assert any(f"- {prefix}" in out.err for prefix in named), out.err
     assert not (tmp_path / "INJECTED").exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_rollback_force_works_around_a_broken_lease_or_operation(tmp_path, s3_endpoint, kind, monkeypatch, capsys):
+    """The emergency path must run whatever else the store holds: `rollback --force` takes
+    over a lease it cannot read and clears an operation it cannot read (saying so, audited),
+    and leaves the cluster and the store agreeing; `rollout --abort --force` clears a broken
+    lease. Without --force the same commands are refused (the corpus above)."""
+    import shutil
+    import uuid
+
+    from infra.rollout.cluster import load_simulated
+    from infra.rollout.objectstore import BucketStore
+    from infra.rollout.releases import ReleaseStore
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    prefix = f"force-{uuid.uuid4().hex[:8]}-"
+    names = ["lease-expires-no-zone", "lease-empty", "lease-no-expires", "operation-half-written", "operation-a-string"]
+    corrupt_stores(tmp_path, s3_endpoint, names, prefix)
+    for name in names:
+        for argv, target in ((["rollback", "--force"], 2 if name.startswith("operation") else 1),
+                             (["rollout", "--abort", "--force"], None)):
+            if name.startswith("operation") and target is None:
+                continue  # the abort of a broken operation is the rollback above
+            if kind == "s3":
+                case = f"{prefix}{name}-{argv[0]}"
+                for key in _bucket(s3_endpoint):
+                    if key.startswith(f"{prefix}{name}/"):
+                        BucketStore(FUZZ_BUCKET, "", s3_endpoint).s3.copy_object(
+                            Bucket=FUZZ_BUCKET, Key=case + key[len(prefix + name):],
+                            CopySource={"Bucket": FUZZ_BUCKET, "Key": key})
+                where, store = (f"s3://{FUZZ_BUCKET}/{case}",
+                                ReleaseStore("dev", objects=BucketStore(FUZZ_BUCKET, f"{case}/dev", s3_endpoint)))
+            else:
+                where = tmp_path / f"{name}-{argv[0]}"
+                shutil.copytree(tmp_path / f"corrupt-{name}", where)
+                store = ReleaseStore("dev", where)
+            sim = tmp_path / f"{name}-{argv[0]}-{kind}.json"
+            shutil.copy(tmp_path / "corrupt-cluster.json", sim)
+            code = main([*argv, "--stack", "dev", "--sim", str(sim), "--releases", str(where)])
+            said = capsys.readouterr()
+            assert code == 0, said.err
+            assert store.lease() is None and store.operation() is None
+            assert store.traffic() == load_simulated(sim).traffic() == ({target: 100} if target else {2: 100})
+            entries = store.audit_entries()
+            if name.startswith("lease"):
+                taken = [e for e in entries if e["action"] == "lease"][-1]
+                assert taken["previous"]["why"].startswith("its lease record is unreadable"), taken
+            else:
+                assert "state.json operation cannot be read" in said.out
+                assert any("cleared_unreadable_operation" in e for e in entries)
 
 
 def test_the_corpus_is_the_size_the_issue_asks_for():

@@ -8,18 +8,24 @@ Faults, each real, none simulated inside pdstack:
 - the store's disk filling up (a tmpfs of its own, filled by `dd`: the kernel's ENOSPC);
 - the store's disk going read-only (`mount -o remount,ro`: the kernel's EROFS);
 - the S3 endpoint's network going away (a proxy in front of moto's server drops every
-  connection: botocore's own connection errors after its retries).
+  connection: botocore's own connection errors after its retries);
+- the process stopped (SIGSTOP, a paused VM or a long GC) while another operator takes its
+  lease over (`rollout --abort --force`), then continued (SIGCONT): whatever it was about to
+  change, its stale change must be refused (the fence on the state and on the cluster), and
+  nothing it does afterwards may leave the cluster and the store disagreeing.
 The tmpfs rows need mount(2) (root); where it is not allowed they are skipped and say so.
 
 Recovery rotates over what an operator would run after a crash: `rollout --abort`,
 `rollout --resume` (falling back to --abort when nothing was recorded to resume), and
-`rollback`, each after repairing the fault.
+`rollback`, each after repairing the fault. In the stop/takeover row the takeover is the
+recovery, and it runs while the stopped process still lives.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -89,7 +95,7 @@ class Site:
 
     def break_command(self) -> str | None:
         """The shell command that breaks the dependency at the fault point (None: SIGKILL)."""
-        return {"sigkill": None,
+        return {"sigkill": None, "stop+takeover": None,
                 "disk full": f"dd if=/dev/zero of={self.mount}/filler bs=4k 2>/dev/null || true",
                 "read-only": f"mount -o remount,ro {self.mount}",
                 "endpoint cut": f"touch {self.s3 and self.s3['cut']}"}[self.fault]
@@ -107,11 +113,47 @@ class Site:
             subprocess.run(["umount", "-l", str(self.mount)], capture_output=True)
 
 
+def pdctl_command(site: Site, *args: str) -> list[str]:
+    return [sys.executable, "-m", "infra.cli", *args, "--stack", "dev", "--sim", str(site.cluster_file),
+            "--releases", site.url]
+
+
 def pdctl(site: Site, *args: str, fault_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "infra.cli", *args, "--stack", "dev", "--sim", str(site.cluster_file),
-           "--releases", site.url]
-    return subprocess.run(cmd, cwd=REPO_ROOT, env={**site.env(), **(fault_env or {})}, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(pdctl_command(site, *args), cwd=REPO_ROOT, env={**site.env(), **(fault_env or {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _stopped_or_gone(proc: subprocess.Popen) -> None:
+    """Wait until `proc` has stopped itself (state T in /proc) or exited."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.05)
+
+
+def stopped_then_taken_over(site: Site, prometheus: str, n: int) -> list[str]:
+    """A rollout stops itself (SIGSTOP) just before its n-th change; another operator runs
+    `rollout --abort --force`; the rollout is continued (SIGCONT) and runs to its end. Returns
+    what went wrong with the two commands (their disagreements are inconsistencies()')."""
+    env = {**site.env(), "PDSTACK_FAULT_AT": str(n), "PDSTACK_FAULT_STOP": "1"}
+    paused = subprocess.Popen(pdctl_command(site, *rollout_args(prometheus, "50,100")), cwd=REPO_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _stopped_or_gone(paused)
+        takeover = pdctl(site, "rollout", "--abort", "--force")
+    finally:
+        if paused.poll() is None:
+            os.kill(paused.pid, signal.SIGCONT)
+        _, paused_err = paused.communicate(timeout=300)
+    problems = []
+    nothing_to_take = takeover.returncode == 3 and "no unfinished rollout to abort" in takeover.stderr
+    if takeover.returncode != 0 and not nothing_to_take or "Traceback" in takeover.stderr:
+        problems.append(f"takeover exit {takeover.returncode}: {takeover.stderr[-400:]}")
+    if paused.returncode not in (0, 1) or "Traceback" in paused_err or "unexpected error" in paused_err:
+        problems.append(f"continued rollout exit {paused.returncode}: {paused_err[-400:]}")
+    return problems
 
 
 def rollout_args(prometheus: str, stages: str) -> list[str]:
@@ -163,16 +205,16 @@ def inconsistencies(site: Site) -> list[str]:
 
 
 def points_to_fault(count: int, fault: str, row: int) -> list[int]:
-    """SIGKILL at every point. The faults that break a dependency at every third point, each
-    row offset from the others (CI's 15-minute budget; each faulted run is a fresh process,
-    ~2.5 s on two cores); PDSTACK_FULL_MATRIX=1 runs every row at every point."""
-    if fault == "sigkill" or os.environ.get("PDSTACK_FULL_MATRIX") == "1":
+    """SIGKILL and stop/takeover at every point. The faults that break a dependency at every
+    third point, each row offset from the others (CI's 15-minute budget; each faulted run is a
+    fresh process, ~2.5 s on two cores); PDSTACK_FULL_MATRIX=1 runs every row at every point."""
+    if fault in ("sigkill", "stop+takeover") or os.environ.get("PDSTACK_FULL_MATRIX") == "1":
         return list(range(1, count + 1))
     return list(range(1 + row % 3, count + 1, 3))
 
 
-ROWS = [("folder", "sigkill"), ("folder", "disk full"), ("folder", "read-only"), ("s3", "sigkill"),
-        ("s3", "endpoint cut")]
+ROWS = [("folder", "sigkill"), ("folder", "disk full"), ("folder", "read-only"), ("folder", "stop+takeover"),
+        ("s3", "sigkill"), ("s3", "endpoint cut"), ("s3", "stop+takeover")]
 
 
 @contextmanager
@@ -233,6 +275,8 @@ def test_every_change_point_under_every_fault_then_recovery_leaves_nothing_disag
                     site = Site(tmp_path / f"{kind}-{fault.replace(' ', '-')}-{n}", kind, fault, endpoint)
                     site.prepare(base)
                     try:
+                        if fault == "stop+takeover":
+                            return points[n - 1], stopped_then_taken_over(site, prometheus, n) + inconsistencies(site)
                         env = {"PDSTACK_FAULT_AT": str(n)}
                         if site.break_command():
                             env["PDSTACK_FAULT_RUN"] = site.break_command()
@@ -258,8 +302,31 @@ def test_every_change_point_under_every_fault_then_recovery_leaves_nothing_disag
                 figures.append((kind, fault, len(at), len(points), sum(len(r) for r in found.values())))
     print("\ncrash-safety matrix (change points x faults, inconsistencies after recovery):")
     for kind, fault, tried, points, count in figures:
-        print(f"  {kind:6} store  {fault:12}  {tried} of {points} points  {count} inconsistencies")
+        print(f"  {kind:6} store  {fault:13}  {tried} of {points} points  {count} inconsistencies")
     total = sum(f[2] for f in figures)
     print(f"  total: {total} faulted runs, {sum(f[4] for f in figures)} inconsistencies"
           + (f"; tmpfs rows skipped: {mount_refused}" if mount_refused else ""))
     assert bad == {}
+
+
+def test_a_rollout_paused_at_its_traffic_change_and_taken_over_cannot_put_its_traffic_back(tmp_path):
+    """Issue #24's case: stopped just before it routes 50% to the new revision, taken over by
+    `rollout --abort --force`, continued: before fencing covered the cluster, it routed
+    {2: 50, 1: 50} while the store said {1: 100}. Its change is refused now, and says why."""
+    with healthy_prometheus() as prometheus:
+        base = Site(tmp_path / "base", "folder", "sigkill")
+        base.root.mkdir()
+        base.mount.mkdir()
+        assert pdctl(base, *rollout_args(prometheus, "100")).returncode == 0
+        traced = Site(tmp_path / "traced", "folder", "sigkill")
+        traced.prepare(base)
+        trace = tmp_path / "trace.txt"
+        assert pdctl(traced, *rollout_args(prometheus, "50,100"), fault_env={"PDSTACK_FAULT_TRACE": str(trace)}
+                     ).returncode == 0
+        points = [line.split(" ", 1)[1] for line in trace.read_text().splitlines()]
+        at = points.index("traffic {2: 50, 1: 50}") + 1
+        site = Site(tmp_path / "case", "folder", "stop+takeover")
+        site.prepare(base)
+        assert stopped_then_taken_over(site, prometheus, at) == []
+    assert inconsistencies(site) == []
+    assert load_simulated(site.cluster_file).traffic_log[-1] == {1: 100}  # the takeover's, and nothing after

@@ -35,7 +35,7 @@ def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode
         api = PrometheusAPI(url, timeout_seconds=0.3)
 
         def observe_r2(rev: int) -> Observation:  # Prometheus answers well until `failing_from`
-            if rev == 1 or store.operation()["stage"] < failing_from:
+            if rev == 1 or store.operation().stage < failing_from:
                 return GOOD
             return observe(api, "sglang", spec.environment.namespace, rev, "5m")
 
@@ -82,11 +82,16 @@ def test_a_lease_that_expired_or_whose_process_is_gone_is_taken_over_and_audited
     import json
     import socket
 
+    from infra.rollout.releases import LockHeld
+
     store = ReleaseStore("dev", tmp_path / "releases")
     lease_file = tmp_path / "releases" / "dev" / "lease.json"
     lease_file.parent.mkdir(parents=True)
     lease_file.write_text("")  # what a full disk left behind under an older version
-    with store.lock("rollback"):
+    with pytest.raises(LockHeld, match="lease.json cannot be read .empty.*--force"):
+        with store.lock("rollback"):  # whether its holder runs is unknown: only taken with --force
+            pass
+    with store.lock("rollback", force=True):
         pass
     dead = {"operation": "rollout", "actor": "ci@runner", "pid": 2 ** 22 + 7, "host": socket.gethostname(),
             "since": "2026-12-03T00:00:00+00:00", "expires": "2999-01-01T00:00:00+00:00", "token": "ab", "fence": 2}
@@ -98,10 +103,11 @@ def test_a_lease_that_expired_or_whose_process_is_gone_is_taken_over_and_audited
     lease_file.unlink()
     lease_file.write_text(json.dumps(expired))
     with store.lock("rollback") as lease:
-        assert lease["fence"] == 4  # fencing numbers only grow
+        assert lease.fence == 4  # fencing numbers only grow
     taken = [e for e in store.audit_entries() if e["action"] == "lease"]
     assert [t["previous"]["why"] for t in taken] == [
-        "its lease record is unreadable", f"its process {dead['pid']} on {dead['host']} is gone",
+        "its lease record is unreadable (empty (a write that never finished, or a file someone truncated))",
+        f"its process {dead['pid']} on {dead['host']} is gone",
         "it expired at 2026-01-01T00:00:00+00:00"]
     assert store.lease() is None and "token" not in taken[0]["previous"]
 
@@ -175,3 +181,17 @@ def test_a_bake_counts_down_with_the_gates_readings_on_a_terminal_and_is_quiet_i
         # the gates asked once before any change, then the verdict's read only
         assert "baking r1" not in text and "TTFT p99" not in text and len(seen) == 2
     assert cluster.traffic() == {1: 100}
+
+
+def test_audit_entries_are_read_through_their_model_and_a_foreign_one_is_named(tmp_path):
+    """Every store object is parsed by its model (infra/rollout/records.py); an audit entry's
+    own detail is free, its common fields are not."""
+    from infra.rollout.releases import StoreObjectUnreadable
+
+    store = ReleaseStore("dev", tmp_path)
+    store.audit("rollout", 1, "started", serving={1: 100}, message="why")
+    assert store.audit_entries()[0]["serving"] == {"1": 100}
+    (tmp_path / "dev" / "audit" / "99999999T000000-foreign.json").write_text('{"time": "yesterday", "who": "me"}')
+    with pytest.raises(StoreObjectUnreadable, match=r"audit/99999999T000000-foreign.json cannot be read: "
+                                                    r"time: not an ISO 8601 time.*Fix: restore"):
+        store.audit_entries()

@@ -166,3 +166,26 @@ def test_two_operators_on_two_checkouts_racing_resolve_to_one_winner(tmp_path, s
     assert store.revisions() == [1, 2]  # the losers created no revision
     assert store.traffic() == load_simulated(cluster).traffic() == {1: 100}
     assert store.lease() is None and store.operation() is None
+
+
+@pytest.mark.parametrize("url", ["s3:/pdstack-releases/x", "S3://pdstack-releases/x", "s3:pdstack-releases",
+                                 "s3//pdstack-releases/x", "https://pdstack-releases.s3.amazonaws.com/x"])
+def test_a_mistyped_store_url_is_refused_never_taken_for_a_folder(url, tmp_path, monkeypatch, capsys):
+    """`s3:/bucket/x` used to become a folder `s3:/bucket/x` of the project: a second, private
+    history and lease nobody else sees. Refused in the spec (environment.release_store.url)
+    and in `--releases`, naming the field and the fix; nothing is created."""
+    from infra.cli import main
+    from infra.spec import SpecError
+    from infra.spec_checks import parse_spec
+    from tests.conftest import stack_data
+
+    data = stack_data("dev")
+    data["environment"]["release_store"] = {"url": url}
+    with pytest.raises(SpecError, match=r"environment\.release_store\.url: .*Fix: s3://<bucket>/<prefix>"):
+        parse_spec(data)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["releases"], ["rollback", "--sim", "c.json"]):
+        assert main([*argv, "--stack", "dev", "--releases", url]) == 2
+        err = capsys.readouterr().err
+        assert f"--releases '{url}'" in err and "Fix: s3://<bucket>/<prefix>" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -7,7 +7,10 @@ process kills itself with SIGKILL just before its n-th change, as a crash, an OO
 lost node would stop it (tests/test_rollout_faults.py runs a rollout once per point). With
 PDSTACK_FAULT_RUN=<shell command> as well, that command runs there instead and the process
 goes on: it breaks a real dependency (fills the store's disk, remounts it read-only, cuts
-the bucket's endpoint off), so what follows meets the real failure.
+the bucket's endpoint off), so what follows meets the real failure. With PDSTACK_FAULT_STOP=1
+instead, the process stops itself there with SIGSTOP (a paused VM, a long GC, a laptop lid)
+and carries on from that point when it is sent SIGCONT: while it is stopped another
+operator may take its lease over (tests/test_fault_matrix.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def before_change(what: str) -> None:
         command = os.environ.get("PDSTACK_FAULT_RUN")
         if command:
             subprocess.run(command, shell=True, check=True)
+        elif os.environ.get("PDSTACK_FAULT_STOP") == "1":
+            os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
         else:
             os.kill(os.getpid(), signal.SIGKILL)
 

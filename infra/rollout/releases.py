@@ -13,6 +13,11 @@ the embedded default for one operator, or an S3-compatible bucket, what teams us
                           replacing it with a released marker (nothing is ever deleted).
     audit/<time>-<id>.json  who did what, when, to which revision, and how it ended: one object
                           an entry, created once, so appends from two machines never collide.
+
+Every object read is parsed by its strict model (records.py): one that is corrupt, half
+written or foreign is named with its key and the fix, never acted on. A lease that cannot be
+read is taken over only with --force; an operation that cannot be read is cleared by
+`rollback --force` (the emergency path runs whatever the store holds besides).
 """
 
 from __future__ import annotations
@@ -28,19 +33,25 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
+from pydantic import BaseModel
+
+from infra.inputs import InputError
+from infra.naming import release_store_url_problem
 from infra.render.engine_args import all_launches
 from infra.render.router_config import router_launch
 from infra.rollout.faultpoints import process_alive
 from infra.rollout.objectstore import Conflict, FolderStore, ObjectStore, StoreUnavailable, open_store
+from infra.rollout.records import (AuditEntry, LeaseRecord, OperationRecord, Release, StateRecord, Unreadable,
+                                   parse, parse_json)
 from infra.spec import REPO_ROOT, StackSpec
-from infra.spec_checks import parse_spec
 from infra.tracks import serving_revision
 
 RELEASES_DIR = REPO_ROOT / "releases"
 STATE, LEASE = "state.json", "lease.json"
 REVISION_KEY = re.compile(r"^revisions/(\d{4,})\.json$")
+M = TypeVar("M", bound=BaseModel)
 
 
 class ReleaseError(RuntimeError):
@@ -59,6 +70,19 @@ class LeaseLost(ReleaseError):
     """Another operation took this one's lease; this one must stop changing anything."""
 
 
+class StoreObjectUnreadable(ReleaseError):
+    """An object of the store is not what pdstack writes (corrupt, half written, foreign).
+    `problem` says which and why, without the fix."""
+
+    def __init__(self, message: str, problem: str = ""):
+        super().__init__(message)
+        self.problem = problem or message
+
+
+class OperationUnreadable(StoreObjectUnreadable):
+    """The recorded operation cannot be read; `rollback --force` clears it."""
+
+
 def actor() -> str:
     """Who is acting: PDSTACK_ACTOR (set by CI to the approver), else the login name."""
     return os.environ.get("PDSTACK_ACTOR") or f"{getpass.getuser()}@{socket.gethostname()}"
@@ -70,26 +94,6 @@ def _now() -> str:
 
 def _dump(data: dict[str, Any]) -> bytes:
     return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-
-
-@dataclass(frozen=True)
-class Release:
-    revision: int
-    created_at: str
-    author: str
-    message: str
-    spec_sha256: str
-    spec: dict[str, Any]
-    engine_commands: dict[str, list[str]]
-    router_args: list[str]
-    images: dict[str, str]
-    router_weights: dict[str, Any]
-
-    def stack_spec(self) -> StackSpec:
-        return parse_spec(self.spec)
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=1, sort_keys=True) + "\n"
 
 
 def release_content(spec: StackSpec) -> dict[str, Any]:
@@ -109,15 +113,25 @@ def release_content(spec: StackSpec) -> dict[str, Any]:
 def store_for(spec: StackSpec, override: str | None = None) -> "ReleaseStore":
     """The environment's release store: `override` (pdctl --releases), else the spec's
     environment.release_store. A relative folder is the project's (where Pulumi runs the
-    program), an override's is the caller's."""
+    program), an override's is the caller's. A URL that is neither (`s3:/bucket`) is refused."""
     where = spec.environment.release_store
-    url = override or where.url
+    url = where.url if override is None else override
+    problem = release_store_url_problem(url)
+    if problem:  # the spec's was checked when it was parsed
+        raise InputError(f"--releases {url[:80]!r}: {problem}")
     if not url.startswith("s3://"):
-        base = Path(url) if override else REPO_ROOT / url
+        base = Path(url) if override is not None else REPO_ROOT / url
         return ReleaseStore(spec.environment.name, base.resolve())
     bucket_and_prefix = url[len("s3://"):].strip("/")
     objects = open_store(f"s3://{bucket_and_prefix}/{spec.environment.name}", where.endpoint_url, where.region)
     return ReleaseStore(spec.environment.name, objects=objects)
+
+
+@dataclass(frozen=True)
+class BrokenLease:
+    """A lease.json pdstack cannot read: whether its holder still runs is unknown."""
+
+    why: str
 
 
 class ReleaseStore:
@@ -127,21 +141,30 @@ class ReleaseStore:
         self.environment = environment
         self.objects: ObjectStore = objects or FolderStore((root or RELEASES_DIR) / environment)
         self.location = self.objects.location
-        self._held: dict[str, Any] | None = None  # the lease this process holds, while it does
+        self._held: LeaseRecord | None = None  # the lease this process holds, while it does
+        self._held_etag: str | None = None
         self._state_copy: tuple[dict[str, Any], str | None] | None = None  # see _read_state
 
-    def _json(self, key: str) -> tuple[dict[str, Any], str] | None:
+    # --- reading objects: each parsed by its model (records.py) ---------------------------------
+
+    def _unreadable(self, exc: Unreadable, fix: str, cls: type[StoreObjectUnreadable] = StoreObjectUnreadable
+                    ) -> StoreObjectUnreadable:
+        problem = f"release store {self.location}: {exc.key} cannot be read: {'; '.join(exc.problems)}"
+        return cls(f"{problem}. Nothing was changed. Fix: {fix}", problem)
+
+    def _restore_fix(self, key: str) -> str:
+        where = ("the bucket's object versions (aws s3api list-object-versions)" if self.location.startswith("s3://")
+                 else "a backup of the folder")
+        return f"restore {key} from {where}, or move it away if it is not pdstack's"
+
+    def _object(self, key: str, model: type[M]) -> tuple[M, str] | None:
         found = self.objects.read(key)
         if found is None:
             return None
         try:
-            data = json.loads(found[0])
-        except ValueError as exc:
-            raise ReleaseError(f"release store {self.location}: {key} is not JSON ({exc}). Nothing was changed. "
-                               "Fix: restore it from the bucket's object versions or from git") from None
-        if not isinstance(data, dict):
-            raise ReleaseError(f"release store {self.location}: {key} is not a JSON object. Fix: restore it")
-        return data, found[1]
+            return parse(key, model, parse_json(key, found[0])), found[1]
+        except Unreadable as exc:
+            raise self._unreadable(exc, self._restore_fix(key)) from None
 
     # --- revisions (immutable) ----------------------------------------------------------------
 
@@ -151,67 +174,80 @@ class ReleaseStore:
 
     def get(self, revision: int) -> Release:
         key = f"revisions/{revision:04d}.json"
-        found = self._json(key)
+        found = self._object(key, Release)
         if found is None:
             known = ", ".join(map(str, self.revisions())) or "none yet"
             raise RevisionNotFound(
                 f"revision {revision} does not exist in {self.location} (revisions: {known}). "
                 "Fix: pick one of those, or run `pdctl releases` to list them")
-        try:
-            return Release(**found[0])
-        except TypeError as exc:
-            raise ReleaseError(f"release store {self.location}: {key} is not a revision record ({exc}). "
-                               "Fix: restore it from the bucket's object versions or from git") from None
+        if found[0].revision != revision:
+            raise StoreObjectUnreadable(f"release store {self.location}: {key} records revision "
+                                        f"{found[0].revision}. Nothing was changed. Fix: {self._restore_fix(key)}")
+        return found[0]
 
-    def create(self, spec: StackSpec, message: str = "") -> Release:
+    def next_revision(self) -> int:
+        """The number the next revision takes: above every record and every number the state
+        names (one an operation reserved before a crash, then recorded as abandoned)."""
+        state = self.state()
+        named = [*self.revisions(), *map(int, state["status"]), *map(int, state["traffic"]),
+                 *map(int, state.get("tracks") or {})]
+        operation = state.get("operation")
+        if isinstance(operation, dict) and isinstance(operation.get("revision"), int):
+            named.append(operation["revision"])
+        return max(named, default=0) + 1
+
+    def create(self, spec: StackSpec, message: str = "", revision: int | None = None) -> Release:
+        """Record `spec` as revision `revision` (one an operation reserved: a Conflict means
+        somebody else wrote it, so this one stops), or as the next free number."""
         content = release_content(spec)
         while True:
-            number = (self.revisions() or [0])[-1] + 1
+            number = revision or (self.revisions() or [0])[-1] + 1
             release = Release(revision=number, created_at=_now(), author=actor(), message=message, **content)
             try:
                 self.objects.create(f"revisions/{number:04d}.json", release.to_json().encode())
                 return release
             except Conflict:
+                if revision is not None:
+                    raise LeaseLost(f"{self.environment}: revision {revision}, reserved by this operation, was "
+                                    "written by another; it stopped here") from None
                 continue  # another writer took the number; take the next
 
     # --- serving state -------------------------------------------------------------------------
 
     def _read_state(self) -> tuple[dict[str, Any], str | None]:
-        """The state and its ETag. While this process holds the lease nobody else writes it (a
-        writer that does makes the next compare-and-swap fail), so the last copy read or
-        written is kept: one request per change instead of one per question."""
+        """The state (checked by StateRecord) and its ETag. While this process holds the lease
+        nobody else writes it (a writer that does makes the next compare-and-swap fail), so
+        the last copy read or written is kept: one request per change instead of one per question."""
         if self._held is not None and self._state_copy is not None:
             return json.loads(json.dumps(self._state_copy[0])), self._state_copy[1]
-        found = self._json(STATE)
-        state, etag = found if found else ({}, None)
+        found = self._object(STATE, StateRecord)
+        state, etag = (found[0].model_dump(mode="json", exclude_none=True), found[1]) if found else ({}, None)
+        state.setdefault("traffic", {})
+        state.setdefault("status", {})
         if self._held is not None:
             self._state_copy = (json.loads(json.dumps(state)), etag)
         return state, etag
 
     def state(self) -> dict[str, Any]:
-        state = self._read_state()[0]
-        state.setdefault("traffic", {})
-        state.setdefault("status", {})
-        return state
+        return self._read_state()[0]
 
     def _update_state(self, change: Callable[[dict[str, Any]], None]) -> None:
         """Read, change and compare-and-swap the state. Under a lease, the write carries its
         fencing number: a state already written under a newer lease means this one was taken."""
         self.keep_alive()
-        fence = (self._held or {}).get("fence")
+        fence = self._held.fence if self._held is not None else None
         for _ in range(8):  # a conflict is a writer without the lease (none in pdstack) or a race
             state, etag = self._read_state()
             if fence is not None and state.get("fence", 0) > fence:
-                current = self.lease() or {}
-                self._held, self._state_copy = None, None
-                raise LeaseLost(f"{self.environment}: this operation's lease was taken over ({current.get('operation')} "
-                                f"of {current.get('actor')} holds it now; fence {state['fence']} > {fence}). It "
-                                "stopped here; the new holder decides what serves")
-            state.setdefault("traffic", {})
-            state.setdefault("status", {})
+                self._lost(f"fence {state['fence']} > {fence}")
             change(state)
             if fence is not None:
                 state["fence"] = fence
+            try:
+                parse(STATE, StateRecord, state)  # never write what a reader would refuse
+            except Unreadable as exc:
+                raise ReleaseError(f"{self.environment}: pdstack would write a state it cannot read ({exc}); "
+                                   "nothing was written") from None
             try:
                 data = _dump(state)
                 etag = self.objects.create(STATE, data) if etag is None else self.objects.replace(STATE, data, etag)
@@ -222,6 +258,14 @@ class ReleaseStore:
                 self._state_copy = None  # someone wrote it: read it again
                 continue
         raise LeaseLost(f"{self.environment}: the state kept changing under this operation; it stopped here")
+
+    def _lost(self, detail: str) -> NoReturn:
+        current = self.lease()
+        self._held, self._held_etag, self._state_copy = None, None, None
+        holder = (f"{current.operation} of {current.actor} holds it now" if isinstance(current, LeaseRecord)
+                  else "nobody holds it now")
+        raise LeaseLost(f"{self.environment}: this operation's lease was taken over ({holder}; {detail}). It "
+                        "stopped here; the new holder decides what serves")
 
     def traffic(self) -> dict[int, int]:
         return {int(k): v for k, v in self.state()["traffic"].items()}
@@ -248,24 +292,43 @@ class ReleaseStore:
         """Record, before a cluster change, the tracks it will leave."""
         self._update_state(lambda state: state.__setitem__("tracks", {str(k): v for k, v in sorted(tracks.items())}))
 
+    def follow(self, traffic: dict[int, int]) -> None:
+        """Make the store say what the cluster serves (the reconcile rule, rollout/cluster.py):
+        confirmed traffic is the cluster's, and so are the tracks' weights (standbys stay at 0)."""
+        def change(state: dict[str, Any]) -> None:
+            state["traffic"] = {str(k): v for k, v in traffic.items() if v}
+            tracks = {int(k): 0 for k in state.get("tracks") or {}} | traffic
+            state["tracks"] = {str(k): v for k, v in sorted(tracks.items())}
+        self._update_state(change)
+
     # --- the operation in progress --------------------------------------------------------------
 
-    def operation(self) -> dict[str, Any] | None:
-        """The rollout recorded as started and not finished (its process stopped half-way)."""
-        return self.state().get("operation")
+    def operation(self) -> OperationRecord | None:
+        """The rollout recorded as started and not finished (its process stopped half-way).
+        OperationUnreadable if it is there but cannot be read."""
+        raw = self.state().get("operation")
+        if raw is None:
+            return None
+        try:
+            return parse(f"{STATE} operation", OperationRecord, raw)
+        except Unreadable as exc:
+            raise self._unreadable(exc, "`pdctl rollback --force` (or `pdctl rollout --abort --force`) puts all "
+                                        "traffic on the newest good revision and clears it (audited); or "
+                                        + self._restore_fix(STATE), OperationUnreadable) from None
 
     def begin_operation(self, kind: str, revision: int | None, serving: dict[int, int], **progress: Any) -> None:
         """Record, before the change, what is about to change and what served before: first
-        without a revision (before it is created), then with its number, then each stage."""
+        with its reserved revision number, then each stage."""
         def change(state: dict[str, Any]) -> None:
             previous = state.get("operation") or {}
-            state["operation"] = {**previous, "kind": kind, "revision": revision, "actor": actor(),
-                                  "started": previous.get("started", _now()),
-                                  "serving_before": {str(k): v for k, v in serving.items()}, **progress}
+            operation = OperationRecord(kind=kind, revision=revision, actor=actor(),
+                                        started=previous.get("started", _now()), serving_before=serving, **progress)
+            state["operation"] = operation.model_dump(mode="json", exclude_none=True)
         self._update_state(change)
 
     def end_operation(self) -> None:
-        if self.operation() is not None:
+        """Clear the operation (a broken one too: this is how it is cleared)."""
+        if self.state().get("operation") is not None:
             self._update_state(lambda state: state.pop("operation", None))
 
     def good_revisions(self) -> list[int]:
@@ -294,75 +357,78 @@ class ReleaseStore:
                 continue
 
     def audit_entries(self) -> list[dict[str, Any]]:
+        """Every entry, oldest first, each checked by AuditEntry."""
         entries = []
         for key in self.objects.list("audit/"):
-            found = self._json(key)
+            found = self._object(key, AuditEntry)
             if found:
-                entries.append(found[0])
+                entries.append(found[0].model_dump(mode="json"))
         return entries
 
     # --- lease -----------------------------------------------------------------------------------
 
-    def _read_lease(self) -> tuple[dict[str, Any], str] | None:
-        """The lease as stored. An unreadable one (written by an older version, say) reads as
-        expired, so it can be taken over."""
+    def _read_lease(self) -> tuple[LeaseRecord | BrokenLease | None, str | None]:
+        """The lease as stored, and its ETag. One that cannot be read is a BrokenLease: whether
+        its holder runs is unknown, so it is taken over only with --force."""
         found = self.objects.read(LEASE)
         if found is None:
-            return None
+            return None, None
         try:
-            held = json.loads(found[0])
-            return (held if isinstance(held, dict) and "token" in held else {"unreadable": True}), found[1]
-        except ValueError:
-            return {"unreadable": True}, found[1]
+            return parse(LEASE, LeaseRecord, parse_json(LEASE, found[0])), found[1]
+        except Unreadable as exc:
+            return BrokenLease("; ".join(exc.problems)), found[1]
 
-    def lease(self) -> dict[str, Any] | None:
-        """The live lease's holder, or None when nobody holds it."""
-        found = self._read_lease()
-        return None if found is None or found[0].get("released") else found[0]
+    def lease(self) -> LeaseRecord | BrokenLease | None:
+        """The live lease's holder (or a lease that cannot be read), None when nobody holds it."""
+        held = self._read_lease()[0]
+        return None if isinstance(held, LeaseRecord) and held.released is not None else held
 
     @staticmethod
-    def _lease_dead(held: dict[str, Any]) -> str:
+    def _lease_dead(held: LeaseRecord) -> str:
         """Why a lease no longer protects anything: '' while it does."""
-        if held.get("unreadable"):
-            return "its lease record is unreadable"
-        if datetime.fromisoformat(held["expires"]) < datetime.now(timezone.utc):
-            return f"it expired at {held['expires']}"
-        if held.get("host") == socket.gethostname() and not process_alive(int(held["pid"])):
-            return f"its process {held['pid']} on {held['host']} is gone"
+        if held.expires < datetime.now(timezone.utc):
+            return f"it expired at {held.expires.isoformat()}"
+        if held.host == socket.gethostname() and not process_alive(held.pid):
+            return f"its process {held.pid} on {held.host} is gone"
         return ""
 
-    def _expiry(self) -> str:
-        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).isoformat(timespec="milliseconds")
+    def _expiry(self) -> datetime:
+        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).replace(microsecond=0)
+
+    def _write_lease(self, lease: LeaseRecord, etag: str | None) -> str:
+        data = _dump(lease.model_dump(mode="json", exclude_none=True))
+        return self.objects.create(LEASE, data) if etag is None else self.objects.replace(LEASE, data, etag)
 
     @contextlib.contextmanager
-    def lock(self, operation: str, force: bool = False) -> Iterator[dict[str, Any]]:
+    def lock(self, operation: str, force: bool = False) -> Iterator[LeaseRecord]:
         """Hold this environment's lease for one operation. A live lease of another holder is
-        refused, naming it (or, with force, taken over, saying whose it was); one that expired,
-        whose process is gone, or that cannot be read is taken over. Both are audited. Each
-        state write under it renews it and carries its fencing number: a holder whose lease was
-        taken stops at its next state write (LeaseLost)."""
-        found = self._read_lease()
-        held, etag = found if found else (None, None)
+        refused, naming it (or, with force, taken over, saying whose it was); one that expired
+        or whose process is gone is taken over; one that cannot be read only with force. Each
+        takeover is audited. The fence is above every fence used before (the old lease's and
+        the state's), is written into the state first, and each state write under it renews
+        it and carries it: a holder whose lease was taken stops at its next write (LeaseLost)."""
+        held, etag = self._read_lease()
         taken_from = None
-        if held is not None and not held.get("released"):
+        if isinstance(held, BrokenLease):
+            if not force:
+                raise self._locked_by(held)
+            taken_from = {"why": f"its lease record is unreadable ({held.why})"}
+        elif held is not None and held.released is None:
             why = self._lease_dead(held)
             if not why and not force:
                 raise self._locked_by(held)
-            taken_from = {k: v for k, v in {**held, "why": why or "forced"}.items() if k != "token"}
-        lease = {"operation": operation, "actor": actor(), "pid": os.getpid(), "host": socket.gethostname(),
-                 "since": _now(), "expires": self._expiry(), "token": secrets.token_hex(8),
-                 "fence": int((held or {}).get("fence", 0)) + 1}
+            taken_from = {**held.model_dump(mode="json", exclude={"token", "released"}), "why": why or "forced"}
+        fence = max(held.fence if isinstance(held, LeaseRecord) else 0, self.state().get("fence", 0)) + 1
+        now = datetime.now(timezone.utc)
+        lease = LeaseRecord(operation=operation, actor=actor(), pid=os.getpid(), host=socket.gethostname(),
+                            since=now, expires=self._expiry(), token=secrets.token_hex(8), fence=fence)
         try:
-            if etag is None:
-                etag = self.objects.create(LEASE, _dump(lease))
-            else:
-                etag = self.objects.replace(LEASE, _dump(lease), etag)
+            etag = self._write_lease(lease, etag)
         except Conflict:  # another taker won the same moment: name it
-            now = self.lease() or {}
-            raise LockHeld(f"{self.environment} was just locked by {now.get('operation')} of {now.get('actor')} "
-                           f"(pid {now.get('pid')} on {now.get('host')}). Nothing was changed. Fix: wait for it "
-                           "to finish") from None
-        self._held = {**lease, "etag": etag}
+            now_held = self.lease()
+            raise (self._locked_by(now_held, just=True) if now_held is not None else LockHeld(
+                f"{self.environment} was just locked by another operation. Nothing was changed. Fix: run again")) from None
+        self._held, self._held_etag = lease, etag
         try:
             # Fence first: from this write on, a write of the previous holder fails its
             # compare-and-swap, reads the newer fence and stops (LeaseLost).
@@ -374,49 +440,66 @@ class ReleaseStore:
         finally:
             self._release()
 
-    def _locked_by(self, held: dict[str, Any]) -> LockHeld:
+    def _locked_by(self, held: LeaseRecord | BrokenLease, just: bool = False) -> LockHeld:
+        if isinstance(held, BrokenLease):
+            return LockHeld(
+                f"release store {self.location}: {LEASE} cannot be read ({held.why}), so whether an operation holds "
+                f"{self.environment} is unknown. Nothing was changed. Fix: make sure no rollout or rollback of "
+                f"{self.environment} is running (here, on another machine, in CI), then take it over with --force "
+                "(`pdctl rollback --force`, or `pdctl rollout --abort --force`)")
+        if just:
+            return LockHeld(f"{self.environment} was just locked by {held.operation} of {held.actor} (pid {held.pid} "
+                            f"on {held.host}). Nothing was changed. Fix: wait for it to finish")
         return LockHeld(
-            f"{self.environment} is locked by {held.get('operation')} of {held.get('actor')} (pid "
-            f"{held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease until "
-            f"{held.get('expires')}). Nothing was changed. Fix: wait for it to finish, or take it over "
-            "with --force if that operation is stuck")
+            f"{self.environment} is locked by {held.operation} of {held.actor} (pid {held.pid} on {held.host}, since "
+            f"{held.since.isoformat()}, lease until {held.expires.isoformat()}). Nothing was changed. Fix: wait for "
+            "it to finish, or take it over with --force if that operation is stuck")
 
     def refuse_if_locked(self) -> None:
-        """Raise LockHeld, naming the holder, while a live lease is held: an operation found
-        unfinished under it is running, not stopped."""
+        """Raise LockHeld, naming the holder, while a live lease is held (or one that cannot be
+        read): an operation found unfinished under it is running, not stopped."""
         held = self.lease()
-        if held is not None and not self._lease_dead(held):
+        if isinstance(held, BrokenLease) or (held is not None and not self._lease_dead(held)):
             raise self._locked_by(held)
+
+    def check_held(self) -> int:
+        """This process's fence, after checking, in the store itself, that it still holds the
+        lease: called before every cluster change (a paused process must not act on a lease
+        another took meanwhile). LeaseLost if it does not."""
+        if self._held is None:
+            raise LeaseLost(f"{self.environment}: this operation holds no lease; it stopped here")
+        stored = self._read_lease()[0]
+        if not isinstance(stored, LeaseRecord) or stored.token != self._held.token or stored.released is not None:
+            self._lost(f"the lease in {self.location} is no longer this operation's")
+        self.keep_alive()
+        return self._held.fence
 
     def _release(self) -> None:
         """Give the lease back if this process still holds it. A store that cannot be written
         now leaves it, to be taken over as its process is gone or it expires."""
-        held, self._held, self._state_copy = self._held, None, None
+        held, etag = self._held, self._held_etag
+        self._held, self._held_etag, self._state_copy = None, None, None
         if held is None:
             return
         with contextlib.suppress(Conflict, StoreUnavailable):
-            released = {k: v for k, v in held.items() if k != "etag"}
-            self.objects.replace(LEASE, _dump({**released, "released": _now()}), held["etag"])
+            released = held.model_copy(update={"released": datetime.now(timezone.utc)})
+            self._write_lease(released, etag)
 
     def keep_alive(self) -> None:
         """Renew the lease once half of it has run out (each state write calls this; so do long
         waits). A lease taken over meanwhile raises LeaseLost."""
         if self._held is None:
             return
-        left = datetime.fromisoformat(self._held["expires"]) - datetime.now(timezone.utc)
+        left = self._held.expires - datetime.now(timezone.utc)
         if left.total_seconds() < self.LEASE_SECONDS / 2:
             self._renew()
 
     def _renew(self) -> None:
         if self._held is None:
             return
-        lease = {k: v for k, v in self._held.items() if k != "etag"}
+        renewed = self._held.model_copy(update={"expires": self._expiry()})
         try:
-            etag = self.objects.replace(LEASE, _dump({**lease, "expires": self._expiry()}), self._held["etag"])
+            self._held_etag = self._write_lease(renewed, self._held_etag)
         except Conflict:
-            current = self.lease() or {}
-            self._held, self._state_copy = None, None
-            raise LeaseLost(f"{self.environment}: this operation's lease was taken over "
-                            f"({current.get('operation')} of {current.get('actor')} holds it now). "
-                            "It stopped here; the new holder decides what serves") from None
-        self._held = {**self._held, "expires": self._expiry(), "etag": etag}
+            self._lost("its lease record changed")
+        self._held = renewed

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from infra.prometheus import PrometheusError
 from infra.rollout.canary import DEFAULT_STAGES, Gate, GatePolicy, Observation, Verdict, judge
 from infra.rollout.cluster import Cluster, RecordedCluster
-from infra.rollout.releases import Release, ReleaseError, ReleaseStore
+from infra.rollout.records import OperationRecord, Release
+from infra.rollout.releases import ReleaseError, ReleaseStore
 from infra.rollout.steps import Step, plan_steps
 from infra.spec import SpecError, StackSpec
 from infra.tracks import plan_tracks, serving_revision, splits_traffic_by_weight
@@ -99,13 +101,18 @@ def _refuse_weighted_stages(spec: StackSpec, stages: tuple[int, ...]) -> None:
                              "Fix: --stages 100 (a blue/green switch, judged at 100%, the old revision kept warm)")
 
 
-def _unfinished_refusal(store: ReleaseStore, unfinished: dict) -> RolloutRefused:
+def _unfinished_refusal(store: ReleaseStore, unfinished: OperationRecord) -> RolloutRefused:
     return RolloutRefused(
-        f"{store.environment}: the {unfinished['kind']} of revision {unfinished['revision']} by "
-        f"{unfinished['actor']} (started {unfinished['started']}"
-        + (f", at its {unfinished['stage']}% stage" if unfinished.get("stage") else "")
+        f"{store.environment}: the {unfinished.kind} of revision {unfinished.revision} by "
+        f"{unfinished.actor} (started {unfinished.started}"
+        + (f", at its {unfinished.stage}% stage" if unfinished.stage else "")
         + ") never finished. Nothing was changed. Fix: `pdctl rollout --resume` (carry on from that stage), "
         "`pdctl rollout --abort` (traffic back to what served before it) or `scripts/rollback`")
+
+
+def say_to(console: Console) -> Callable[[str], None]:
+    """How the commands tell the operator what reconciling found (markup in it is text)."""
+    return lambda text: console.print(f"[yellow]{escape(text)}[/yellow]", highlight=False, soft_wrap=True)
 
 
 def _refuse_unless_it_fits(store: ReleaseStore, spec: StackSpec, baseline: int | None) -> None:
@@ -114,7 +121,7 @@ def _refuse_unless_it_fits(store: ReleaseStore, spec: StackSpec, baseline: int |
     revisions = store.revisions()  # one listing: a request on the S3 store
     if baseline is None or baseline not in revisions:
         return
-    upcoming = revisions[-1] + 1
+    upcoming = store.next_revision()
     try:
         plan_tracks([(baseline, 100, store.get(baseline).spec), (upcoming, 0, spec.model_dump(mode="json"))])
     except SpecError as exc:
@@ -138,7 +145,6 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     """Deploy `spec` as a new revision beside the serving one and canary it to 100%."""
     console = console or Console()
     _refuse_weighted_stages(spec, options.stages)
-    steps = steps_for(spec)
     cluster = RecordedCluster(cluster, store)
     # Refusals are checked before the lease is taken, so a refused rollout writes nothing;
     # the unfinished operation again under it, as another may have started meanwhile. Reading
@@ -150,28 +156,26 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
     live = cluster.traffic()
     _refuse_unless_it_fits(store, spec, serving_revision(live))
     _refuse_unless_judgeable(observe, serving_revision(live) or max(store.revisions(), default=0) + 1)
+    steps = steps_for(spec)  # the program under mocks: seconds, so after the quick refusals
     with store.lock("rollout"):
         unfinished = store.operation()  # again: another may have started meanwhile
         if unfinished is not None:
             raise _unfinished_refusal(store, unfinished)
-        serving = cluster.traffic()  # the truth for traffic, read again under the lease
-        recorded = store.traffic()
-        if serving != recorded:
-            console.print(f"[yellow]the cluster serves {serving}, the release store says {recorded}: "
-                          "acting on the cluster's[/yellow]")
+        serving = cluster.hold(say_to(console))  # the cluster fenced, the store following it
         baseline = serving_revision(serving)
         stages = list(options.stages) if baseline is not None else [100]
-        store.begin_operation("rollout", None, serving, stages=stages)  # intent first: a crash from here is recoverable
+        # Intent first, with the revision's number reserved: a crash (or a takeover) from here
+        # leaves an operation that names it, so the number is never left without a status.
+        rev = store.next_revision()
+        store.begin_operation("rollout", rev, serving, stages=stages, baseline=baseline)
         # One warm standby is kept (the baseline, after this rollout); older ones make room.
         for standby in sorted(set(store.tracks() or {}) - set(serving)):
             if cluster.deployed(standby):
                 cluster.retire(standby)
             store.record(status={standby: "retired"})
-        release = store.create(spec, message)
-        rev = release.revision
-        store.begin_operation("rollout", rev, serving, stages=stages, baseline=baseline)
+        release = store.create(spec, message, revision=rev)
         store.record(status={rev: "candidate"})
-        store.audit("rollout", rev, "started", serving=serving, recorded=recorded, message=message)
+        store.audit("rollout", rev, "started", serving=serving, message=message)
         _deploy(spec, store, cluster, rev, steps, options, console)
         _canary(spec, store, cluster, observe, rev, baseline, stages, options, console)
         return release
@@ -190,9 +194,9 @@ def resume(store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Obser
         unfinished = store.operation()  # again: another may have ended it meanwhile
         if unfinished is None:
             raise RolloutRefused(f"{store.environment} has no unfinished rollout to resume. Nothing was changed")
-        rev = unfinished["revision"]
-        if unfinished["kind"] != "rollout" or rev is None or rev not in store.revisions():
-            raise RolloutRefused(f"{store.environment}: the unfinished {unfinished['kind']} stopped before its "
+        rev = unfinished.revision
+        if unfinished.kind != "rollout" or rev is None or rev not in store.revisions():
+            raise RolloutRefused(f"{store.environment}: the unfinished {unfinished.kind} stopped before its "
                                  "revision was recorded, so there is nothing to resume. Nothing was changed. Fix: "
                                  "`pdctl rollout --abort`, then roll out again")
         if store.status(rev) == "failed":
@@ -200,12 +204,13 @@ def resume(store: ReleaseStore, cluster: Cluster, observe: Callable[[int], Obser
                                  "was changed. Fix: `pdctl rollout --abort`")
         release = store.get(rev)
         spec = release.stack_spec()
-        baseline, stages = unfinished.get("baseline"), unfinished.get("stages") or [100]
+        baseline, stages = unfinished.baseline, unfinished.stages
         if baseline is not None and not cluster.healthy(baseline):
             raise RolloutRefused(f"revision {baseline}, which served before, is not healthy, so the canary has "
                                  "nothing to fall back to. Nothing was changed. Fix: `scripts/rollback --to N`")
         _refuse_unless_judgeable(observe, rev)
-        stage = unfinished.get("stage")
+        cluster.hold(say_to(console))
+        stage = unfinished.stage
         remaining = stages[stages.index(stage):] if stage in stages else stages
         console.print(f"resuming the rollout of r{rev} at {remaining[0]}% (stages {remaining}); the cluster "
                       f"serves {cluster.traffic()}")
@@ -231,7 +236,8 @@ def _canary(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
             baseline: int | None, stages: list[int], options: RolloutOptions, console: Console) -> None:
     """Move traffic to `rev` stage by stage, judging each; at the first failed gate all of it
     goes back to `baseline`. Each stage is recorded before its traffic moves (for --resume)."""
-    serving_before = {int(k): v for k, v in (store.operation() or {}).get("serving_before", {}).items()}
+    operation = store.operation()
+    serving_before = dict(operation.serving_before) if operation else {}
     for stage in stages:
         weights = {rev: stage, **({baseline: 100 - stage} if baseline is not None and stage < 100 else {})}
         store.begin_operation("rollout", rev, serving_before, stages=list(stages), baseline=baseline, stage=stage)
