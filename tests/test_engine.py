@@ -12,6 +12,7 @@ instead of applying it. With the twin up (`.twin/kubeconfig`), test_up_on_the_tw
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pulumi_kubernetes as k8s
@@ -22,7 +23,7 @@ from pulumi import automation as auto
 from infra.components.access import API_KEYS_SECRET
 from infra.offline import manifest_of, run_offline, run_spec
 from infra.program import build_stack, main
-from infra.rollout.pulumi_cluster import PROJECT, PulumiCluster, step_targets
+from infra.rollout.pulumi_cluster import PROJECT, KubeTarget, PulumiCluster, step_targets
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.spec import stack_spec_path
@@ -159,12 +160,17 @@ def test_the_rollout_applies_a_step_through_the_automation_api(tmp_path, monkeyp
     program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the adapter selects an existing stack
     store.intend({revision: 100})
     output: list[str] = []
+
+    def no_route_yet(cmd: list[str]) -> str:  # no cluster in render mode: the route does not exist yet
+        raise subprocess.CalledProcessError(1, cmd, "", 'Error from server (NotFound): httproutes "gateway" not found')
+    # render_yaml_to dropped the stack's context (the provider takes none then): kubectl's is named here.
     cluster = PulumiCluster("dev", store, work_dir=project.work_dir, policy_pack=POLICY_PACK,
-                            on_output=output.append, run_command=lambda cmd: 0)
+                            on_output=output.append, run_command=lambda cmd: 0, read_command=no_route_yet,
+                            kube=KubeTarget("pdstack-dev"))
     run = cluster._program_run(store.tracks())
     step = {s.name: s for s in plan_steps(spec, run_spec(spec).resources)}["deploy prefill"]
     targets = step_targets(run, step, revision)
-    cluster.apply(revision, step)
+    cluster.apply(revision, step, fence=1)
     objects = rendered_objects(render)
     assert len(objects) == len(targets) == len(step.resources)
     assert {o["metadata"]["namespace"] for o in objects} == {track_namespace(spec.environment.namespace, revision)}

@@ -71,8 +71,11 @@ def run_change(args: argparse.Namespace, spec: StackSpec, action) -> int:
 
     releases = store(args, spec)
     try:
+        # The real stack's kubectl context comes from its stack file (refused without one).
         cluster = PulumiCluster(args.pulumi_stack, releases) if args.pulumi_stack else load_simulated(args.sim)
     except InputError as exc:  # a folder, not UTF-8, not JSON
+        if args.pulumi_stack:
+            raise
         raise InputError(f"--sim {exc}. Nothing was changed") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # another program's JSON
         raise InputError(f"--sim {args.sim}: not a simulated cluster file (no {exc} as pdctl writes it). Nothing "
