@@ -119,7 +119,8 @@ def test_scan_finds_stale_cache_folders_over_ssh(tmp_path, client_key, hosts):
         (folder / name).mkdir(parents=True)
         os.utime(folder / name, (now - age_h * 3600, now - age_h * 3600))
     data = stack_data("dev")
-    data["model"]["weights"]["node_cache_path"] = str(weights)
+    # The hosts scanned here are the on-prem kind: the cache is a folder on a mounted disk.
+    data["model"]["weights"].update(node_cache_path=str(weights), cache={"medium": "host-path"})
     vllm_with_epp(data)
     data["deployment"]["cache"].update(store="lmcache", disk_path=str(prefix), retention_hours=24)
     spec = parse_spec(data)

@@ -38,10 +38,11 @@ EXPECTED = {
     "make test": Expect(-1, "", "not run: it is the command that runs this test (.ci/run)"),
     "make loadtest-tool": Expect(0, ""),  # make test has made it already: nothing to do
     "make engine": Expect(0, "cached"),  # likewise: the builds of this pin are there
-        "make twin-up": Expect(-1, "", "not run here: tests/twin start the twin (or reuse one make twin-up started)"),
+    "make twin-up": Expect(-1, "", "not run here: tests/twin start the twin (or reuse one make twin-up started)"),
     "make twin-down": Expect(-1, "", "not run here: it would stop a twin the developer started; tests/twin stop theirs"),
     "make twin-build": Expect(-1, "", "not run here: make test runs it before the tests"),
     ".venv/bin/python -m pytest tests/twin": Expect(-1, "", "not run here: make test runs tests/twin"),
+    ".venv/bin/python -m pytest -s tests/test_fault_matrix.py": Expect(-1, "", "not run here: make test runs it"),
     ".venv/bin/pdctl validate --stack prod": Expect(0, "ok prod: disaggregated"),
     ".venv/bin/pdctl validate stacks/prod.yaml --output json": Expect(0, '"kind": "pdstack/validate"'),
     ".venv/bin/pdctl preview --offline --stack prod": Expect(0, "plan by layer"),

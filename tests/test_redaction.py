@@ -61,11 +61,11 @@ def test_what_pdstack_renders_is_not_taken_for_a_credential():
 
 
 def _secret_spec(tmp_path):
-    """prod with an AWS key pair pasted into the weights prefix and a GitHub token as an
-    instance type: both pass validate (the characters are legal there), both must never show."""
+    """prod with an AWS key pair pasted into the weights prefix and a GitHub token as the model's
+    repository name: both pass validate (the characters are legal there), both must never show."""
     data = stack_data("prod")
     data["model"]["weights"]["prefix"] = f"deepseek-v3/{AWS_SECRET}/{AWS_KEY_ID}/"
-    data["hardware"]["instance_types"] = ["p6e-gb200.36xlarge", GITHUB]
+    data["model"]["name"] = f"deepseek-ai/{GITHUB}"
     path = tmp_path / "prod-secret.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
