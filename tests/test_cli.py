@@ -114,6 +114,20 @@ def test_importing_the_entry_point_loads_nothing_a_ctrl_c_could_interrupt():
     assert main_still_the_entry_point == "True"  # no submodule named main may shadow it once imported
 
 
+def test_a_ctrl_c_python_cannot_raise_stops_pdctl_with_one_line():
+    """CI caught a SIGINT landing in importlib's module-lock weakref callback: Python printed
+    "Exception ignored in ... Traceback ... KeyboardInterrupt" and would have run on. The same
+    thing, made to happen on purpose: a weakref callback that is interrupted."""
+    program = ("import sys, weakref, infra.cli\n"
+               "sys.unraisablehook = infra.cli._interrupt_python_could_not_raise\n"
+               "class Box: pass\n"
+               "def interrupted(ref): raise KeyboardInterrupt\n"
+               "box = Box(); ref = weakref.ref(box, interrupted); del box\n"
+               "print('ran on')\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "interrupted\n")
+
+
 @pytest.mark.parametrize("command", [["validate"], ["preview", "--offline"]])
 def test_ctrl_c_while_pdctl_starts_or_runs_is_one_line_and_exit_130(command):
     """SIGINT at several moments after pdctl's imports begin, three times over: each run ends with

@@ -36,9 +36,31 @@ def _open_standard_fds() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
+def _interrupt_python_could_not_raise(unraisable) -> None:
+    """A Ctrl-C that lands while Python runs a callback of its own (a weakref's, such as the one
+    importlib's module locks use, or a finalizer) cannot be raised: Python prints "Exception
+    ignored in ..." with a traceback and goes on as if no key was pressed. pdctl stops there
+    instead, as Ctrl-C anywhere else would: one line, exit 130. Leaving at once is safe because
+    everything that changes an environment is crash-safe (tests/test_fault_matrix.py kills the
+    rollout at every point where it writes). Anything else keeps Python's own report."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        try:
+            os.write(2, b"interrupted\n")
+        except OSError:
+            pass
+        os._exit(EXIT_INTERRUPTED)
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The entry point (`pdctl = infra.cli:main`): the commands' boundary is `infra.cli.run.run`."""
     try:
+        sys.unraisablehook = _interrupt_python_could_not_raise
         _open_standard_fds()
         from infra.cli.run import run
 
