@@ -41,7 +41,15 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
 
     mode = load_platform_spec(REPO_ROOT / spec.platform.spec).nodes.mode
     ref = pulumi.StackReference(spec.platform.stack)
-    provider = k8s.Provider("platform-cluster", kubeconfig=ref.require_output("kubeconfig"))
+    # Which cluster comes from the platform stack, unless the stack's own
+    # `kubernetes:renderYamlToDirectory` says to write each object as YAML instead of sending it
+    # (the provider takes no kubeconfig then), as it does for the default provider.
+    render_to = pulumi.Config("kubernetes").get("renderYamlToDirectory")
+    if render_to:
+        # kubeconfig="": the SDK would otherwise take $KUBECONFIG, which the provider refuses here.
+        provider = k8s.Provider("platform-cluster", render_yaml_to_directory=render_to, kubeconfig="")
+    else:
+        provider = k8s.Provider("platform-cluster", kubeconfig=ref.require_output("kubeconfig"))
     return ref, provider, mode
 
 

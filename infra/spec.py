@@ -716,8 +716,9 @@ class ObservabilitySpec(Strict):
 class PlatformRef(Strict):
     """The per-cluster platform stack this environment runs on (infra/platform_stack/)."""
 
-    stack: str = Field(description="Its Pulumi stack, as a StackReference names it: <org>/pdstack/<stack> (or the "
-                                   "stack's name in the same organization and project).")
+    stack: str = Field(description="Its Pulumi stack, as a StackReference names it: <org>/pdstack/<stack>, or the "
+                                   "stack's name alone in the same organization and project (a two-part name is "
+                                   "<org>/<stack>).")
     spec: str = Field(description="Its platform spec, relative to the project (what the offline preview and the "
                                   "cross-checks read).")
     # Pulumi's names: organization, project and stack of letters, digits, '-', '_', '.', 100 at most each.
@@ -725,6 +726,12 @@ class PlatformRef(Strict):
         lambda v: re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,2}", v),
         "is not a stack reference (<org>/<project>/<stack>, each 100 characters at most). Fix: e.g. "
         "example/pdstack/platform-prod"))
+    # Pulumi reads a two-part name as <org>/<stack>: "pdstack/platform-dev" names an organization
+    # called pdstack, which no self-managed backend has ("organization name must be 'organization'").
+    _not_project_slash_stack = field_validator("stack")(_checked(
+        lambda v: not re.fullmatch(r"pdstack/[^/]+", v),
+        "names organization 'pdstack' (Pulumi reads <a>/<b> as <org>/<stack>). Fix: the stack's name alone "
+        "(e.g. platform-prod) or <org>/pdstack/<stack>"))
     _spec = field_validator("spec")(_checked(lambda v: re.fullmatch(SAFE_NAME, v) and v.endswith((".yaml", ".yml"))
                                              and len(v) <= 255,
                                              "is not a project file path of a YAML spec. Fix: e.g. "

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.rollout.pulumi_cluster import POLICY_PACK  # noqa: F401  (the executable form of `--policy-pack policy`)
 from infra.spec import REPO_ROOT, stack_spec_path
 
 ENGINE_PATH = REPO_ROOT / ".engine" / "path"
@@ -34,7 +35,6 @@ STANDINS = Path(__file__).parent / "engine_plugins"
 # Encrypts the secrets of the tests' throwaway stacks (file backend in a temp folder); not a real secret.
 TEST_PASSPHRASE = "pdstack-tests-throwaway-passphrase"
 BINARIES = ("pulumi", "pulumi-resource-kubernetes")
-POLICY_PACK = str(REPO_ROOT / "policy" / "run-pack")  # the executable form of `--policy-pack policy`
 
 
 def require_engine() -> None:
@@ -121,4 +121,37 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
         "PDSTACK_PYTHON": sys.executable,  # the random stand-in's interpreter (grpc, pulumi)
     }.items():
         monkeypatch.setenv(name, value)
-    return EngineProject(work_dir, stack, kubeconfig)
+    project = EngineProject(work_dir, stack, kubeconfig)
+    platform_stand_in(project)
+    return project
+
+
+def platform_stand_in(project: EngineProject) -> None:
+    """The platform stack the serving stack's StackReference reads (its spec's `platform.stack`),
+    as a stack of the test's backend that exports what the real one would: the names from its
+    platform spec (infra/platform_stack/program.py expected_outputs) and, as its cluster's
+    kubeconfig, the test's (the twin's, or a closed port). The real platform program makes an
+    EKS cluster, buckets and roles, which nothing here can create; the StackReference itself is
+    the real engine's."""
+    import pulumi
+    from pulumi import automation as auto
+
+    from infra.platform_stack.program import expected_outputs
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.rollout.pulumi_cluster import PROJECT
+    from infra.spec_checks import load_spec
+
+    spec = load_spec(stack_spec_path(project.stack))
+    if spec.platform is None:
+        return
+    outputs = expected_outputs(load_platform_spec(REPO_ROOT / spec.platform.spec))
+    outputs["kubeconfig"] = project.kubeconfig.read_text()
+
+    def exports() -> None:
+        for key, value in outputs.items():
+            pulumi.export(key, pulumi.Output.secret(value) if key == "kubeconfig" else value)
+
+    stack = auto.create_or_select_stack(stack_name=spec.platform.name(), project_name=PROJECT, program=exports,
+                                        opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
+    stack.set_config("pdstack:specFile", auto.ConfigValue(spec.platform.spec))  # Pulumi.yaml requires it
+    stack.up(on_output=lambda line: None)

@@ -222,3 +222,24 @@ def test_karpenter_gates_follow_the_pools():
     ctx = context("platform-prod")  # GB200 decode: static pools on reserved capacity
     values = controller("karpenter").values(ctx)
     assert values["settings"]["featureGates"] == {"staticCapacity": True, "reservedCapacity": True}
+
+
+@pytest.mark.parametrize("name,ok", [("platform-prod", True), ("acme/pdstack/platform-prod", True),
+                                     ("acme/platform-prod", True), ("pdstack/platform-prod", False)])
+def test_the_platform_stack_is_named_as_pulumi_reads_a_stack_reference(name, ok):
+    """Pulumi reads `a/b` as <org>/<stack> (github.com/pulumi/pulumi/pkg/v3 v3.274.1,
+    backend/diy/store.go: a two-part reference is org and name), so the shipped
+    `pdstack/platform-dev` named an organization "pdstack": the real engine's file backend
+    refused it ("organization name must be 'organization'"), and in Pulumi Cloud it is another
+    organization's stack. The spec refuses it with the fix."""
+    from infra.spec import SpecError
+    from infra.spec_checks import parse_spec
+    from tests.conftest import stack_data
+
+    data = stack_data("prod")
+    data["platform"]["stack"] = name
+    if ok:
+        assert parse_spec(data).platform.name() == "platform-prod"
+    else:
+        with pytest.raises(SpecError, match=r"platform\.stack: .*Fix: the stack's name alone"):
+            parse_spec(data)
