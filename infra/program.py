@@ -58,7 +58,11 @@ def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools | None) ->
     foundation = Foundation(f"{name}-foundation", ctx)
     storage = Storage(f"{name}-storage", ctx, after(foundation))
     kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
-    engines = Engines(f"{name}-engines", ctx, kvcache.plan, after(*[r for r in (nodepools, storage, kvcache) if r]))
+    # The engines wait for what their pods read (the weights fetcher, the KV cache's config), not
+    # for the whole KV cache layer: its store comes up after them (infra/rollout/steps.py), and
+    # the real engine refuses a targeted step whose dependency is neither deployed nor targeted.
+    engines = Engines(f"{name}-engines", ctx, kvcache.plan,
+                      after(*[r for r in (nodepools, storage, kvcache.config) if r]))
     balancers = Balancers(f"{name}-balancers", ctx, after(engines))
     monitoring = Monitoring(f"{name}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
     layers = {"foundation": foundation, "storage": storage, "kvcache": kvcache, "engines": engines,
@@ -99,7 +103,7 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             layers.update({f"r{track.revision}/{k}": v for k, v in served.items()})
             backends.append(Backend(track.namespace, served["balancers"].router, track.weight))
             routers.append(served["balancers"])
-    access = Access(f"{env}-access", ctx, backends, after(*routers))
+    access = Access(f"{env}-access", ctx, backends, routers)
     layers["access"] = access
     if platform is not None:
         engines = [v for k, v in layers.items() if k.endswith("engines")]

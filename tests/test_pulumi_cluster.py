@@ -144,12 +144,27 @@ def test_a_step_targets_its_revisions_resources_and_keeps_secrets_out_of_logs(cl
     cluster.apply(2, steps()["deploy decode"], fence=1)
     (up,) = cluster._stack.ups
     names = {urn.rsplit("::", 1)[1] for urn in up["target"]}
-    assert names == {"r2-leaderworkerset-engine-decode", "r2-service-engine-decode-http", "r2-configmap-engine-decode-launch",
-                     "r2-poddisruptionbudget-engine-decode", "r2-computedomain-engine-decode-nvlink"}
+    objects = {"r2-leaderworkerset-engine-decode", "r2-service-engine-decode-http", "r2-configmap-engine-decode-launch",
+               "r2-poddisruptionbudget-engine-decode", "r2-computedomain-engine-decode-nvlink"}
+    # and the track's components above them: the real engine refuses to create a resource
+    # whose parent is neither in its state nor targeted (tests/test_engine.py shows it)
+    components = names - objects
+    assert objects <= names and components and all(name.startswith("prod-r2-") for name in components)
+    assert all("pdstack:" in urn.split("::")[2].rsplit("$", 1)[-1] for urn in up["target"]
+               if urn.rsplit("::", 1)[1] in components)
     assert all(urn.startswith("urn:pulumi:prod::pdstack::") for urn in up["target"])
-    assert up["show_secrets"] is False and up["policy_packs"][0].endswith("/policy")
+    assert up["show_secrets"] is False and up["policy_packs"][0].endswith("/policy/run-pack")
     assert cluster.ready(2, steps()["deploy decode"])
     assert cluster.api.commands[-1][-2:] == ["-n", "pdstack-prod-r2"]
+
+
+def test_a_step_with_nothing_to_apply_runs_no_update(cluster):
+    """"verify" applies no resource. An empty target list reaches the Automation API as no
+    --target at all, and the whole stack would be updated, the route's weights and fence
+    rewritten (found on the real engine: tests/test_engine.py rendered one object too many)."""
+    cluster.store.intend({1: 100, 2: 0})
+    cluster.apply(2, steps()["verify"], fence=1)
+    assert cluster._stack.ups == []
 
 
 def test_traffic_moves_by_one_fenced_patch_of_the_route_as_the_program_renders_it(cluster):
@@ -275,3 +290,34 @@ def test_pdctl_refuses_a_stack_file_that_does_not_exist(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "Pulumi.staging.yaml does not exist" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_object_of_two_tracks_is_applied_by_exactly_one_step_of_its_revision(tmp_path, stack):
+    """Found on the real engine (tests/test_engine.py): steps matched by name against the
+    untracked plan never targeted a track's own namespace (`r1-namespace-pdstack-dev-r1`), its
+    ReferenceGrant, or, with tracks, the environment's gateway, keys and policies, so a
+    rollout's targeted ups would never create them. With two tracks recorded, every custom
+    resource of the program's run is targeted by exactly one step of its revision (the
+    environment's own by revision 1's steps), except the route, which set_traffic creates."""
+    from infra.rollout.pulumi_cluster import ROUTE_RESOURCE, TRACK_NAME, engine_urn, step_targets
+
+    store = ReleaseStore(stack, tmp_path / "releases")
+    spec = parse_spec(stack_data(stack))
+    store.create(spec)
+    store.create(spec)
+    store.intend({1: 90, 2: 10})
+    cluster = PulumiCluster(stack, store, work_dir=tmp_path, kube=KubeTarget(f"pdstack-{stack}"))
+    run = cluster._program_run(store.tracks())
+    objects = {engine_urn(r.urn) for r in run.custom() if not r.type.startswith("pulumi:providers:")}
+    targeted: dict[str, int] = {}
+    for revision in (1, 2):
+        for step in plan_steps(spec, run_spec(spec).resources):
+            for urn in step_targets(run, step, revision):
+                name = urn.rsplit("::", 1)[1]
+                if urn in objects and (name.startswith(f"r{revision}-") or (revision == 1 and not TRACK_NAME.match(name))):
+                    targeted[urn] = targeted.get(urn, 0) + 1
+    (route,) = [u for u in objects if u.endswith("::" + ROUTE_RESOURCE)]
+    assert objects - set(targeted) == {route}
+    assert {u: n for u, n in targeted.items() if n != 1} == {}
+    assert any("::r2-namespace-" in u for u in objects) and any("::r1-referencegrant-" in u for u in objects)

@@ -237,7 +237,12 @@ class Access(Layer):
 
     layer = "access"
 
-    def __init__(self, name: str, ctx: LayerContext, backends: list[Backend], opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, ctx: LayerContext, backends: list[Backend], routers: list[pulumi.Resource],
+                 opts: pulumi.ResourceOptions | None = None):
+        """`routers`: what the gateway and its route wait for. Only they do: the namespace's
+        policies and the key Secret go in with the environment (infra/rollout/steps.py), before
+        any track's routers exist, and the real engine refuses a targeted resource whose
+        dependency is neither in the state nor targeted."""
         super().__init__(name, ctx, opts)
         self.api_keys: dict[str, pulumi.Output[str]] = {}
         for key in ctx.spec.access.api_keys:
@@ -251,8 +256,10 @@ class Access(Layer):
             "metadata": ctx.metadata(API_KEYS_SECRET, "access"),
             "stringData": self.api_keys,  # client id -> key, as Envoy Gateway's apiKeyAuth reads it
         })
-        for manifest in [*network_policies(ctx, backends[0].router.port), *gateway_manifests(ctx, backends)]:
+        for manifest in network_policies(ctx, backends[0].router.port):
             self.add(manifest)
+        for manifest in gateway_manifests(ctx, backends):
+            self.add(manifest, depends_on=routers)
         self.register_outputs({"api_keys": pulumi.Output.secret(self.api_keys)})
 
 

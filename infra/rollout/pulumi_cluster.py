@@ -43,12 +43,18 @@ from infra.inputs import InputError, load_yaml_mapping
 from infra.offline import OfflineRun, run_offline
 from infra.rollout.cluster import check_weights, fence_refused
 from infra.rollout.releases import ReleaseError, ReleaseStore
-from infra.rollout.steps import Step
+from infra.offline import manifest_of
+from infra.rollout.steps import Step, step_of
 from infra.spec import REPO_ROOT
 from infra.tracks import plan_tracks, track_namespace
 
 PROJECT = "pdstack"  # Pulumi.yaml name
-POLICY_PACK = str(REPO_ROOT / "policy")
+TRACK_NAME = re.compile(r"r\d+-")  # a release track's copy of a resource (infra/program.py name_prefix)
+ROUTE_RESOURCE = "httproute-gateway"  # the environment's route (infra/components/access.py), as Pulumi names it
+OPEN_ACCESS_STEP = "open access"
+# The pack as an executable analyzer (policy/run-pack): any CLI starts it, the one built from
+# the module proxy too, which has no pulumi-language-python plugin for the folder form.
+POLICY_PACK = str(REPO_ROOT / "policy" / "run-pack")
 FENCE_ANNOTATION = "pdstack.io/fence"
 ROUTE_CAS_ATTEMPTS = 5  # the gateway controller's status writes also move the resourceVersion
 STACK_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -107,15 +113,43 @@ def kube_target(stack_name: str, project_dir: Path = REPO_ROOT) -> KubeTarget:
 
 
 def step_targets(run: OfflineRun, step: Step, revision: int) -> list[str]:
-    """URNs of a step's resources for one revision: its track's copies, and shared ones."""
+    """URNs for `pulumi up --target` of one step of one revision: the step's resources (its
+    track's copies, and shared ones), then the component resources they sit under. The real
+    engine refuses to create a resource whose parent is neither in the state nor targeted
+    ("depends on ...::dev-r1-engines which was not specified in --target list"), and a
+    track's components are new with its first step; a component has no cluster object, so
+    targeting it changes nothing else."""
     prefix = f"r{revision}-"
-    urns = []
+    objects = []
     for r in run.custom():
-        if r.name.startswith(prefix) and r.name[len(prefix):] in step.resources:
-            urns.append(r.urn)
-        elif step.shared and r.name in step.resources and not r.name.startswith("r"):
-            urns.append(r.urn)
-    return urns
+        if r.type.startswith("pulumi:providers:") or step_of(r, manifest_of(r)) != step.name:
+            continue
+        # Classified by layer and kind, not matched by name against the untracked plan: a track
+        # has objects the environment has not, or under another name (its own namespace
+        # `r1-namespace-pdstack-dev-r1`, the ReferenceGrant that lets the route reach it).
+        # The environment's own objects go with the shared steps and with "open access" (the
+        # gateway, its keys and policies), except the route: set_traffic owns it, by one fenced
+        # patch, so that no `up` rewrites its weights or drops the fence it carries.
+        environment_wide = not TRACK_NAME.match(r.name)
+        if r.name.startswith(prefix) or (environment_wide and r.name != ROUTE_RESOURCE
+                                         and (step.shared or step.name == OPEN_ACCESS_STEP)):
+            objects.append(r)
+    components = {r.urn: r for r in run.resources if not r.custom and not r.remote}
+    ancestors: list[str] = []
+    for r in objects:
+        parent = r.parent_urn
+        while parent in components and parent not in ancestors:
+            ancestors.append(parent)
+            parent = components[parent].parent_urn
+    return [r.urn for r in objects] + [engine_urn(urn) for urn in ancestors]
+
+
+def engine_urn(urn: str) -> str:
+    """A URN as the real engine writes it. Pulumi's mocks qualify a resource whose parent is the
+    stack with the stack's type (`...::pulumi:pulumi:Stack$pdstack:engines:Engines::dev-r1-engines`);
+    the engine leaves the root stack out of the type chain (`...::pdstack:engines:Engines::...`),
+    as it does in every URN of a child of such a component."""
+    return urn.replace("::pulumi:pulumi:Stack$", "::", 1)
 
 
 def traffic_from_route(route: dict, namespace: str) -> dict[int, int]:
@@ -161,7 +195,7 @@ class PulumiCluster:
     run_command: Callable[[list[str]], int] = _run  # exit code
     read_command: Callable[[list[str]], str] = _read  # stdout; CalledProcessError (with stderr) on failure
     work_dir: Path = REPO_ROOT  # the Pulumi project: Pulumi.yaml, Pulumi.<stack>.yaml
-    policy_pack: str = POLICY_PACK  # a folder, or policy/run-pack where the CLI has no Python language plugin
+    policy_pack: str = POLICY_PACK
     kube: KubeTarget | None = None  # default: the stack's (kube_target), checked when this is made
     _stack: object = None
 
@@ -196,6 +230,10 @@ class PulumiCluster:
         return self.store.get(max(self.store.revisions())).stack_spec().environment.namespace
 
     def _up(self, targets: list[str] | None) -> None:
+        """`targets` None: the whole stack. An empty list is not passed on: the Automation API
+        drops an empty --target, and the update would then change everything, the route too."""
+        if targets is not None and not targets:
+            return
         # show_secrets=False: the update's output goes to our logs, secrets must not.
         self.stack.up(target=targets, target_dependents=False, policy_packs=[self.policy_pack],
                       on_output=self.on_output, show_secrets=False)
@@ -298,7 +336,7 @@ class PulumiCluster:
         missing = sorted(r for r in weights if not self.deployed(r))
         if missing:
             raise ValueError(f"cannot route to revision(s) {missing}: not deployed")
-        (route,) = [r for r in self._program_run(tracks).custom() if r.name == "httproute-gateway"]
+        (route,) = [r for r in self._program_run(tracks).custom() if r.name == ROUTE_RESOURCE]
         if not self._swap_route(fence, f"traffic {weights}", rules=route.inputs["spec"]["rules"]):
             # The environment's first rollout: no route yet. Pulumi creates it from the recorded
             # tracks, then it carries this fence like every later change.

@@ -56,7 +56,9 @@ _READY_CONDITION = {
 }
 
 
-def _step_of(resource: RegisteredResource, manifest: dict | None) -> str:
+def step_of(resource: RegisteredResource, manifest: dict | None) -> str:
+    """The step a custom resource belongs to, by its layer and kind (a track's copy as the
+    environment's own: its name and namespace do not matter)."""
     kind = manifest["kind"] if manifest else ""
     role = (manifest or {}).get("metadata", {}).get("labels", {}).get(naming.ROLE_LABEL)
     layer = resource.layer
@@ -86,7 +88,7 @@ def plan_steps(spec: StackSpec, resources: list[RegisteredResource]) -> list[Ste
         if not resource.custom or resource.type.startswith("pulumi:providers:"):
             continue
         manifest = manifest_of(resource)
-        bucket = buckets[_step_of(resource, manifest)]
+        bucket = buckets[step_of(resource, manifest)]
         bucket.names.append(resource.name)
         if manifest and manifest["kind"] in _READY_CONDITION:
             bucket.waits.append(f"{manifest['kind']}/{manifest['metadata']['name']} {_READY_CONDITION[manifest['kind']]}")
