@@ -12,8 +12,8 @@ What is real and what stands in (README, "The real Pulumi engine"):
 - pulumi-random: tests/engine_plugins' stand-in (its module is not served either).
 
 The cluster: a kubeconfig whose `pdstack-<env>` context (what Pulumi.<env>.yaml names) points at
-the cluster twin when one is up (`.twin/kubeconfig`, or PDSTACK_TWIN_KUBECONFIG), else at a
-closed port on 127.0.0.1, where the provider can only preview or render YAML.
+the cluster twin (tests/twin, which start it) or else at a closed port on 127.0.0.1, where the
+provider can only preview or render YAML.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.rollout.pulumi_cluster import POLICY_PACK  # noqa: F401  (the executable form of `--policy-pack policy`)
 from infra.spec import REPO_ROOT, stack_spec_path
 
 ENGINE_PATH = REPO_ROOT / ".engine" / "path"
@@ -45,13 +44,6 @@ def require_engine() -> None:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-
-
-def twin_kubeconfig() -> Path | None:
-    """The cluster twin's kubeconfig, if the twin is up here."""
-    named = os.environ.get("PDSTACK_TWIN_KUBECONFIG")
-    path = Path(named) if named else REPO_ROOT / ".twin" / "kubeconfig"
-    return path if path.is_file() else None
 
 
 def _closed_port() -> int:
@@ -124,6 +116,25 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
     project = EngineProject(work_dir, stack, kubeconfig)
     platform_stand_in(project)
     return project
+
+
+def program_stack(project: EngineProject, program):
+    """The project's stack (created if new) running `program` inline: `pulumi stack init/select`."""
+    from pulumi import automation as auto
+
+    from infra.rollout.pulumi_cluster import PROJECT
+
+    return auto.create_or_select_stack(stack_name=project.stack, project_name=PROJECT, program=program,
+                                       opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
+
+
+def dev_program(tmp_path: Path):
+    """The program Pulumi.yaml runs, reading its tracks from an empty release store of the test's."""
+    from infra.program import main
+    from infra.rollout.releases import ReleaseStore
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    return lambda: main(store=store)
 
 
 def platform_stand_in(project: EngineProject) -> None:

@@ -7,7 +7,7 @@ in (pulumi-random's provider) and why.
 Without the cluster twin the provider's kubeconfig points at a closed port: `preview` then
 runs the provider offline, and `up` renders every object to YAML through the provider's
 renderYamlToDirectory mode (pulumi-kubernetes provider/pkg/provider/provider.go, `yamlRenderMode`)
-instead of applying it. With the twin up (`.twin/kubeconfig`), test_up_on_the_twin applies dev.
+instead of applying it. On the cluster twin, tests/twin/test_pulumi_on_twin.py applies dev for real.
 """
 
 from __future__ import annotations
@@ -22,25 +22,14 @@ from pulumi import automation as auto
 
 from infra.components.access import API_KEYS_SECRET
 from infra.offline import manifest_of, run_offline, run_spec
-from infra.program import build_stack, main
-from infra.rollout.pulumi_cluster import PROJECT, KubeTarget, PulumiCluster, step_targets
+from infra.program import build_stack
+from infra.rollout.pulumi_cluster import POLICY_PACK, PROJECT, KubeTarget, PulumiCluster, step_targets
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from infra.tracks import track_namespace
-from tests.engine import POLICY_PACK, EngineProject, engine_project, twin_kubeconfig
-
-
-def program_stack(project: EngineProject, program) -> auto.Stack:
-    return auto.create_or_select_stack(stack_name=project.stack, project_name=PROJECT, program=program,
-                                       opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
-
-
-def dev_program(tmp_path: Path):
-    """The program Pulumi.yaml runs, reading its tracks from an empty release store of the test's."""
-    store = ReleaseStore("dev", tmp_path / "releases")
-    return lambda: main(store=store)
+from tests.engine import dev_program, engine_project, program_stack
 
 
 def offline_urns(stack: str) -> set[str]:
@@ -184,16 +173,3 @@ def test_the_rollout_applies_its_steps_through_the_automation_api(tmp_path, monk
     expected = [manifest_of(r) for r in run.custom() if r.type.startswith("kubernetes:")]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted(
         (m["kind"], m["metadata"]["name"]) for m in expected)
-
-
-def test_up_on_the_twin(tmp_path, monkeypatch):
-    """`pulumi up` of dev applied for real, on the cluster twin's API server (`make twin-up`);
-    a second `up` changes nothing. Needs the twin: skipped where it is not up."""
-    twin = twin_kubeconfig()
-    if twin is None:
-        pytest.skip("no cluster twin here (.twin/kubeconfig). Fix: make twin-up")
-    project = engine_project(tmp_path, monkeypatch, twin=twin)
-    stack = program_stack(project, dev_program(tmp_path))
-    assert stack.up(on_output=lambda line: None, show_secrets=False).summary.result == "succeeded"
-    again = stack.preview(on_output=lambda line: None, expect_no_changes=True)
-    assert set(again.change_summary) == {auto.OpType.SAME}

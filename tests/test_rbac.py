@@ -9,7 +9,6 @@ that made the picker's hand-written Role fail.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
