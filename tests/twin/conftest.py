@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from twin import cluster
 
 FIGURES: list[str] = []  # one line per stack, printed at the end of the run
@@ -20,6 +22,18 @@ def twin():
     yield state
     if not already:
         cluster.down(log=lambda *_: None)
+
+
+@pytest.fixture
+def dev_nodes(twin):
+    """dev's spec, with the kwok nodes its pools would hold on the twin (removed afterwards)."""
+    from twin import fleet
+    from twin.nodes import TWIN_LABEL, stack_nodes
+
+    spec = load_spec(stack_spec_path("dev"))
+    assert fleet.apply_each_pass(stack_nodes(spec)).rejected == {}
+    yield spec
+    cluster.kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
 def pytest_terminal_summary(terminalreporter):

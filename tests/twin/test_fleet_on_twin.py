@@ -14,6 +14,7 @@ for the pools' instances (twin/nodes.py derives them from the spec and the NodeP
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter, defaultdict
 
 import pytest
@@ -224,3 +225,94 @@ def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_f
             FIGURES.append(f"{label} {role}: {reserve} groups bound; group {reserve + 1} refused: {said[0][:160]}")
         finally:
             _scale(lws, lws["spec"].get("replicas", 1))
+
+
+def _can_i(verb: str, resource: str, group: str, account: str, namespace: str) -> bool:
+    """A SubjectAccessReview for the ServiceAccount, answered by the twin's real RBAC authorizer
+    (kube-apiserver --authorization-mode=Node,RBAC). Created as an object, not through `kubectl
+    auth can-i`, which resolves the resource through discovery first and answers "no" for a type
+    whose CRD is not installed (the picker's InferenceObjective)."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
+        "user": f"system:serviceaccount:{namespace}:{account}",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+        "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}}}
+    done = kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
+    return json.loads(done.stdout)["status"].get("allowed") is True
+
+
+def test_each_account_may_do_what_its_program_does_and_no_more(applied_fleet):
+    """The router's ServiceAccount may make every call its program makes with the rendered flags
+    (infra/render/pinned/rbac-needs.json, each need citing its source at the pinned version:
+    sglang-router 0.3.2 sglang_router/router.py lists and watches pods; the endpoint picker's
+    manager caches, gateway-api-inference-extension pkg/epp/server/controller_manager.go),
+    checked by SubjectAccessReview against the RBAC objects applied to the twin. It may not
+    delete pods or read Secrets, and the engines' account may not list pods: the test bites."""
+    from infra.render import rbac
+    from tests.test_rbac import launched_args
+
+    spec, objects, result, label = applied_fleet
+
+    class Rendered:  # what launched_args reads, from the applied objects
+        @staticmethod
+        def by_kind(kind: str) -> list[dict]:
+            return [o for o in objects if o["kind"] == kind]
+
+    (router,) = [o for o in Rendered.by_kind("Deployment") if o["metadata"]["name"] == naming.ROUTER]
+    namespace = router["metadata"]["namespace"]
+    account = router["spec"]["template"]["spec"]["serviceAccountName"]
+    args = launched_args(Rendered, router)
+    component = "endpoint_picker" if router["spec"]["template"]["spec"]["containers"][0].get("args") else "sglang_router"
+    needs = [n for n in rbac.needs_for(component, args) if n.scope == "namespace"]
+    assert needs, f"{label}: {component} makes no call"
+    refused = [f"{v} {n.resource}.{n.api_group}" for n in needs for v in n.verbs
+               if not _can_i(v, n.resource, n.api_group, account, namespace)]
+    assert refused == [], f"{label}: {account} may not {refused}"
+    assert not _can_i("delete", "pods", "", account, namespace)
+    assert not _can_i("get", "secrets", "", account, namespace)
+    engine_accounts = {o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"].get("serviceAccountName", "default")
+                       for o in Rendered.by_kind("LeaderWorkerSet")}
+    for engine_account in engine_accounts:
+        assert not _can_i("list", "pods", "", engine_account, namespace), f"{label}: {engine_account} lists pods"
+    FIGURES.append(f"{label} rbac: {account} ({component}) may {sum(len(n.verbs) for n in needs)} calls; "
+                   "delete pods, get secrets refused")
+
+
+def test_a_rolling_update_of_decode_completes(applied_fleet):
+    """A changed decode template (what a new config hash does) rolls through every group: the
+    real LWS controller replaces the groups within maxSurge/maxUnavailable and reports the
+    update done (status.updatedReplicas == replicas, Available), every new pod bound. The
+    update starts from a formed pool (Available), as a rollout's would."""
+    spec, objects, result, label = applied_fleet
+    lws = next((o for o in objects if o["kind"] == "LeaderWorkerSet"
+                and o["metadata"]["labels"][naming.ROLE_LABEL] in ("decode", "colocated")), None)
+    assert lws is not None, f"{label}: no decode pool"
+    name, namespace = lws["metadata"]["name"], lws["metadata"]["namespace"]
+
+    def live_status():
+        (live,) = fleet.get("leaderworkerset", "-n", namespace, f"--field-selector=metadata.name={name}")
+        status = live.get("status", {})
+        available = any(c["type"] == "Available" and c["status"] == "True" for c in status.get("conditions", []))
+        return live, status, available
+    def formed() -> bool:  # Available, and nothing of an earlier scale-down still holding nodes
+        terminating = [p for p in fleet.get("pods", "-n", namespace, "-l", f"{LWS_NAME_LABEL}={name}")
+                       if "deletionTimestamp" in p["metadata"]]
+        return live_status()[2] and not terminating
+    assert fleet.wait_for(f"{label} decode formed", formed, timeout=600), f"{label}: {name} not formed"
+    marked = {"metadata": {"annotations": {"twin.pdstack.io/rolled": "1"}}}
+    templates = {"workerTemplate": marked, **({"leaderTemplate": marked}
+                                              if "leaderTemplate" in lws["spec"]["leaderWorkerTemplate"] else {})}
+    kubectl("patch", "leaderworkerset", name, "-n", namespace, "--type=merge", "-p",
+            json.dumps({"spec": {"leaderWorkerTemplate": templates}}))
+
+    def rolled():
+        live, status, available = live_status()
+        replicas = live["spec"].get("replicas", 1)
+        pods = _lws_pods(lws)
+        new = [p for p in pods if (p["metadata"].get("annotations") or {}).get("twin.pdstack.io/rolled") == "1"]
+        done = (status.get("updatedReplicas") == replicas and available and len(new) == len(pods) > 0
+                and all(p["spec"].get("nodeName") for p in new))
+        return live if done else None
+    live = fleet.wait_for(f"{label} decode rolled", rolled, timeout=600)
+    assert live, f"{label}: the rolling update of {name} did not complete: " + "; ".join(
+        e for p in _lws_pods(lws)[:2] for e in fleet.scheduler_events(namespace, p["metadata"]["name"]))
+    FIGURES.append(f"{label} decode: rolling update of {live['spec'].get('replicas', 1)} group(s) completed")

@@ -24,14 +24,11 @@ from infra.rollout.cluster import FenceRefused
 from infra.rollout.pulumi_cluster import FENCE_ANNOTATION, POLICY_PACK, KubeTarget, PulumiCluster
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
-from infra.spec import stack_spec_path
-from infra.spec_checks import load_spec
 from infra.tracks import track_namespace
 from tests.engine import dev_program, engine_project, program_stack
 from twin import fleet
 from twin.build import program
 from twin.cluster import kubectl
-from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.paths import KUBECONFIG
 
 # Waits the twin cannot answer: "open access" needs a gateway controller; "split pools" waits for
@@ -51,15 +48,6 @@ def wait_until(what: str, ready) -> None:
 
 def live_route(namespace: str) -> dict:
     return fleet.get("httproute", "-n", namespace)[0]
-
-
-@pytest.fixture
-def dev_nodes(twin):
-    spec = load_spec(stack_spec_path("dev"))
-    nodes = stack_nodes(spec)
-    assert fleet.apply_each_pass(nodes).rejected == {}
-    yield spec
-    kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
 def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp_path, monkeypatch):
