@@ -53,3 +53,36 @@ def test_rollout_command_stops_on_a_failed_preflight_before_any_change(tmp_path,
     assert code == 1
     assert "gpu-0" in capsys.readouterr().out
     assert not (tmp_path / "r").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_every_command_that_changes_traffic_first_makes_the_store_follow_the_cluster(tmp_path, capsys):
+    """The cluster is the truth for traffic (infra/rollout/cluster.py RecordedCluster.reconcile):
+    a holder paused and then continued, or a hand edit of the route, can leave the cluster
+    serving other weights than the store records. Whichever command takes the lease next says
+    so, audits it, and has the store follow the cluster before its own first change, so it acts
+    from what really serves."""
+    sim, releases = tmp_path / "cluster.json", tmp_path / "releases"
+    store = ReleaseStore("dev", releases)
+    cluster = load_simulated(sim)
+    good = Observation(0.3, 0.02, 0.0, 0)
+    spec = load_spec(stack_spec_path("dev"))
+    for _ in range(2):
+        rollout(spec, store, cluster, lambda rev: good, RolloutOptions(stages=(100,), bake_seconds=0, poll_seconds=0.001),
+                console=Console(file=io.StringIO()))
+    assert store.traffic() == {2: 100} and cluster.deployed(1)
+    cluster.weights = {1: 25, 2: 75}  # what the store never recorded
+    save_simulated(cluster, sim)
+
+    assert main(["rollback", "--stack", "dev", "--sim", str(sim), "--releases", str(releases)]) == 0
+    out = capsys.readouterr()
+    assert "the store now follows the cluster" in out.out + out.err
+    entries = store.audit_entries()
+    (reconciled,) = [i for i, e in enumerate(entries) if e["action"] == "reconcile"]
+    assert entries[reconciled]["cluster"] == {"1": 25, "2": 75}  # JSON keys
+    assert entries[reconciled]["store"]["traffic"] == {"2": 100}
+    # The rollback acted after the reconcile, from what really served, and left them agreeing.
+    after = entries[reconciled + 1:]
+    assert after and {e["action"] for e in after} == {"rollback"}
+    assert after[-1]["previous"] == {"1": 25, "2": 75}
+    assert json.loads(sim.read_text())["weights"] == {"1": 100}
+    assert store.traffic() == {1: 100}
