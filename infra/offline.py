@@ -191,9 +191,10 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev",
     return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn))
 
 
-def run_spec(spec, project: str = "pdstack") -> OfflineRun:
+def run_spec(spec, project: str = "pdstack", tracks=None) -> OfflineRun:
     """The offline run of a serving spec (its platform stack's outputs as that stack would export
-    them), or of a platform spec."""
+    them), or of a platform spec. `tracks` (infra/tracks.py plan_tracks): the release tracks to
+    run side by side, as the program builds them from the release store, `spec` the newest's."""
     from infra.program import build_stack
 
     if not isinstance(spec, StackSpec):
@@ -207,5 +208,6 @@ def run_spec(spec, project: str = "pdstack") -> OfflineRun:
         from infra.spec import REPO_ROOT
 
         outputs[spec.platform.stack] = expected_outputs(load_platform_spec(REPO_ROOT / spec.platform.spec))
-    return run_offline(lambda: build_stack(spec), project=project, stack=spec.environment.name,
-                       stack_outputs=outputs)
+    release = str(max(t.revision for t in tracks)) if tracks else "unreleased"
+    return run_offline(lambda: build_stack(spec, release=release, tracks=tracks), project=project,
+                       stack=spec.environment.name, stack_outputs=outputs)

@@ -243,3 +243,49 @@ def test_the_platform_stack_is_named_as_pulumi_reads_a_stack_reference(name, ok)
     else:
         with pytest.raises(SpecError, match=r"platform\.stack: .*Fix: the stack's name alone"):
             parse_spec(data)
+
+
+def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret():
+    """During a rollout, revision 2 serves from its own namespace beside revision 1
+    (infra/tracks.py). Its engine pods reach the weights bucket through EKS Pod Identity, with no
+    Secret copied into the new namespace: the serving stack makes one association per track's
+    namespace for the engine ServiceAccount, to the role the platform stack exports
+    (infra/components/platform_links.py), and the platform's weights-reader policy admits each
+    track's namespace by the session tags EKS Pod Identity sets (kubernetes-namespace,
+    kubernetes-service-account: docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html).
+    IAM is not evaluated here (nothing here can, moto neither): the policy's namespace patterns are
+    matched as IAM's StringLike matches (`*` and `?`, fnmatchcase)."""
+    import fnmatch
+    import json
+
+    from infra.components.engines import ENGINE_SERVICE_ACCOUNT
+    from infra.tracks import plan_tracks
+    from tests.conftest import stack_data
+
+    spec = load_spec("stacks/prod.yaml")
+    tracks = plan_tracks([(1, 90, stack_data("prod")), (2, 10, stack_data("prod"))])
+    serving = run_spec(spec, tracks=tracks)
+    track_namespaces = [t.namespace for t in tracks]
+    associations = serving.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert sorted(r.inputs["namespace"] for r in associations) == sorted(track_namespaces)
+    assert {r.inputs["serviceAccount"] for r in associations} == {ENGINE_SERVICE_ACCOUNT}
+    objects = [unwrap(m) for m in manifests(serving)]
+    for lws in (o for o in objects if o["kind"] == "LeaderWorkerSet"):
+        assert lws["metadata"]["namespace"] in track_namespaces
+        for template in ("leaderTemplate", "workerTemplate"):
+            pod = lws["spec"]["leaderWorkerTemplate"].get(template)
+            if pod:
+                assert pod["spec"]["serviceAccountName"] == ENGINE_SERVICE_ACCOUNT
+    wanted = set().union(*(references(o) for o in objects))
+    assert not any(kind == "Secret" and "weights" in name for kind, name in wanted), wanted
+    assert "aws_secret_access_key" not in json.dumps(objects).lower()
+
+    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    (reader,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "weights-reader"]
+    for statement in json.loads(reader.inputs["policy"])["Statement"]:
+        patterns = statement["Condition"]["StringLike"]["aws:PrincipalTag/kubernetes-namespace"]
+        assert statement["Condition"]["StringEquals"]["aws:PrincipalTag/kubernetes-service-account"] \
+            == ENGINE_SERVICE_ACCOUNT
+        for namespace in track_namespaces:
+            assert any(fnmatch.fnmatchcase(namespace, p) for p in patterns), (namespace, patterns)
+        assert not any(fnmatch.fnmatchcase("kube-system", p) for p in patterns)
