@@ -74,8 +74,11 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     if not entries:
         raise SpecError([f"{WHERE}: empty. Fix: at least one revision with weight 100"])
     weights = [w for _, w, _ in entries]
-    if sum(weights) != 100 or min(weights) < 0:
-        raise SpecError([f"{WHERE}: weights {weights} must be 0..100 and add up to 100"])
+    # All at 0: an environment's first revision, deployed before anything serves (the route is
+    # made, with the weights, only when traffic first moves: infra/rollout/pulumi_cluster.py).
+    if sum(weights) not in (0, 100) or min(weights) < 0:
+        raise SpecError([f"{WHERE}: weights {weights} must be 0..100 and add up to 100 (or all be 0 before "
+                         "anything serves)"])
     revisions = [r for r, _, _ in entries]
     if len(set(revisions)) != len(revisions):
         raise SpecError([f"{WHERE}: revision listed twice in {revisions}"])

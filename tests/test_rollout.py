@@ -22,7 +22,7 @@ from rich.console import Console
 
 from infra.prometheus import PrometheusAPI
 from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, observe
-from infra.rollout.cluster import InMemoryCluster
+from infra.rollout.cluster import ROUTER_STEP, InMemoryCluster
 from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
 from infra.rollout.rollback import rollback
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, StepFailed, rollout
@@ -306,3 +306,34 @@ def test_an_option_prometheus_would_refuse_stops_the_rollout_before_any_change(t
         assert "The canary gates cannot be read, so nothing was changed" in err, err
     assert snapshot(store) == before and sim.read_text() == cluster_before
     assert store.revisions() == [1] and store.traffic() == {1: 100}
+
+
+def test_open_access_does_not_wait_for_the_route_that_traffic_owns():
+    """The route is changed only by the traffic step's fenced patch, and on an environment's
+    first rollout it is created when traffic first moves, after every step: a wait for its
+    Accepted condition in "open access" could never be met (found on the cluster twin,
+    tests/twin/test_rollout_kill_on_twin.py). The gateway itself is still waited for."""
+    from infra.offline import run_spec
+    from infra.rollout.steps import plan_steps
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
+
+    spec = load_spec(stack_spec_path("dev"))
+    (open_access,) = [s for s in plan_steps(spec, run_spec(spec).resources) if s.name == "open access"]
+    assert "Gateway/gateway condition=Programmed" in open_access.waits_for
+    assert not any(w.startswith("HTTPRoute/") for w in open_access.waits_for), open_access.waits_for
+
+
+def test_the_first_rollout_cuts_over_from_an_environment_deployed_before_tracks(tmp_path):
+    """An environment first deployed by a plain `pulumi up` (no release store yet) serves from
+    its own namespace: its route's backend is revision 0, not a revision (traffic_from_route).
+    The first rollout records revision 1 alone and cuts over to it; a track 0 would be refused
+    by the store's own model (the cluster twin's rollout met exactly that, "tracks.0: Input
+    should be greater than or equal to 1")."""
+    store = ReleaseStore("dev", tmp_path / "releases")
+    cluster = InMemoryCluster()
+    cluster.applied[0] = {ROUTER_STEP: ("deployment-router",)}
+    cluster.weights = {0: 100}
+    rollout(spec_in("pdstack-dev", 0.5), store, cluster, lambda rev: GOOD, NO_BAKE, console=quiet())
+    assert cluster.traffic() == {1: 100} and store.traffic() == {1: 100}
+    assert 0 not in (store.tracks() or {})

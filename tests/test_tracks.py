@@ -82,3 +82,13 @@ def test_tracked_stack_passes_the_schemas_and_the_policy_pack(tracked_run):
     assert report.ok, report.errors
     violations = evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in tracked_run.custom()])
     assert [v for v in violations if v.level == "mandatory"] == []
+
+
+def test_an_environments_first_revision_is_planned_before_it_takes_traffic():
+    """`pdctl rollout --pulumi-stack` records the first revision at weight 0 and deploys it
+    step by step; the program must plan it (on the cluster twin the first rollout was refused,
+    "weights [0] must ... add up to 100"). 0 and 100 are the only totals."""
+    (track,) = plan_tracks([(1, 0, stack_data("dev"))])
+    assert track.revision == 1 and track.weight == 0
+    with pytest.raises(SpecError, match="add up to 100"):
+        plan_tracks([(1, 0, stack_data("dev")), (2, 50, stack_data("dev"))])

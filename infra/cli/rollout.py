@@ -26,7 +26,28 @@ def with_target(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     # Where there is no cluster (CI, this machine): a simulated one kept in a file, so that a
     # rollout and a later rollback see the same state.
     where.add_argument("--sim", help="simulated cluster state file (created if missing)")
+    p.add_argument("--pulumi-project", metavar="DIR",
+                   help="with --pulumi-stack: the Pulumi project's folder (Pulumi.yaml, Pulumi.<stack>.yaml), "
+                        "where the CLI keeps the stack's settings (default: this checkout)")
     return p
+
+
+def pulumi_project(args: argparse.Namespace):
+    """The project folder `--pulumi-project` names, checked before anything changes."""
+    from pathlib import Path
+
+    from infra.spec import REPO_ROOT
+
+    if args.pulumi_project is None:
+        return REPO_ROOT
+    if not args.pulumi_stack:
+        raise InputError("--pulumi-project: only with --pulumi-stack (the simulated cluster has no project). "
+                         "Nothing was changed")
+    folder = Path(args.pulumi_project)
+    if not (folder / "Pulumi.yaml").is_file():
+        raise InputError(f"--pulumi-project {args.pulumi_project}: no Pulumi.yaml there. Fix: the folder of the "
+                         "project (this checkout, or a copy with its Pulumi.<stack>.yaml). Nothing was changed")
+    return folder
 
 
 def register_rollout(sub) -> None:
@@ -69,10 +90,12 @@ def run_change(args: argparse.Namespace, spec: StackSpec, action) -> int:
     from infra.rollout.releases import LeaseLost, ReleaseError
     from infra.rollout.rollout import CanaryFailed, StepFailed
 
+    project = pulumi_project(args)
     releases = store(args, spec)
     try:
         # The real stack's kubectl context comes from its stack file (refused without one).
-        cluster = PulumiCluster(args.pulumi_stack, releases) if args.pulumi_stack else load_simulated(args.sim)
+        cluster = (PulumiCluster(args.pulumi_stack, releases, work_dir=project) if args.pulumi_stack
+                   else load_simulated(args.sim))
     except InputError as exc:  # a folder, not UTF-8, not JSON
         if args.pulumi_stack:
             raise

@@ -228,8 +228,13 @@ class RecordedCluster:
     store: object  # ReleaseStore (not imported: releases.py does not know clusters)
 
     def _tracks(self) -> dict[int, int]:
+        """The recorded tracks; before the first record, what the cluster serves, less revision 0
+        (an environment deployed before tracks is no revision: the first rollout cuts over from
+        it, and a track 0 would be refused by the store's own model)."""
         recorded = self.store.tracks()
-        return recorded if recorded is not None else self.cluster.traffic()
+        if recorded is not None:
+            return recorded
+        return {r: w for r, w in self.cluster.traffic().items() if r}
 
     def _intend(self, tracks: dict[int, int]) -> int:
         """Record the tracks (if they change), then check the lease: the fence to change under."""

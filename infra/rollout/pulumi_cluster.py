@@ -42,15 +42,15 @@ from infra import naming
 from infra.inputs import InputError, load_yaml_mapping
 from infra.offline import OfflineRun, run_offline
 from infra.rollout.cluster import check_weights, fence_refused
+from infra.rollout.faultpoints import before_change
 from infra.rollout.releases import ReleaseError, ReleaseStore
 from infra.offline import manifest_of
-from infra.rollout.steps import Step, step_of
+from infra.rollout.steps import ROUTE_RESOURCE, Step, step_of
 from infra.spec import REPO_ROOT
 from infra.tracks import plan_tracks, track_namespace
 
 PROJECT = "pdstack"  # Pulumi.yaml name
 TRACK_NAME = re.compile(r"r\d+-")  # a release track's copy of a resource (infra/program.py name_prefix)
-ROUTE_RESOURCE = "httproute-gateway"  # the environment's route (infra/components/access.py), as Pulumi names it
 OPEN_ACCESS_STEP = "open access"
 # The pack as an executable analyzer (policy/run-pack): any CLI starts it, the one built from
 # the module proxy too, which has no pulumi-language-python plugin for the folder form.
@@ -229,11 +229,12 @@ class PulumiCluster:
     def _environment_namespace(self) -> str:
         return self.store.get(max(self.store.revisions())).stack_spec().environment.namespace
 
-    def _up(self, targets: list[str] | None) -> None:
+    def _up(self, targets: list[str] | None, what: str) -> None:
         """`targets` None: the whole stack. An empty list is not passed on: the Automation API
         drops an empty --target, and the update would then change everything, the route too."""
         if targets is not None and not targets:
             return
+        before_change(what)  # a fault point, like every change (infra/rollout/faultpoints.py)
         # show_secrets=False: the update's output goes to our logs, secrets must not.
         self.stack.up(target=targets, target_dependents=False, policy_packs=[self.policy_pack],
                       on_output=self.on_output, show_secrets=False)
@@ -286,6 +287,7 @@ class PulumiCluster:
             if rules is not None:
                 patch["spec"] = {"rules": rules}
             try:
+                before_change(what)
                 self.read_command(self._kubectl("patch", "httproute", naming.GATEWAY, "-n", namespace,
                                                 "--type=merge", "-p", json.dumps(patch, sort_keys=True)))
                 return True
@@ -310,7 +312,7 @@ class PulumiCluster:
         if revision not in tracks:
             raise ValueError(f"revision {revision} is not among the recorded tracks {tracks}: record it first")
         self._swap_route(fence, f"apply {step.name} r{revision}")
-        self._up(step_targets(self._program_run(tracks), step, revision))
+        self._up(step_targets(self._program_run(tracks), step, revision), f"apply {step.name} r{revision}")
 
     def ready(self, revision: int, step: Step) -> bool:
         ns = self._namespace(revision)
@@ -340,7 +342,7 @@ class PulumiCluster:
         if not self._swap_route(fence, f"traffic {weights}", rules=route.inputs["spec"]["rules"]):
             # The environment's first rollout: no route yet. Pulumi creates it from the recorded
             # tracks, then it carries this fence like every later change.
-            self._up([route.urn])
+            self._up([route.urn], f"create the route for {weights}")
             self._swap_route(fence, f"fence {fence}")
 
     def traffic(self) -> dict[int, int]:
@@ -356,4 +358,4 @@ class PulumiCluster:
         if revision in self._intended():
             raise ValueError(f"revision {revision} is still among the recorded tracks: record its removal first")
         self._swap_route(fence, f"retire r{revision}")
-        self._up(None)  # a full update deletes the track's resources
+        self._up(None, f"retire r{revision}")  # a full update deletes the track's resources

@@ -46,6 +46,7 @@ class _Bucket:
 
 
 # What becomes ready on its own vs what is worth waiting for (kubectl wait conditions).
+ROUTE_RESOURCE = "httproute-gateway"  # the environment's route (infra/components/access.py), as Pulumi names it
 _READY_CONDITION = {
     "LeaderWorkerSet": "condition=Available",
     "Deployment": "condition=Available",
@@ -90,7 +91,11 @@ def plan_steps(spec: StackSpec, resources: list[RegisteredResource]) -> list[Ste
         manifest = manifest_of(resource)
         bucket = buckets[step_of(resource, manifest)]
         bucket.names.append(resource.name)
-        if manifest and manifest["kind"] in _READY_CONDITION:
+        # The environment's route is not waited for with "open access": traffic owns it (one
+        # fenced patch, infra/rollout/pulumi_cluster.py), and on an environment's first rollout
+        # it is created only when traffic first moves, after every step (the cluster twin's
+        # first `rollout --pulumi-stack` waited 300 s for a route no step creates).
+        if manifest and manifest["kind"] in _READY_CONDITION and resource.name != ROUTE_RESOURCE:
             bucket.waits.append(f"{manifest['kind']}/{manifest['metadata']['name']} {_READY_CONDITION[manifest['kind']]}")
     # Model loading dominates engine steps: weights are fetched and verified, then loaded
     # onto every GPU. Wide-EP decode groups also wait for every node of the group.
