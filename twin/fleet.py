@@ -29,6 +29,12 @@ def render(stack: str, out: Path, engine: str | None = None) -> list[dict]:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode:
         raise TwinError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return read_rendered(out)
+
+
+def read_rendered(out: Path) -> list[dict]:
+    """The objects a render wrote into `out` (`pdctl render`, or infra.render.manifests.write_manifests),
+    each Secret given a placeholder value."""
     objects = []
     for path in sorted(out.rglob("*.yaml")):
         objects += [d for d in yaml.safe_load_all(path.read_text()) if d and "kind" in d and "apiVersion" in d]

@@ -18,6 +18,7 @@ import json
 from collections import Counter, defaultdict
 
 import pytest
+import yaml
 
 from infra import naming
 from infra.planning.capacity import domain_placement, pool_capacity
@@ -63,6 +64,11 @@ def applied_fleet(request, twin, tmp_path_factory):
     dra_stand_in = dra.stand_in(objects, nodes)
     assert fleet.apply_each_pass(dra_stand_in).rejected == {}
     yield spec, objects, result, _label(stack, engine)
+    remove_render(spec, objects)
+
+
+def remove_render(spec, objects: list[dict]) -> None:
+    """Everything an applied render left: its objects, the DRA stand-in's, its stack's nodes."""
     remove_fleet(objects)
     for kind in ("resourceslices", "deviceclasses"):
         kubectl("delete", kind, "-l", "twin.pdstack.io/stands-in-for", "--ignore-not-found")
@@ -86,7 +92,11 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
     nodes of their own role's pool, a placed group inside one NVLink domain (a decode group
     alone in its domain), and no node past its allocatable GPUs or EFA devices. A pod left
     Pending fails this test with what the scheduler said about it."""
-    spec, objects, result, label = applied_fleet
+    assert_every_pod_bound(*applied_fleet)
+
+
+def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, label: str) -> None:
+    """The checks above, on one applied render (its figure line goes to the run's summary)."""
     namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"}
     sets = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
     expected = sum(o["spec"].get("replicas", 1) * o["spec"]["leaderWorkerTemplate"].get("size", 1) for o in sets)
@@ -129,26 +139,54 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
                 f"{node['metadata']['labels'].get(naming.ROLE_LABEL)} node")
         group = pod["metadata"].get("labels", {}).get(GROUP_KEY_LABEL)
         if group and role and domain_label and domain_placement(spec, role) != "none":
-            domains_of_group[(role, group)].add(node["metadata"]["labels"][domain_label])
+            domains_of_group[(pod["metadata"]["namespace"], role, group)].add(node["metadata"]["labels"][domain_label])
     for name, counts in used.items():
         allocatable = nodes[name]["status"]["allocatable"]
         for resource, amount in counts.items():
             assert amount <= int(allocatable.get(resource, 0)), f"{name}: {amount} {resource} bound, " \
                                                                 f"{allocatable.get(resource, 0)} allocatable"
-    for (role, group), domains in domains_of_group.items():
+    for (_, role, group), domains in domains_of_group.items():
         assert len(domains) == 1, f"{role} group {group} spans NVLink domains {sorted(domains)}"
     for lws in sets:
         role = lws["metadata"]["labels"].get(naming.ROLE_LABEL)
         if domain_label and domain_placement(spec, role) != "none":
-            groups = {g for (r, g) in domains_of_group if r == role}
+            groups = {g for (ns, r, g) in domains_of_group if (ns, r) == (lws["metadata"]["namespace"], role)}
             assert len(groups) == lws["spec"].get("replicas", 1), f"{role}: groups seen {groups}"
     claims = [c for ns in sorted(namespaces) for c in fleet.get("resourceclaims", "-n", ns)]
     assert all(c.get("status", {}).get("allocation") for c in claims), "a ResourceClaim is not allocated"
     assert len(claims) == sum(bool(p["spec"].get("resourceClaims")) for p in lws_pods)
     for role in spec.deployment.pools():
         if domain_label and domain_placement(spec, role) == "exclusive":
-            taken = [next(iter(d)) for (r, _), d in domains_of_group.items() if r == role]
+            taken = [next(iter(d)) for (_, r, _), d in domains_of_group.items() if r == role]
             assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
+
+
+def test_a_second_release_track_fits_beside_the_first(twin, tmp_path):
+    """prod with a canary track beside the serving one (infra/tracks.py: each track in its own
+    namespace; the joining track at its minimum, the serving one at most the pool's maximum less
+    the other's minimum), as the program builds it from the release store during a rollout:
+    every object accepted, and every pod of both tracks bound by the real scheduler to its pool,
+    its groups inside their NVLink domains, within the nodes' GPUs and EFA devices."""
+    from infra.offline import run_spec
+    from infra.render.manifests import manifests, write_manifests
+    from infra.tracks import plan_tracks
+    from tests.conftest import stack_data
+
+    spec = load_spec(stack_spec_path("prod"))
+    tracks = plan_tracks([(1, 90, stack_data("prod")), (2, 10, stack_data("prod"))])
+    write_manifests(manifests(run_spec(spec, tracks=tracks)), tmp_path)  # as `pdctl render` writes them
+    objects = fleet.read_rendered(tmp_path)
+    assert {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"} == {
+        f"{spec.environment.namespace}-r1", f"{spec.environment.namespace}-r2"}
+    nodes = stack_nodes(spec)
+    assert fleet.apply_each_pass(nodes).rejected == {}
+    try:
+        result = fleet.apply_each_pass(objects)
+        assert result.rejected == {}, "\n".join(f"{k}: {v}" for k, v in result.rejected.items())
+        assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
+        assert_every_pod_bound(spec, objects, result, "prod-sglang, tracks r1 90% + r2 10%")
+    finally:
+        remove_render(spec, objects)
 
 
 @pytest.fixture(scope="module")
@@ -227,15 +265,18 @@ def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_f
             _scale(lws, lws["spec"].get("replicas", 1))
 
 
-def _can_i(verb: str, resource: str, group: str, account: str, namespace: str) -> bool:
+def _can_i(verb: str, resource: str, group: str, account: str, namespace: str, subresource: str = "",
+           account_namespace: str | None = None) -> bool:
     """A SubjectAccessReview for the ServiceAccount, answered by the twin's real RBAC authorizer
     (kube-apiserver --authorization-mode=Node,RBAC). Created as an object, not through `kubectl
     auth can-i`, which resolves the resource through discovery first and answers "no" for a type
     whose CRD is not installed (the picker's InferenceObjective)."""
+    home = account_namespace or namespace  # where the account lives (a controller's: its own namespace)
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
-        "user": f"system:serviceaccount:{namespace}:{account}",
-        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
-        "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}}}
+        "user": f"system:serviceaccount:{home}:{account}",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{home}", "system:authenticated"],
+        "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource,
+                               "subresource": subresource}}}
     done = kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
     return json.loads(done.stdout)["status"].get("allowed") is True
 
@@ -275,6 +316,56 @@ def test_each_account_may_do_what_its_program_does_and_no_more(applied_fleet):
         assert not _can_i("list", "pods", "", engine_account, namespace), f"{label}: {engine_account} lists pods"
     FIGURES.append(f"{label} rbac: {account} ({component}) may {sum(len(n.verbs) for n in needs)} calls; "
                    "delete pods, get secrets refused")
+
+
+KEDA_MODULE = "github.com/kedacore/keda/v2"  # twin/crds/go.mod pins it, as the platform's KEDA row does
+
+
+def test_the_scalers_may_scale_each_pool_they_target(applied_fleet):
+    """Each ScaledObject's target has a scale subresource the API server serves (LWS's CRD,
+    sigs.k8s.io/lws config/crd: `subresources.scale`), at the replicas the render asks for; and the
+    accounts that scale it may: KEDA's operator, with the RBAC KEDA's source declares at the
+    pinned version (github.com/kedacore/keda/v2 v2.20.2 config/rbac/role.yaml, generated from its
+    `+kubebuilder:rbac` markers: get/list/watch/patch/update on `*/scale`), read from the module
+    zip go.sum verifies and applied to the twin; and the HPA controller KEDA's HPA hands the
+    scaling to (kubernetes v1.34.4 plugin/pkg/auth/authorizer/rbac/bootstrappolicy/
+    controller_policy.go, horizontal-pod-autoscaler: get/update on `*/scale`; the twin's
+    controller-manager runs with --use-service-account-credentials). Neither may delete the
+    pool: the test bites."""
+    from twin.crds import module
+
+    spec, objects, result, label = applied_fleet
+    keda = module("crds", KEDA_MODULE)
+    rbac_objects = [o for name in ("role.yaml", "role_binding.yaml")
+                    for o in yaml.safe_load_all(keda.file(f"config/rbac/{name}").read_text())
+                    if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert {o["kind"] for o in rbac_objects} == {"ClusterRole", "ClusterRoleBinding"}
+    assert fleet.apply_each_pass(rbac_objects).rejected == {}
+    (binding,) = [o for o in rbac_objects if o["kind"] == "ClusterRoleBinding"]
+    (operator,) = binding["subjects"]
+    scalers = [o for o in objects if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+    assert scalers, f"{label}: no scaler rendered"
+    plurals = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c["spec"]["names"]["plural"]
+               for c in fleet.get("customresourcedefinitions")}
+    for scaler in scalers:
+        target, namespace = scaler["spec"]["scaleTargetRef"], scaler["metadata"]["namespace"]
+        group = target["apiVersion"].split("/")[0]
+        plural = plurals[(group, target["kind"])]
+        scale = json.loads(kubectl("get", "--raw", f"/apis/{target['apiVersion']}/namespaces/{namespace}/{plural}/"
+                                   f"{target['name']}/scale").stdout)
+        (rendered,) = [o for o in objects if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"]
+                       and o["metadata"]["namespace"] == namespace]
+        assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == rendered["spec"].get("replicas", 1)
+        who = {"KEDA's operator": (operator["name"], operator["namespace"], ("get", "patch", "update")),
+               "the HPA controller": ("horizontal-pod-autoscaler", "kube-system", ("get", "update"))}
+        for name, (account, home, verbs) in who.items():
+            refused = [v for v in verbs if not _can_i(v, plural, group, account, namespace, "scale", home)]
+            assert refused == [], f"{label}: {name} may not {refused} {plural}/scale"
+            assert not _can_i("delete", plural, group, account, namespace, account_namespace=home), name
+    FIGURES.append(f"{label} scalers: {len(scalers)} targets with a scale subresource; KEDA's operator and the "
+                   "HPA controller may scale them, not delete them")
+    kubectl("delete", "--ignore-not-found", *[f"{o['kind'].lower()}.rbac.authorization.k8s.io/{o['metadata']['name']}"
+                                              for o in rbac_objects])
 
 
 def test_a_rolling_update_of_decode_completes(applied_fleet):

@@ -74,8 +74,9 @@ def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp
                     wait_until(f"r{revision} {step.name}", lambda: cluster.ready(revision, step))
 
         store.create(spec)
-        store.intend({1: 100})
+        store.intend({1: 0})  # as the rollout records a first revision: deployed before it serves
         deploy(1, fence=1)
+        store.intend({1: 100})
         cluster.set_traffic({1: 100}, fence=1)  # no route yet: Pulumi creates it, then it carries the fence
         assert cluster.traffic() == {1: 100}
         assert live_route(env_ns)["metadata"]["annotations"][FENCE_ANNOTATION] == "1"
