@@ -217,6 +217,11 @@ class WeightsSpec(Strict):
                           "pod-identity for AWS S3 endpoints, secret otherwise.")
     cache: WeightsCacheSpec = WeightsCacheSpec()
 
+    def restart_seconds(self) -> float:
+        """From container start to serving: the weight load plus warm-up (estimates, no margin; 0 for an
+        unknown size, which the spec refuses where it matters)."""
+        return (self.size_gib or 0) / self.load_gib_per_second + self.start_minutes * 60
+
     def access_mode(self) -> str:
         if self.access:
             return self.access
@@ -999,6 +1004,10 @@ def hardware_problems(spec: StackSpec) -> list[str]:
 
     problems += weight_cache_problems(spec)
     w = spec.model.weights
+    if w.size_gib is None:
+        problems.append("model.weights.size_gib: the engines' startup probes allow the load time it implies "
+                        "(with load_gib_per_second and start_minutes); without it a large model is killed while it "
+                        "loads. Fix: set the weight files' total size")
     if w.access == "secret" and is_aws_s3(w.endpoint_url):
         problems.append("model.weights.access: secret means a static AWS key copied into every namespace, and the "
                         "endpoint is AWS S3. Fix: pod-identity (or irsa): the platform stack creates the role")

@@ -90,8 +90,8 @@ def test_the_details_behind_the_classes(tmp_path, capsys):
     doc = json.loads(_diff(tmp_path, capsys, "prod", _engine_image)[1].out)
     restarts = [i for i in doc["impacts"] if i["class"] == "restart"]
     assert {i["resource"] for i in restarts} == {"LeaderWorkerSet/engine-prefill", "LeaderWorkerSet/engine-decode"}
-    # 642 GiB at 4 GiB/s (2.7 min) plus 3 min to start, per instance: 8 x 8 + 1 x 64 GPUs
-    assert doc["gpu_minutes"] == pytest.approx(2 * 64 * (642 / 4 / 60 + 3), rel=0.01)
+    # 642 GiB at 4 GiB/s (2.7 min) plus 10 min to start (prod's start_minutes), per instance: 8 x 8 + 1 x 64 GPUs
+    assert doc["gpu_minutes"] == pytest.approx(2 * 64 * (642 / 4 / 60 + 10), rel=0.01)
     assert doc["images"][0]["path"] == "engine"
     doc = json.loads(_diff(tmp_path, capsys, "prod", _bigger_decode)[1].out)
     assert any(i["resource"].startswith("ScaledObject/") and "minReplicaCount 1 -> 2" in i["detail"]

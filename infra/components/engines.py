@@ -19,6 +19,7 @@ from infra.render.engine_args import (
     BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, WEIGHTS_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
+from infra.render.probes import engine_probes
 from infra.render.router_config import routing_sidecar_container
 from infra.spec import REPO_ROOT, StackSpec, pod_memory_gib
 
@@ -111,13 +112,8 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         container["resources"]["claims"] = [{"name": IMEX_CLAIM}]
     drain = spec.deployment.autoscaling.drain_seconds
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
-    if leader:
-        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10}
-        container["startupProbe"] = {
-            "httpGet": {"path": "/health", "port": launch.port},
-            "periodSeconds": 10,
-            "failureThreshold": 180,  # large MoE models take up to 30 minutes to load
-        }
+    if leader:  # the leader serves HTTP for the group (infra/render/probes.py)
+        container.update(engine_probes(spec, launch.port))
     init_containers = [weights_init_container(spec)]
     if leader and routes_through_sidecar(spec, role):
         init_containers.append(routing_sidecar_container(spec))

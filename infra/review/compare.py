@@ -19,11 +19,10 @@ from infra.spec_checks import load_spec, parse_spec
 
 def capacity_model(spec: StackSpec) -> CapacityModel:
     w = spec.model.weights
-    load_minutes = (w.size_gib / w.load_gib_per_second / 60) if w.size_gib else 0.0
     pools = spec.deployment.pools()
     return CapacityModel(gpus_per_instance={r: p.gpus_per_instance() for r, p in pools.items()},
                          instances={r: p.instances for r, p in pools.items()},
-                         restart_minutes=load_minutes + w.start_minutes, gpus_per_node=spec.hardware.gpus_per_node)
+                         restart_minutes=w.restart_seconds() / 60, gpus_per_node=spec.hardware.gpus_per_node)
 
 
 def _violations(run) -> set[str]:
