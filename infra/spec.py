@@ -255,12 +255,23 @@ class ModelSpec(Strict):
 # --- engine and hardware ------------------------------------------------------------------
 
 
+def _image_by_digest(v: str | None) -> str | None:
+    if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
+        raise ValueError(
+            f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
+            "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
+        )
+    return v
+
+
 class EngineSpec(Strict):
+    """The engine the pools run; its image is images.engines.<kind>, so it follows the engine."""
+
     kind: Literal["sglang", "vllm"]
     version: str
-    image: str = Field(description="Container image pinned by digest (name@sha256:...); its platforms are "
-                                   "listed in images.platforms.")
-    kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
+    kv_transfer: Literal["mooncake", "nixl"] = Field(
+        "mooncake", description="The prefill-to-decode KV transfer library. Over EFA: nixl (its LIBFABRIC backend, "
+                                "every architecture) or mooncake (its efa transport: x86_64 builds with EFA only).")
     moe_a2a_backend: Literal["deepep", "none"] = "deepep"
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
     kv_page_size: PositiveInt = Field(
@@ -271,20 +282,31 @@ class EngineSpec(Strict):
                         "`scripts/check_engine_args.py` records the size each engine resolves.")
     trust_remote_code: bool = True
 
-    @field_validator("image")
-    @classmethod
-    def _image_by_digest(cls, v: str) -> str:
-        if not OCI_DIGEST_REFERENCE.fullmatch(v):
-            raise ValueError(
-                f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
-                "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
-            )
-        return v
+
+class EngineImageSpec(Strict):
+    """One engine's image and what it was built with. A fabric is only as usable as the libraries in
+    the image: EFA is reached through AWS's libfabric alone, and the stock SGLang and vLLM images
+    carry neither it nor aws-ofi-nccl (images/engine-efa.Dockerfile builds one that does)."""
+
+    image: str = Field(description="Pinned by digest (name@sha256:...); its platforms are listed in images.platforms.")
+    efa_libfabric: bool = Field(False, description="AWS's libfabric with the EFA provider (the EFA installer).")
+    aws_ofi_nccl: bool = Field(False, description="NCCL's libfabric plugin (aws-ofi-nccl): NCCL between nodes over EFA.")
+    mooncake_efa: bool = Field(
+        False, description="Mooncake's transfer engine built with EFA support (its `efa` transport); Mooncake "
+                           "publishes it for x86_64 only.")
+    nixl_backends: list[Literal["UCX", "LIBFABRIC"]] = Field(
+        ["UCX"], description="NIXL's backend plugins in the image (stock builds: UCX; LIBFABRIC is built against "
+                             "the EFA installer's libfabric).")
+
+    _image = field_validator("image")(classmethod(lambda cls, v: _image_by_digest(v)))
 
 
 class ImagesSpec(Strict):
-    """Every image besides the engine's, each pinned by digest."""
+    """Every image, each pinned by digest."""
 
+    engines: dict[Literal["sglang", "vllm"], EngineImageSpec] = Field(
+        min_length=1, description="Each engine's image and what it contains; engine.kind picks one, so "
+                                  "`render --engine` runs the other engine in its own image.")
     router: str
     mooncake_master: str
     lmcache_server: str
@@ -328,7 +350,7 @@ class ImagesSpec(Strict):
                      "endpoint_picker", "routing_sidecar", "loadtest")
     @classmethod
     def _by_digest(cls, v: str | None) -> str | None:
-        return v if v is None else EngineSpec._image_by_digest(v)
+        return _image_by_digest(v)
 
 
 class NodeClassRef(Strict):
@@ -760,6 +782,10 @@ class StackSpec(Strict):
     access: AccessSpec
     observability: ObservabilitySpec = ObservabilitySpec()
 
+    def engine_image(self) -> EngineImageSpec:
+        """The image of the engine the pools run (the spec check refuses a spec without one)."""
+        return self.images.engines[self.engine.kind]
+
     def labels(self) -> dict[str, str]:
         return {
             "app.kubernetes.io/part-of": "pdstack",
@@ -959,7 +985,9 @@ def image_platforms(spec: StackSpec, ref: str) -> list[str] | None:
 
 def gpu_node_images(spec: StackSpec) -> dict[str, str]:
     """Images whose containers run on the GPU nodes, by the field that names them."""
-    images = {"engine.image": spec.engine.image, "images.weights_fetcher": spec.images.weights_fetcher}
+    images = {"images.weights_fetcher": spec.images.weights_fetcher}
+    if spec.engine.kind in spec.images.engines:
+        images[f"images.engines.{spec.engine.kind}.image"] = spec.engine_image().image
     lb = spec.deployment.load_balancer
     if lb.implementation == "gateway_epp" and spec.deployment.mode == "disaggregated" and spec.images.routing_sidecar:
         images["images.routing_sidecar"] = spec.images.routing_sidecar
@@ -982,6 +1010,54 @@ def image_platform_problems(spec: StackSpec) -> list[str]:
     return problems
 
 
+ENGINE_IMAGE_RECIPE = "images/engine-efa.Dockerfile"
+
+
+def transfer_problems(spec: StackSpec) -> list[str]:
+    """Can the engine's image move KV (and NCCL traffic) over this fabric on this architecture?
+
+    EFA is reached only through AWS's libfabric (EFA provider). NIXL's LIBFABRIC backend builds
+    on it for x86_64 and arm64 (ai-dynamo/nixl, src/plugins/libfabric). Mooncake's `efa` transport
+    exists only in builds made with EFA support, published for x86_64 alone (kvcache-ai/Mooncake,
+    the mooncake-transfer-engine wheels; USE_EFA in mooncake-transfer-engine/CMakeLists). On
+    InfiniBand/RoCE Mooncake uses verbs (`rdma`) and NIXL its UCX backend. The transport each
+    backend then uses is chosen in infra/render/fabric.py.
+    """
+    kind, fab, hw, dep = spec.engine.kind, spec.hardware.fabric, spec.hardware, spec.deployment
+    if kind not in spec.images.engines:
+        return [f"images.engines.{kind}: engine.kind is {kind} and no image is named for it. Fix: add "
+                f"images.engines.{kind} with its image pinned by digest and what it contains"]
+    img, field, problems = spec.engine_image(), f"images.engines.{kind}", []
+    recipe = f"build {ENGINE_IMAGE_RECIPE} and name that image"
+    kv = spec.engine.kv_transfer
+    if fab is not None and fab.kind == "efa":
+        if not img.efa_libfabric:
+            problems.append(f"{field}.efa_libfabric: EFA is reached only through AWS's libfabric (EFA provider), "
+                            f"which the image does not have. Fix: {recipe}, with efa_libfabric: true")
+        spans_fabric = hw.supernode is None and any(p.nodes_per_instance(hw.gpus_per_node) > 1
+                                                    for p in dep.pools().values())
+        if spans_fabric and not img.aws_ofi_nccl:
+            problems.append(f"{field}.aws_ofi_nccl: a group spans nodes over EFA and NCCL reaches EFA only through "
+                            f"aws-ofi-nccl, which the image does not have. Fix: {recipe}, with aws_ofi_nccl: true")
+        if dep.mode == "disaggregated" and kv == "mooncake":
+            if hw.cpu_architecture != "amd64":
+                problems.append(f"engine.kv_transfer: Mooncake's efa transport is built for x86_64 only, and the "
+                                f"nodes are {hw.cpu_architecture}. Fix: kv_transfer: nixl (NIXL's LIBFABRIC backend "
+                                "over EFA)")
+            elif not img.mooncake_efa:
+                problems.append(f"{field}.mooncake_efa: the P->D hop over EFA needs Mooncake built with EFA support "
+                                f"(its efa transport), and the image's Mooncake has none. Fix: {recipe} with "
+                                "mooncake_efa: true, or kv_transfer: nixl")
+    if dep.mode == "disaggregated" and kv == "nixl":
+        needed = "LIBFABRIC" if fab is not None and fab.kind == "efa" else "UCX"
+        if needed not in img.nixl_backends:
+            problems.append(f"{field}.nixl_backends: NIXL over {fab.kind if fab else 'TCP'} needs its {needed} "
+                            f"backend, and the image has {', '.join(img.nixl_backends)}. Fix: "
+                            + (f"{recipe}, with LIBFABRIC listed" if needed == "LIBFABRIC" else "an image with "
+                               "NIXL's UCX plugin (the stock builds have it)"))
+    return problems
+
+
 def hardware_problems(spec: StackSpec) -> list[str]:
     """Images, fabric and memory against the hardware the spec names."""
     hw, eng, dep = spec.hardware, spec.engine, spec.deployment
@@ -989,6 +1065,7 @@ def hardware_problems(spec: StackSpec) -> list[str]:
     if hw.gpu_type == "GB200" and hw.cpu_architecture != "arm64":
         problems.append("hardware.cpu_architecture: GB200 nodes run Grace CPUs (arm64). Fix: arm64")
     problems += image_platform_problems(spec)
+    problems += transfer_problems(spec)
     if hw.supernode is not None and hw.gpu_type != "GB200":
         problems.append(
             f"hardware.supernode: {hw.gpu_type} nodes share no NVLink domain across nodes (multi-node NVLink is "

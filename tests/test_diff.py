@@ -33,8 +33,9 @@ DEV = str(REPO_ROOT / "stacks/dev.yaml")
 
 
 def _engine_image(d):  # the next build: another digest, with the platforms its manifest names
-    platforms = d["images"]["platforms"][d["engine"]["image"].split("@")[1]]
-    d["engine"]["image"] = d["engine"]["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
+    engine = d["images"]["engines"][d["engine"]["kind"]]
+    platforms = d["images"]["platforms"][engine["image"].split("@")[1]]
+    engine["image"] = engine["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
     d["images"]["platforms"]["sha256:" + "5e1f" * 16] = platforms
 
 

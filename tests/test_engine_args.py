@@ -87,7 +87,7 @@ def test_phases_get_their_disaggregation_mode_and_transfer_backend():
     for role in ("prefill", "decode"):
         args = launches[role].args
         assert args[args.index("--disaggregation-mode") + 1] == role
-        assert args[args.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+        assert args[args.index("--disaggregation-transfer-backend") + 1] == spec.engine.kv_transfer == "nixl"
         assert args[args.index("--ep-size") + 1] == str(spec.deployment.pools()[role].expert_parallel)
     assert "--disaggregation-bootstrap-port" in launches["prefill"].args
 
@@ -174,7 +174,8 @@ def test_kv_hop_timeout_reaches_both_engines():
     sglang = all_launches(spec_for("prod", "sglang"))
     for role in ("prefill", "decode"):
         assert sglang[role].env == {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30",
-                                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30"}
+                                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30",
+                                    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "LIBFABRIC"}
         assert set(sglang[role].env) <= flagset("sglang").env_vars
     data = stack_data("prod")
     vllm_with_epp(data)

@@ -86,9 +86,10 @@ def test_timeouts_must_shrink_inwards():
 
 def test_image_must_be_pinned_by_digest():
     data = stack_data("dev")
-    data["engine"]["image"] = "lmsysorg/sglang:latest"
+    data["images"]["engines"]["sglang"]["image"] = "lmsysorg/sglang:latest"
     (problem,) = problems_of(data)
-    assert problem.startswith("engine.image: image 'lmsysorg/sglang:latest' is not an image reference pinned by digest")
+    assert problem.startswith("images.engines.sglang.image: image 'lmsysorg/sglang:latest' is not an image "
+                              "reference pinned by digest")
 
 
 def test_engine_version_must_be_the_pinned_one():

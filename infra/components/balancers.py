@@ -124,7 +124,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
     labels = {"app.kubernetes.io/name": naming.ENCODER}
     meta = ctx.metadata(naming.ENCODER, "encoder", **labels)
     container = {
-        "name": naming.ENCODER, "image": spec.engine.image,
+        "name": naming.ENCODER, "image": spec.engine_image().image,
         "command": [*launch.entrypoint, *launch.args],
         "ports": [{"name": "http", "containerPort": launch.port}],
         "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},

@@ -3,9 +3,10 @@
 One place decides, from `hardware.fabric` and `hardware.gpu_type`:
 - the device-plugin resource each engine pod requests (EFA or RDMA devices, shared out by
   the pod's share of the node's GPUs);
-- the transfer backends' transport: Mooncake's protocol (`efa` through libfabric, `rdma`
-  through verbs, `tcp` without a fabric), NIXL's backend plugin (LIBFABRIC on EFA, UCX on
-  InfiniBand/RoCE);
+- the transfer backends' transport: Mooncake's protocol (`efa` through libfabric where the
+  image has Mooncake's EFA build, x86_64 only; `rdma` through verbs; `tcp` otherwise), NIXL's
+  backend plugin (LIBFABRIC on EFA, UCX on InfiniBand/RoCE); what the image contains is
+  `images.engines.<kind>`, checked against the fabric in infra/spec.py (transfer_problems);
 - the environment the communication libraries read (libfabric, NCCL, NVSHMEM, UCX).
 
 Sources: Mooncake's protocols and SGLang's EFA allocator rule are in sglang 0.5.23
@@ -23,11 +24,24 @@ import math
 from infra.spec import StackSpec
 
 
+def mooncake_efa(spec: StackSpec) -> bool:
+    """Mooncake's efa transport exists in the image's build (x86_64 builds with EFA only)."""
+    return spec.hardware.cpu_architecture == "amd64" and spec.engine_image().mooncake_efa
+
+
 def mooncake_protocol(spec: StackSpec) -> str:
+    """The transport of Mooncake's transfer engine, for the P->D hop and the store alike.
+
+    On EFA without Mooncake's efa transport (any arm64 node, or an image built without it) only
+    the store can use Mooncake, over TCP (a cache tier, off the latency path); the spec check
+    refuses Mooncake for the P->D hop there (infra/spec.py, transfer_problems).
+    """
     fab = spec.hardware.fabric
     if fab is None:
         return "tcp"
-    return "efa" if fab.kind == "efa" else "rdma"
+    if fab.kind == "efa":
+        return "efa" if mooncake_efa(spec) else "tcp"
+    return "rdma"
 
 
 def nixl_backends(spec: StackSpec) -> list[str]:

@@ -31,10 +31,11 @@ def _violations(run) -> set[str]:
 
 
 def _images(spec: StackSpec) -> dict[str, str]:
-    images = {"engine": spec.engine.image, "engine version": f"{spec.engine.kind} {spec.engine.version}"}
-    # images.platforms describes the digests (it changes with them), it names no image
+    images = {"engine": spec.engine_image().image, "engine version": f"{spec.engine.kind} {spec.engine.version}"}
+    # images.platforms describes the digests (it changes with them), it names no image; the
+    # engines' images are listed under "engine" (the one the pools run)
     images.update({name: value for name, value in spec.images.model_dump().items()
-                   if value and name != "platforms"})
+                   if value and name not in ("platforms", "engines")})
     return images
 
 
