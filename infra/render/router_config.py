@@ -174,7 +174,7 @@ def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
       scorer keeps its index in memory, so independent replicas would each see a share of the
       requests and score affinity on a partial index. With the election only the leader reports
       Ready on the "readiness" health service, so the gateway reaches the leader alone and a
-      stand-by takes over within a lease period (gateway-api-inference-extension v1.5.0,
+      stand-by takes over within a lease period (gateway-api-inference-extension v1.4.0,
       cmd/epp/runner/health.go; its chart, config/charts/epplib/templates/_deployment.yaml, does
       the same with the Recreate strategy).
     - --metrics-endpoint-auth=false: with it on (the default), the metrics endpoint asks the API
