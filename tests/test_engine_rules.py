@@ -140,6 +140,41 @@ def test_vllm_pd_roles_nixl_transport_and_store_config_file():
     assert store["protocol"] == "tcp"  # arm64: Mooncake has no efa transport; the store is off the latency path
 
 
+def test_each_sglang_rank_lends_the_segment_the_memory_budget_counts():
+    """sglang 0.5.23 sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py: each rank sets up
+    MOONCAKE_GLOBAL_SEGMENT_SIZE // (tp_size x pp_size) of its storage config, whose tp_size is the
+    attention-TP size under DP attention (sglang/srt/managers/cache_controller.py,
+    _generate_storage_config). Rendered: per-rank segment x that divisor, so the store is the size
+    the spec says and each pod's limit counts what its ranks lend."""
+    data = stack_data("prod")
+    spec = parse_spec(data)
+    per_rank = store_segment_gib_per_rank(spec)
+    assert kv_cache_plan(spec).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == f"{per_rank}gb"  # attention TP 1
+    data["deployment"]["prefill"]["dp_attention"] = False  # attention TP 8: SGLang divides by 8
+    tp = parse_spec(data)
+    assert kv_cache_plan(tp).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == f"{per_rank * 8}gb"
+    assert pod_memory_gib(tp, "prefill")["store segments"] == 4 * per_rank
+
+
+def test_store_clients_register_under_the_pod_ip_and_handshake_peer_to_peer():
+    """sglang 0.5.23 (sglang/srt/environ.py MOONCAKE_LOCAL_HOSTNAME, default "localhost";
+    mooncake_store.py _resolve_local_hostname) registers each client under that name, which no peer
+    can reach. Mooncake's Kubernetes guide (kvcache-ai/Mooncake docs/source/deployment/
+    kubernetes-deployment-guide/mooncake-on-kubernetes.md) uses P2PHANDSHAKE metadata and a master
+    without an HTTP metadata server."""
+    from infra.offline import run_spec
+
+    run = run_spec(variant_spec("prod", "sglang"))
+    for group in run.by_kind("LeaderWorkerSet"):
+        for template in group["spec"]["leaderWorkerTemplate"].values():
+            if isinstance(template, dict):
+                env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+                assert env["MOONCAKE_LOCAL_HOSTNAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+                assert env["MOONCAKE_TE_META_DATA_SERVER"]["value"] == "P2PHANDSHAKE"
+    plan = kv_cache_plan(variant_spec("prod", "sglang"))
+    assert not any("metadata_server" in a for a in plan.command) and "metadata" not in plan.ports
+
+
 def test_store_capacity_is_split_over_the_ranks_that_mount_segments():
     """Each rank process of SGLang HiCache / vLLM's store connector mounts its own segment
     (MOONCAKE_GLOBAL_SEGMENT_SIZE per client): 2048 GiB over 8 prefill instances x 8 ranks is 32 each."""
@@ -163,7 +198,7 @@ def test_engine_pods_request_their_memory_and_fabric(run_prod):
     res = pod["containers"][0]["resources"]
     assert res["limits"]["vpc.amazonaws.com/efa"] == "4" and res["limits"]["nvidia.com/gpu"] == "4"
     assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_MNNVL_ENABLE"] == "1"
 
 

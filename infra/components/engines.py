@@ -96,7 +96,8 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
         "env": [{"name": k, "value": v}
                 for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())]
-               + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} for k in launch.pod_ip_env],
+               + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                  for k in sorted({*launch.pod_ip_env, *kv.pod_ip_env})],
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
         # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), the host
         # cache tier and the store segments each rank lends (infra/spec.py, pod_memory_gib).
