@@ -634,6 +634,18 @@ class HopSpec(Strict):
 
 
 class TimeoutsSpec(Strict):
+    """How long each hop of a request may take, outermost first.
+
+    - gateway_to_router: the whole request, stream included: the Envoy route's request timeout,
+      and the router's --request-timeout-secs, which in sglang-router is a whole-request timeout
+      too (a shorter one cuts streams the gateway allows).
+    - router_to_prefill: one attempt at the prefill side, up to the prompt's KV being handed over
+      (queue and prefill included), retried `retries` times by the router. The engines give up on
+      the hop after as long: SGLang's PD bootstrap and waiting timeouts (both 300 s by default).
+    - prefill_to_decode_kv: the KV transfer once prefill is done: how long the prefill side holds
+      a request's KV for its decode peer (vLLM's NIXL kv_lease_duration).
+    """
+
     gateway_to_router: HopSpec = HopSpec(timeout_seconds=900, retries=0)
     router_to_prefill: HopSpec = HopSpec(timeout_seconds=280, retries=2)
     prefill_to_decode_kv: HopSpec = HopSpec(timeout_seconds=30, retries=1)
@@ -1226,7 +1238,8 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
     ]
     for (outer_name, outer), (inner_name, inner) in zip(order, order[1:]):
         # An inner hop, retried, must finish before the outer hop gives up, or the outer
-        # side times out while the inner one is still working.
+        # side times out while the inner one is still working. (The router's own whole-request
+        # timeout is gateway_to_router's: it covers the longest stream the gateway allows.)
         inner_budget = inner.timeout_seconds * (inner.retries + 1)
         if inner_budget >= outer.timeout_seconds:
             problems.append(
@@ -1235,6 +1248,14 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
                 f"Fix: lower it, or its retries, below {outer.timeout_seconds / (inner.retries + 1):g}s"
             )
 
+    floor = longest_prefill_seconds(spec)
+    if dep.mode == "disaggregated" and t.router_to_prefill.timeout_seconds < floor:
+        problems.append(
+            f"timeouts.router_to_prefill.timeout_seconds: {t.router_to_prefill.timeout_seconds:g}s is shorter than a "
+            f"full-context prompt's prefill at the TTFT SLO ({floor:g}s: {spec.model.context_length} tokens in "
+            f"chunks of {prefill_chunk_tokens(spec)}, each allowed slo.ttft_p99_ms); the engines would drop long "
+            f"prompts mid-prefill. Fix: at least {math.ceil(floor)}")
+
     if spec.slo.tokens_per_second_per_user > 1000 / spec.slo.tpot_p99_ms:
         problems.append(
             f"slo.tokens_per_second_per_user: {spec.slo.tokens_per_second_per_user} cannot be met with "
@@ -1242,6 +1263,23 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
             "Fix: lower it or tighten tpot_p99_ms"
         )
     return problems
+
+
+SGLANG_DEFAULT_CHUNKED_PREFILL = 8192  # sglang 0.5.23 server_args: --chunked-prefill-size on large GPUs
+
+
+def prefill_chunk_tokens(spec: StackSpec) -> int:
+    """Prompt tokens one request advances per prefill pass (a request runs on one DP rank)."""
+    pool = spec.deployment.prefill or spec.deployment.colocated
+    return (pool.chunked_prefill_tokens_per_rank if pool and pool.chunked_prefill_tokens_per_rank
+            else SGLANG_DEFAULT_CHUNKED_PREFILL)
+
+
+def longest_prefill_seconds(spec: StackSpec) -> float:
+    """How long the prefill hop may take for a prompt filling the context: one TTFT budget per
+    chunked pass (an estimate from the SLO, not a measurement; the hop timeouts must not be shorter)."""
+    passes = math.ceil(spec.model.context_length / prefill_chunk_tokens(spec))
+    return passes * spec.slo.ttft_p99_ms / 1000
 
 
 def stack_spec_path(stack: str) -> Path:

@@ -52,8 +52,9 @@ CHANGES = {  # name -> (stack, change, impact classes expected, classes that mus
                       {"roll"}, {"restart", "track", "node-replacement"}),
     "node-instance-type": ("dev", lambda d: d["hardware"].update(instance_types=["p5en.48xlarge"]),
                            {"node-replacement"}, {"restart", "track"}),
+    # the router's whole-request timeout is the gateway's: its pods roll, no engine restarts
     "gateway-timeout": ("prod", lambda d: d["timeouts"]["gateway_to_router"].update(timeout_seconds=1200),
-                        {"config"}, {"restart", "track", "node-replacement", "roll"}),
+                        {"config", "roll"}, {"restart", "track", "node-replacement"}),
     "policy-regression": ("prod", lambda d: d["model"]["weights"].update(prefix="deepseek-v3-AKIAABCDEFGHIJKLMNOP/"),
                           {"policy"}, set()),
 }
@@ -114,8 +115,8 @@ def test_the_details_behind_the_classes(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert any("decode instances 1 -> 2 (no restart; new capacity)" in i["detail"] for i in doc["impacts"])
     doc = json.loads(_diff(tmp_path, capsys, "prod",
-                           lambda d: d["timeouts"]["prefill_to_decode_kv"].update(timeout_seconds=20))[1].out)
-    assert {"restart", "track"} <= set(doc["impact_classes"])  # the KV hop's timeout is an engine setting
+                           lambda d: d["timeouts"]["router_to_prefill"].update(timeout_seconds=250))[1].out)
+    assert {"restart", "track"} <= set(doc["impact_classes"])  # SGLang's PD hop timeouts are engine settings
     assert {(f["role"], f["flag"]) for f in doc["engine_flags"]} == {
         ("prefill", "env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"), ("decode", "env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
         ("prefill", "env SGLANG_DISAGGREGATION_WAITING_TIMEOUT"), ("decode", "env SGLANG_DISAGGREGATION_WAITING_TIMEOUT")}

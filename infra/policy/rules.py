@@ -286,7 +286,8 @@ def kv_quota_and_hop_timeouts(resources: list[Resource]) -> list[str]:
             scripts = " ".join(launch_data.get(v.get("configMap", {}).get("name", ""), "") for v in pod.get("volumes") or [])
             if not env & set(_KV_HOP_ENV) and "kv_lease_duration" not in scripts:
                 problems.append(f"{res.ref()} {where}: no prefill-to-decode KV timeout. "
-                                "Fix: set timeouts.prefill_to_decode_kv (rendered by infra/render/engine_args.py)")
+                                "Fix: set timeouts.router_to_prefill (SGLang) or timeouts.prefill_to_decode_kv (vLLM), "
+                                "rendered by infra/render/engine_args.py")
             break
     for route in _of_kind(resources, "HTTPRoute"):
         for i, rule in enumerate((route.props.get("spec") or {}).get("rules") or []):
@@ -296,8 +297,8 @@ def kv_quota_and_hop_timeouts(resources: list[Resource]) -> list[str]:
     for cm in _of_kind(resources, "ConfigMap"):
         script = json.dumps(cm.props.get("data") or {})
         if cm.object_name == f"{naming.ROUTER}-launch" and "sglang_router" in script and "--request-timeout-secs" not in script:
-            problems.append(f"{cm.ref()}: the router has no request timeout (router to prefill). "
-                            "Fix: set timeouts.router_to_prefill")
+            problems.append(f"{cm.ref()}: the router has no request timeout (the whole request). "
+                            "Fix: set timeouts.gateway_to_router")
     return problems
 
 

@@ -354,15 +354,17 @@ def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
     """The prefill-to-decode KV hop's settings, where the engine takes them from the environment.
 
     SGLang 0.5.23 (sglang/srt/environ.py): the prefill side gives up on a decode peer that
-    has not bootstrapped the request, and the decode side on KV that has not arrived, after
-    these many seconds (both default to 300); its NIXL backend is SGLANG_DISAGGREGATION_NIXL_BACKEND
+    has not bootstrapped the request, and the decode side on KV that has not arrived (which
+    includes the prompt's wait and prefill on the prefill side), after these many seconds (both
+    default to 300; sglang/srt/disaggregation/common/conn.py suggests 600 where long TTFTs are
+    acceptable): the router's attempt at the prefill side, timeouts.router_to_prefill. Its NIXL backend is SGLANG_DISAGGREGATION_NIXL_BACKEND
     (default UCX; sglang/srt/disaggregation/nixl/conn.py), LIBFABRIC on EFA. vLLM's NIXL
     connector takes a lease and its backends in the connector config instead (see
     vllm_kv_transfer_config).
     """
     if role not in ("prefill", "decode") or spec.engine.kind != "sglang":
         return {}
-    seconds = str(int(spec.timeouts.prefill_to_decode_kv.timeout_seconds))
+    seconds = str(int(spec.timeouts.router_to_prefill.timeout_seconds))
     env = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
     if spec.engine.kv_transfer == "nixl":
         env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = nixl_backends(spec)[0]

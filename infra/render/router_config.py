@@ -81,7 +81,8 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         "--cache-threshold", str(w.cache_threshold),
         "--balance-abs-threshold", str(w.balance_abs_threshold),
         "--balance-rel-threshold", str(w.balance_rel_threshold),
-        "--request-timeout-secs", str(int(t.router_to_prefill.timeout_seconds)),
+        # sglang-router's request timeout covers the whole request, stream included: the gateway's.
+        "--request-timeout-secs", str(int(t.gateway_to_router.timeout_seconds)),
         "--retry-max-retries", str(t.router_to_prefill.retries),
         "--health-check-endpoint", "/health",
     ]
