@@ -419,7 +419,6 @@ class HardwareSpec(Strict):
     cuda_version: str
 
     _versions = field_validator("driver_version", "cuda_version")(classmethod(lambda cls, v: _version_number(v)))
-    nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
     node_class: NodeClassRef = Field(
         NodeClassRef(), description="The Karpenter node class the GPU pools launch from (owned by the platform); "
                                     "with capacity_type reserved it selects the reservations.")
@@ -553,9 +552,6 @@ class PhaseSpec(Strict):
 
 class CacheSpec(Strict):
     prefix_cache: bool = True
-    transfer_bandwidth_limit: str = Field(
-        "80%", description="Share of the NIC bandwidth KV transfer may use."
-    )
     store: Literal["mooncake", "lmcache"] = "mooncake"
     eviction_policy: Literal["lru", "lfu", "fifo"] = "lru"
     capacity_gib: PositiveInt = 512
@@ -567,16 +563,14 @@ class CacheSpec(Strict):
     retention_hours: PositiveInt = Field(
         24, description="`pdctl cost` flags disk-tier prefix-cache entries untouched for longer than this.")
 
-    @field_validator("transfer_bandwidth_limit")
+    @model_validator(mode="before")
     @classmethod
-    def _percentage(cls, v: str) -> str:
-        m = re.fullmatch(r"(\d{1,3})%", v.strip())
-        if not m or not 0 < int(m.group(1)) <= 100:
-            raise ValueError(f"{v!r} is not a percentage. Fix: write it as '80%' (1% to 100%)")
-        return v
-
-    def bandwidth_fraction(self) -> float:
-        return int(self.transfer_bandwidth_limit.rstrip("%")) / 100
+    def _no_bandwidth_quota(cls, data):
+        if isinstance(data, dict) and "transfer_bandwidth_limit" in data:
+            raise ValueError("transfer_bandwidth_limit: removed; no quota can be enforced: EFA/RDMA traffic "
+                             "bypasses the CNI's egress-bandwidth shaper and the pinned transfer libraries have no "
+                             "rate limit. Fix: delete it")
+        return data
 
 
 class RouterWeights(Strict):

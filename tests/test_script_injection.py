@@ -50,7 +50,7 @@ HOSTILE = [
 # form): a file it reads, the flag tables' key, numbers and ratios it computes with.
 NOT_TEXT = {"deployment.prefill.expert_placement", "deployment.decode.expert_placement",
             "deployment.colocated.expert_placement", "engine.version", "deployment.pd_ratio",
-            "deployment.cache.transfer_bandwidth_limit", "deployment.autoscaling.pd_ratio_bounds.min",
+            "deployment.autoscaling.pd_ratio_bounds.min",
             "deployment.autoscaling.pd_ratio_bounds.max", "environment.kubernetes_version",
             "platform.spec"}  # the platform spec file the program reads
 

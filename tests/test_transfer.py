@@ -124,3 +124,30 @@ def test_vllm_decode_leader_runs_one_api_server_per_local_rank():
             assert "--api-server-count" not in script.split("else set --", 1)[0]
         else:
             assert decode.args[decode.args.index("--api-server-count") + 1] == str(local)
+
+
+def test_nccl_proto_simple_only_where_collectives_cross_efa():
+    """aws/aws-ofi-nccl src/platform-aws.c (configure_nccl_proto): LL/LL128 need 128-byte in-order
+    aligned stores; where the EFA endpoint cannot give them the plugin sets NCCL_PROTO=simple. The
+    variable is process-wide, so on GB200 NVL72, where every collective runs over multi-node NVLink
+    (LL128's home), it is not forced; on p5 (no NVLink domain) collectives cross EFA and it is."""
+    from infra.render.fabric import fabric_env
+
+    assert fabric_env(variant_spec("dev", "sglang"))["NCCL_PROTO"] == "simple"
+    prod = fabric_env(variant_spec("prod", "sglang"))
+    assert "NCCL_PROTO" not in prod and prod["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_no_kv_bandwidth_quota_is_claimed():
+    """The kubernetes.io/egress-bandwidth annotation is applied by the CNI bandwidth plugin to the
+    pod's kernel network interface; EFA/RDMA traffic bypasses the kernel, and no transfer library at
+    the pinned versions has a rate limit (sglang/srt/environ.py in 0.5.23: none for Mooncake or
+    NIXL). So no pod carries the annotation and no policy rule asks for it."""
+    from infra.policy.rules import RULES
+
+    for stack in ("dev", "prod"):
+        for lws in run_spec(variant_spec(stack, "sglang")).by_kind("LeaderWorkerSet"):
+            for template in lws["spec"]["leaderWorkerTemplate"].values():
+                if isinstance(template, dict):
+                    assert "kubernetes.io/egress-bandwidth" not in template["metadata"]["annotations"]
+    assert not [r for r in RULES if "quota" in r.name]

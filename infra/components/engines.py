@@ -145,7 +145,7 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan, reads
     """`reads`: the data of the ConfigMaps the pods read at start (their digest goes on the template)."""
     spec, role = ctx.spec, launch.role
     phase = spec.deployment.pools()[role]
-    pod_annotations = {**kv.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash(*reads)}
+    pod_annotations = {naming.CONFIG_HASH_ANNOTATION: config_hash(*reads)}
     if spec.engine.kind == "sglang" and role == "prefill":
         pod_annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
     labels = pod_labels(spec, role, ctx.pod_labels())

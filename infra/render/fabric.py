@@ -13,8 +13,9 @@ Sources: Mooncake's protocols and SGLang's EFA allocator rule are in sglang 0.5.
 (sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py,
 sglang/srt/disaggregation/mooncake/utils.py); vLLM 0.33.0's NIXL backends list in
 vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py ("backends", default UCX).
-The NCCL / NVSHMEM settings follow the AWS EFA and NVIDIA GB200 NVL72 recipes; they are not
-checked by any engine code here (see README, "What was checked").
+The NCCL / NVSHMEM settings follow the AWS EFA and NVIDIA GB200 NVL72 recipes and aws-ofi-nccl's
+own rule for NCCL_PROTO; they are not checked by any engine code here (see README, "What was
+checked").
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ def fabric_env(spec: StackSpec) -> dict[str, str]:
     env: dict[str, str] = {}
     if fab is not None and fab.kind == "efa":
         # libfabric's EFA provider with GPUDirect RDMA; NCCL reaches it through aws-ofi-nccl.
-        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "simple"})
+        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"})
+        if hw.supernode is None:
+            # NCCL's LL/LL128 protocols need 128-byte in-order stores, which an EFA endpoint may not
+            # give; aws-ofi-nccl then sets NCCL_PROTO=simple itself (aws/aws-ofi-nccl
+            # src/platform-aws.c, configure_nccl_proto). Set here where collectives cross EFA. Not
+            # inside an NVLink domain: the variable is process-wide, and there every collective runs
+            # over multi-node NVLink, where LL128 is NCCL's fast protocol.
+            env["NCCL_PROTO"] = "simple"
     elif fab is not None:
         devices = ",".join(fab.devices)
         env.update({

@@ -1,5 +1,4 @@
-"""Spec to the KV cache layer: the distributed store, what engines need to reach it, and
-the KV transfer bandwidth quota. Pure.
+"""Spec to the KV cache layer: the distributed store and what engines need to reach it. Pure.
 
 - `mooncake`: one Mooncake master (object metadata and eviction). Transfer engines find each
   other by Mooncake's P2P handshake (MOONCAKE_TE_META_DATA_SERVER=P2PHANDSHAKE), as Mooncake's
@@ -23,9 +22,11 @@ the KV transfer bandwidth quota. Pure.
 - `lmcache`: an LMCache server as the shared tier, with an LMCache config file for vLLM.
   SGLang 0.5.23 has no LMCache backend; the spec check says so.
 
-Bandwidth quota: RDMA traffic bypasses the CNI's traffic shaper, so the quota is applied
-twice: as the `kubernetes.io/egress-bandwidth` annotation (TCP fallback paths) and as a
-limit the monitoring layer alerts on. Neither engine has a flag that caps RDMA rate.
+No KV transfer bandwidth quota: EFA and RDMA traffic bypasses the kernel, so the CNI's
+`kubernetes.io/egress-bandwidth` shaper never sees it, and none of the transfer paths has a rate
+limit at the pinned versions (SGLang 0.5.23's Mooncake and NIXL settings in sglang/srt/environ.py,
+vLLM 0.33.0's NixlConnector config). pdstack used to render the annotation and claim a quota; it
+renders none now (README, "Not verified here").
 """
 
 from __future__ import annotations
@@ -60,9 +61,7 @@ class KVCachePlan:
     ports: dict[str, int]
     engine_env: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)
-    pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_ip_env: tuple[str, ...] = ()  # engine env vars set to the pod's IP (downward API)
-    quota_gbps: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
@@ -75,8 +74,6 @@ def sglang_segment_divisor(spec: StackSpec) -> int:
 
 def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
     cache, ns = spec.deployment.cache, spec.environment.namespace
-    quota_gbps = spec.hardware.nic_gbps * cache.bandwidth_fraction()
-    annotations = {"kubernetes.io/egress-bandwidth": f"{int(quota_gbps * 1000)}M"}
     policy = f"eviction {cache.eviction_policy}, capacity {cache.capacity_gib} GiB, prefix cache {'on' if cache.prefix_cache else 'off'}"
     if cache.store == "mooncake":
         host = naming.service_dns(naming.MOONCAKE_MASTER, ns)
@@ -119,8 +116,6 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
             engine_env=engine_env,
             pod_ip_env=pod_ip_env,
             files=files,
-            pod_annotations=annotations,
-            quota_gbps=quota_gbps,
             notes=[policy, f"{segment_gib} GiB of host memory lent to the store by each of {store_ranks(spec)} "
                            "prefix-cache ranks", "one master, no HA: a restart empties the store (a cache)"],
         )
@@ -144,7 +139,5 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
         ports={"rpc": LMCACHE_PORT},
         engine_env={"LMCACHE_CONFIG_FILE": LMCACHE_CONFIG_PATH},
         files={"lmcache.yaml": yaml.safe_dump(config, sort_keys=True)},
-        pod_annotations=annotations,
-        quota_gbps=quota_gbps,
         notes=[policy],
     )
