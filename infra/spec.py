@@ -949,19 +949,34 @@ def runs_prefix_cache(spec: StackSpec, role: str) -> bool:
     return spec.deployment.cache.prefix_cache and role in ("prefill", "colocated")
 
 
+def weight_load_gib_per_rank(spec: StackSpec, phase: PhaseSpec) -> int:
+    """Host memory a rank holds while it loads its weights: its share of the checkpoint, read from
+    the files into host memory before the copy to its GPU (an estimate, not measured here: replicated
+    layers make a rank's share larger, a loader that streams tensors smaller)."""
+    return math.ceil((spec.model.weights.size_gib or 0) / phase.gpus_per_instance())
+
+
 def pod_memory_gib(spec: StackSpec, role: str) -> dict[str, int]:
-    """Host memory one engine pod needs, by part, and what a node can give it (all GiB)."""
+    """Host memory one engine pod needs, by part, and what a node can give it (all GiB).
+
+    The engine processes and the memory-backed /dev/shm are there from start to end. Loading the
+    weights comes first and is freed before the caches are allocated (SGLang's HiCache host pool
+    and the store segments are set up once the model is on the GPU), so the pod's need is the
+    larger of the two phases, not their sum.
+    """
     phase = spec.deployment.pools()[role]
     hw = spec.hardware
     ranks = min(phase.gpus_per_instance(), hw.gpus_per_node)
     parts = {
         "engine processes": ranks * ENGINE_PROCESS_GIB_PER_RANK,
         "/dev/shm": ranks * SHM_GIB_PER_RANK,
+        "weight loading": ranks * weight_load_gib_per_rank(spec, phase),
         "host cache tier": ranks * phase.host_cache_gib_per_rank if runs_prefix_cache(spec, role) else 0,
         "store segments": ranks * store_segment_gib_per_rank(spec)
         if runs_prefix_cache(spec, role) and spec.deployment.cache.store == "mooncake" else 0,
     }
-    need = sum(parts.values())
+    always = parts["engine processes"] + parts["/dev/shm"]
+    need = always + max(parts["weight loading"], parts["host cache tier"] + parts["store segments"])
     share = ranks / hw.gpus_per_node
     available = int(hw.node_memory_gib * (1 - NODE_RESERVED_SHARE) * share)
     return {**parts, "total": need, "limit": max(need, int(need * 1.1)), "available": available}
@@ -1125,7 +1140,8 @@ def hardware_problems(spec: StackSpec) -> list[str]:
             parts = ", ".join(f"{k} {v}" for k, v in mem.items() if k not in ("total", "limit", "available") and v)
             problems.append(
                 f"deployment.{role}.host_cache_gib_per_rank: one {role} pod needs {mem['limit']} GiB of host memory "
-                f"({parts}, +10% headroom) but its share of a node is {mem['available']} GiB "
+                f"({parts}; loading and caches at different times, +10% headroom) but its share of a node is "
+                f"{mem['available']} GiB "
                 f"(hardware.node_memory_gib {hw.node_memory_gib}). Fix: lower host_cache_gib_per_rank or "
                 "deployment.cache.capacity_gib, or add prefill ranks")
         if spec.model.num_dense_layers() and spec.model.dense_intermediate_size is None:

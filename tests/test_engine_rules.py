@@ -185,6 +185,28 @@ def test_store_capacity_is_split_over_the_ranks_that_mount_segments():
     assert mem["store segments"] == 4 * 32 and mem["host cache tier"] == 4 * 32
 
 
+def test_decode_memory_leaves_room_to_load_the_model_beside_its_shm():
+    """A decode pod's /dev/shm is memory-backed (emptyDir medium Memory) and counts against its limit;
+    the limit was 105 GiB for four GB200 ranks, 32 of them shm, with nothing for the weights each rank
+    reads into host memory while it loads. The limit now holds the processes, shm and each rank's
+    share of the checkpoint (loading comes before the caches, so the larger of the two counts)."""
+    from infra.offline import run_spec
+
+    spec = variant_spec("prod", "sglang")
+    mem = pod_memory_gib(spec, "decode")
+    share = -(-spec.model.weights.size_gib // 64)  # 642 GiB over 64 ranks
+    assert mem["weight loading"] == 4 * share
+    assert mem["limit"] >= mem["engine processes"] + mem["/dev/shm"] + 4 * share
+    (decode,) = [g for g in run_spec(spec).by_kind("LeaderWorkerSet") if g["metadata"]["name"] == "engine-decode"]
+    pod = decode["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    limit = int(pod["containers"][0]["resources"]["limits"]["memory"].removesuffix("Gi"))
+    shm = int(next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+    assert limit - shm - mem["engine processes"] >= 4 * share
+    prefill = pod_memory_gib(spec, "prefill")  # loading and caches at different times: the larger counts
+    assert prefill["total"] == prefill["engine processes"] + prefill["/dev/shm"] + max(
+        prefill["weight loading"], prefill["host cache tier"] + prefill["store segments"])
+
+
 def test_pod_memory_that_no_node_can_hold_is_rejected():
     data = stack_data("prod")
     data["deployment"]["prefill"]["host_cache_gib_per_rank"] = 256

@@ -99,8 +99,9 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
                + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
                   for k in sorted({*launch.pod_ip_env, *kv.pod_ip_env})],
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
-        # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), the host
-        # cache tier and the store segments each rank lends (infra/spec.py, pod_memory_gib).
+        # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), and the larger
+        # of the weights being loaded and the host cache tier plus the store segments each rank
+        # lends (infra/spec.py, pod_memory_gib).
         "resources": {
             "requests": {"cpu": "32", "memory": f"{memory['total']}Gi", **devices},
             "limits": {"memory": f"{memory['limit']}Gi", **devices},
