@@ -82,3 +82,21 @@ def test_spec_without_weight_size_is_refused():
     del data["model"]["weights"]["size_gib"]
     assert any(p.startswith("model.weights.size_gib: the engines' startup probes") and "Fix:" in p
                for p in problems_of(data))
+
+
+def test_dedicated_encoders_wait_for_their_dummy_encode():
+    """sglang 0.5.23 sglang/srt/disaggregation/encoder/http_server.py: the encoder's /health runs a
+    dummy encode and waits up to HEALTH_CHECK_TIMEOUT = 30 s; with the kubelet's 1 s default the
+    encoders never became Ready."""
+    from infra.render.probes import SGLANG_ENCODER_HEALTH_CHECK_SECONDS
+    from tests.conftest import stack_data
+    from infra.spec_checks import parse_spec
+
+    data = stack_data("dev")
+    data["model"]["multimodal"] = True
+    data["deployment"]["load_balancer"]["encoder"] = {"mode": "dedicated", "workers": 2}
+    (encoder,) = [d for d in run_spec(parse_spec(data)).by_kind("Deployment") if d["metadata"]["name"] == "encoder"]
+    container = encoder["spec"]["template"]["spec"]["containers"][0]
+    for kind in ("startupProbe", "readinessProbe"):
+        assert container[kind]["httpGet"]["path"] == "/health"
+        assert container[kind]["timeoutSeconds"] > SGLANG_ENCODER_HEALTH_CHECK_SECONDS

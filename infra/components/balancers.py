@@ -17,6 +17,7 @@ from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render import rbac
 from infra.render.engine_args import ENGINE_PORT, WEIGHTS_MOUNT, encoder_args, encoder_launch, launch_script
+from infra.render.probes import encoder_probes
 from infra.render.router_config import RouterLaunch, router_launch
 from infra.spec import image_platforms
 
@@ -130,7 +131,7 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
         "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
                       "limits": {"memory": "128Gi", "nvidia.com/gpu": "1"}},
         "volumeMounts": [{"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10},
+        **encoder_probes(spec, launch.port),
     }
     pod = {"serviceAccountName": "engine", **gpu_scheduling(ctx.spec, "prefill", lws_group=False),
            "initContainers": [weights_init_container(spec)], "containers": [container], "volumes": weights_volumes(spec)}

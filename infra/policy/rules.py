@@ -93,7 +93,7 @@ def images_by_digest(res: Resource) -> list[str]:
             image = c.get("image", "")
             if not _DIGEST.search(image):
                 problems.append(f"{res.ref()} {where}/{c.get('name')}: image {image!r} is not pinned by digest. "
-                                "Fix: name@sha256:<digest>, in the stack spec's engine.image or images")
+                                "Fix: name@sha256:<digest>, in the stack spec's images (images.engines.<kind>.image for engines)")
     return problems
 
 

@@ -43,20 +43,36 @@ READINESS_FAILURES = 3
 HEALTH_PATHS = {"sglang": ("/health_generate", "/ready"), "vllm": ("/health", "/health")}
 
 
+def _probe(path: str, port: int, period: int, timeout: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": timeout,
+            "failureThreshold": failures}
+
+
+def _startup_failures(spec: StackSpec) -> int:
+    return math.ceil(STARTUP_MARGIN * spec.model.weights.restart_seconds() / PROBE_PERIOD_SECONDS)
+
+
 def engine_probes(spec: StackSpec, port: int) -> dict[str, dict]:
     """The leader container's startupProbe, readinessProbe and livenessProbe."""
     health, ready = HEALTH_PATHS[spec.engine.kind]
     health_timeout = SGLANG_HEALTH_PROBE_TIMEOUT_SECONDS if spec.engine.kind == "sglang" else FLAG_PROBE_TIMEOUT_SECONDS
-
-    def probe(path: str, period: int, timeout: int, failures: int) -> dict:
-        return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": timeout,
-                "failureThreshold": failures}
-
-    start_budget = STARTUP_MARGIN * spec.model.weights.restart_seconds()
     return {
-        "startupProbe": probe(health, PROBE_PERIOD_SECONDS, health_timeout,
-                              math.ceil(start_budget / PROBE_PERIOD_SECONDS)),
-        "readinessProbe": probe(ready, PROBE_PERIOD_SECONDS, FLAG_PROBE_TIMEOUT_SECONDS, READINESS_FAILURES),
-        "livenessProbe": probe(health, LIVENESS_PERIOD_SECONDS, health_timeout,
-                               LIVENESS_WINDOW_SECONDS // LIVENESS_PERIOD_SECONDS),
+        "startupProbe": _probe(health, port, PROBE_PERIOD_SECONDS, health_timeout, _startup_failures(spec)),
+        "readinessProbe": _probe(ready, port, PROBE_PERIOD_SECONDS, FLAG_PROBE_TIMEOUT_SECONDS, READINESS_FAILURES),
+        "livenessProbe": _probe(health, port, LIVENESS_PERIOD_SECONDS, health_timeout,
+                                LIVENESS_WINDOW_SECONDS // LIVENESS_PERIOD_SECONDS),
+    }
+
+
+# sglang 0.5.23 sglang/srt/disaggregation/encoder/http_server.py: the encoder's /health runs a dummy
+# encode and waits up to HEALTH_CHECK_TIMEOUT (30 s) for it; it has no flag-only endpoint.
+SGLANG_ENCODER_HEALTH_CHECK_SECONDS = 30
+
+
+def encoder_probes(spec: StackSpec, port: int) -> dict[str, dict]:
+    """A dedicated SGLang encoder's probes: its /health is its only health endpoint."""
+    timeout = SGLANG_ENCODER_HEALTH_CHECK_SECONDS + 5
+    return {
+        "startupProbe": _probe("/health", port, PROBE_PERIOD_SECONDS, timeout, _startup_failures(spec)),
+        "readinessProbe": _probe("/health", port, PROBE_PERIOD_SECONDS, timeout, READINESS_FAILURES),
     }
