@@ -10,7 +10,7 @@ from infra.render.engine_args import all_launches
 from infra.render.engine_check import variant_spec
 from infra.render.kvcache_config import kv_cache_plan
 from infra.spec import SpecError
-from infra.spec_checks import load_spec, switch_engine
+from infra.spec_checks import parse_spec, switch_engine
 from tests.conftest import problems_of, stack_data
 
 
@@ -64,14 +64,8 @@ def test_each_hardware_profile_gets_a_transfer_path_that_exists_for_it():
     data = stack_data("dev")  # the same on InfiniBand: verbs, no libfabric needed
     data["hardware"]["fabric"].update(kind="infiniband", resource="rdma/ib", devices=["mlx5_0"], per_node=8)
     data["images"]["engines"]["sglang"].update(efa_libfabric=False, aws_ofi_nccl=False, mooncake_efa=False)
-    ib = load_spec_from(data)  # accepted
+    ib = parse_spec(data)  # accepted
     assert kv_cache_plan(ib).engine_env["MOONCAKE_PROTOCOL"] == "rdma"
-
-
-def load_spec_from(data):
-    from infra.spec_checks import parse_spec
-
-    return parse_spec(data)
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
@@ -86,7 +80,7 @@ def test_render_engine_vllm_runs_vllms_own_image(stack):
 def test_switching_to_an_engine_without_an_image_is_refused():
     data = stack_data("dev")
     del data["images"]["engines"]["vllm"]
-    spec = load_spec_from(data)
+    spec = parse_spec(data)
     with pytest.raises(SpecError) as err:
         switch_engine(spec, "vllm")
     assert any("images.engines.vllm: engine.kind is vllm and no image is named for it" in p
