@@ -217,6 +217,11 @@ class WeightsSpec(Strict):
                           "pod-identity for AWS S3 endpoints, secret otherwise.")
     cache: WeightsCacheSpec = WeightsCacheSpec()
 
+    def restart_seconds(self) -> float:
+        """From container start to serving: the weight load plus warm-up (estimates, no margin; 0 for an
+        unknown size, which the spec refuses where it matters)."""
+        return (self.size_gib or 0) / self.load_gib_per_second + self.start_minutes * 60
+
     def access_mode(self) -> str:
         if self.access:
             return self.access
@@ -250,12 +255,23 @@ class ModelSpec(Strict):
 # --- engine and hardware ------------------------------------------------------------------
 
 
+def _image_by_digest(v: str | None) -> str | None:
+    if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
+        raise ValueError(
+            f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
+            "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
+        )
+    return v
+
+
 class EngineSpec(Strict):
+    """The engine the pools run; its image is images.engines.<kind>, so it follows the engine."""
+
     kind: Literal["sglang", "vllm"]
     version: str
-    image: str = Field(description="Container image pinned by digest (name@sha256:...); its platforms are "
-                                   "listed in images.platforms.")
-    kv_transfer: Literal["mooncake", "nixl"] = "mooncake"
+    kv_transfer: Literal["mooncake", "nixl"] = Field(
+        "mooncake", description="The prefill-to-decode KV transfer library. Over EFA: nixl (its LIBFABRIC backend, "
+                                "every architecture) or mooncake (its efa transport: x86_64 builds with EFA only).")
     moe_a2a_backend: Literal["deepep", "none"] = "deepep"
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] = 0.85
     kv_page_size: PositiveInt = Field(
@@ -266,20 +282,31 @@ class EngineSpec(Strict):
                         "`scripts/check_engine_args.py` records the size each engine resolves.")
     trust_remote_code: bool = True
 
-    @field_validator("image")
-    @classmethod
-    def _image_by_digest(cls, v: str) -> str:
-        if not OCI_DIGEST_REFERENCE.fullmatch(v):
-            raise ValueError(
-                f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
-                "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
-            )
-        return v
+
+class EngineImageSpec(Strict):
+    """One engine's image and what it was built with. A fabric is only as usable as the libraries in
+    the image: EFA is reached through AWS's libfabric alone, and the stock SGLang and vLLM images
+    carry neither it nor aws-ofi-nccl (images/engine-efa.Dockerfile builds one that does)."""
+
+    image: str = Field(description="Pinned by digest (name@sha256:...); its platforms are listed in images.platforms.")
+    efa_libfabric: bool = Field(False, description="AWS's libfabric with the EFA provider (the EFA installer).")
+    aws_ofi_nccl: bool = Field(False, description="NCCL's libfabric plugin (aws-ofi-nccl): NCCL between nodes over EFA.")
+    mooncake_efa: bool = Field(
+        False, description="Mooncake's transfer engine built with EFA support (its `efa` transport); Mooncake "
+                           "publishes it for x86_64 only.")
+    nixl_backends: list[Literal["UCX", "LIBFABRIC"]] = Field(
+        ["UCX"], description="NIXL's backend plugins in the image (stock builds: UCX; LIBFABRIC is built against "
+                             "the EFA installer's libfabric).")
+
+    _image = field_validator("image")(classmethod(lambda cls, v: _image_by_digest(v)))
 
 
 class ImagesSpec(Strict):
-    """Every image besides the engine's, each pinned by digest."""
+    """Every image, each pinned by digest."""
 
+    engines: dict[Literal["sglang", "vllm"], EngineImageSpec] = Field(
+        min_length=1, description="Each engine's image and what it contains; engine.kind picks one, so "
+                                  "`render --engine` runs the other engine in its own image.")
     router: str
     mooncake_master: str
     lmcache_server: str
@@ -323,7 +350,7 @@ class ImagesSpec(Strict):
                      "endpoint_picker", "routing_sidecar", "loadtest")
     @classmethod
     def _by_digest(cls, v: str | None) -> str | None:
-        return v if v is None else EngineSpec._image_by_digest(v)
+        return _image_by_digest(v)
 
 
 class NodeClassRef(Strict):
@@ -392,7 +419,6 @@ class HardwareSpec(Strict):
     cuda_version: str
 
     _versions = field_validator("driver_version", "cuda_version")(classmethod(lambda cls, v: _version_number(v)))
-    nic_gbps: PositiveInt = Field(400, description="RDMA bandwidth per node, for the KV transfer quota.")
     node_class: NodeClassRef = Field(
         NodeClassRef(), description="The Karpenter node class the GPU pools launch from (owned by the platform); "
                                     "with capacity_type reserved it selects the reservations.")
@@ -526,9 +552,6 @@ class PhaseSpec(Strict):
 
 class CacheSpec(Strict):
     prefix_cache: bool = True
-    transfer_bandwidth_limit: str = Field(
-        "80%", description="Share of the NIC bandwidth KV transfer may use."
-    )
     store: Literal["mooncake", "lmcache"] = "mooncake"
     eviction_policy: Literal["lru", "lfu", "fifo"] = "lru"
     capacity_gib: PositiveInt = 512
@@ -540,16 +563,14 @@ class CacheSpec(Strict):
     retention_hours: PositiveInt = Field(
         24, description="`pdctl cost` flags disk-tier prefix-cache entries untouched for longer than this.")
 
-    @field_validator("transfer_bandwidth_limit")
+    @model_validator(mode="before")
     @classmethod
-    def _percentage(cls, v: str) -> str:
-        m = re.fullmatch(r"(\d{1,3})%", v.strip())
-        if not m or not 0 < int(m.group(1)) <= 100:
-            raise ValueError(f"{v!r} is not a percentage. Fix: write it as '80%' (1% to 100%)")
-        return v
-
-    def bandwidth_fraction(self) -> float:
-        return int(self.transfer_bandwidth_limit.rstrip("%")) / 100
+    def _no_bandwidth_quota(cls, data):
+        if isinstance(data, dict) and "transfer_bandwidth_limit" in data:
+            raise ValueError("transfer_bandwidth_limit: removed; no quota can be enforced: EFA/RDMA traffic "
+                             "bypasses the CNI's egress-bandwidth shaper and the pinned transfer libraries have no "
+                             "rate limit. Fix: delete it")
+        return data
 
 
 class RouterWeights(Strict):
@@ -607,6 +628,18 @@ class HopSpec(Strict):
 
 
 class TimeoutsSpec(Strict):
+    """How long each hop of a request may take, outermost first.
+
+    - gateway_to_router: the whole request, stream included: the Envoy route's request timeout,
+      and the router's --request-timeout-secs, which in sglang-router is a whole-request timeout
+      too (a shorter one cuts streams the gateway allows).
+    - router_to_prefill: one attempt at the prefill side, up to the prompt's KV being handed over
+      (queue and prefill included), retried `retries` times by the router. The engines give up on
+      the hop after as long: SGLang's PD bootstrap and waiting timeouts (both 300 s by default).
+    - prefill_to_decode_kv: the KV transfer once prefill is done: how long the prefill side holds
+      a request's KV for its decode peer (vLLM's NIXL kv_lease_duration).
+    """
+
     gateway_to_router: HopSpec = HopSpec(timeout_seconds=900, retries=0)
     router_to_prefill: HopSpec = HopSpec(timeout_seconds=280, retries=2)
     prefill_to_decode_kv: HopSpec = HopSpec(timeout_seconds=30, retries=1)
@@ -754,6 +787,10 @@ class StackSpec(Strict):
     slo: SLOSpec
     access: AccessSpec
     observability: ObservabilitySpec = ObservabilitySpec()
+
+    def engine_image(self) -> EngineImageSpec:
+        """The image of the engine the pools run (the spec check refuses a spec without one)."""
+        return self.images.engines[self.engine.kind]
 
     def labels(self) -> dict[str, str]:
         return {
@@ -912,19 +949,34 @@ def runs_prefix_cache(spec: StackSpec, role: str) -> bool:
     return spec.deployment.cache.prefix_cache and role in ("prefill", "colocated")
 
 
+def weight_load_gib_per_rank(spec: StackSpec, phase: PhaseSpec) -> int:
+    """Host memory a rank holds while it loads its weights: its share of the checkpoint, read from
+    the files into host memory before the copy to its GPU (an estimate, not measured here: replicated
+    layers make a rank's share larger, a loader that streams tensors smaller)."""
+    return math.ceil((spec.model.weights.size_gib or 0) / phase.gpus_per_instance())
+
+
 def pod_memory_gib(spec: StackSpec, role: str) -> dict[str, int]:
-    """Host memory one engine pod needs, by part, and what a node can give it (all GiB)."""
+    """Host memory one engine pod needs, by part, and what a node can give it (all GiB).
+
+    The engine processes and the memory-backed /dev/shm are there from start to end. Loading the
+    weights comes first and is freed before the caches are allocated (SGLang's HiCache host pool
+    and the store segments are set up once the model is on the GPU), so the pod's need is the
+    larger of the two phases, not their sum.
+    """
     phase = spec.deployment.pools()[role]
     hw = spec.hardware
     ranks = min(phase.gpus_per_instance(), hw.gpus_per_node)
     parts = {
         "engine processes": ranks * ENGINE_PROCESS_GIB_PER_RANK,
         "/dev/shm": ranks * SHM_GIB_PER_RANK,
+        "weight loading": ranks * weight_load_gib_per_rank(spec, phase),
         "host cache tier": ranks * phase.host_cache_gib_per_rank if runs_prefix_cache(spec, role) else 0,
         "store segments": ranks * store_segment_gib_per_rank(spec)
         if runs_prefix_cache(spec, role) and spec.deployment.cache.store == "mooncake" else 0,
     }
-    need = sum(parts.values())
+    always = parts["engine processes"] + parts["/dev/shm"]
+    need = always + max(parts["weight loading"], parts["host cache tier"] + parts["store segments"])
     share = ranks / hw.gpus_per_node
     available = int(hw.node_memory_gib * (1 - NODE_RESERVED_SHARE) * share)
     return {**parts, "total": need, "limit": max(need, int(need * 1.1)), "available": available}
@@ -954,7 +1006,9 @@ def image_platforms(spec: StackSpec, ref: str) -> list[str] | None:
 
 def gpu_node_images(spec: StackSpec) -> dict[str, str]:
     """Images whose containers run on the GPU nodes, by the field that names them."""
-    images = {"engine.image": spec.engine.image, "images.weights_fetcher": spec.images.weights_fetcher}
+    images = {"images.weights_fetcher": spec.images.weights_fetcher}
+    if spec.engine.kind in spec.images.engines:
+        images[f"images.engines.{spec.engine.kind}.image"] = spec.engine_image().image
     lb = spec.deployment.load_balancer
     if lb.implementation == "gateway_epp" and spec.deployment.mode == "disaggregated" and spec.images.routing_sidecar:
         images["images.routing_sidecar"] = spec.images.routing_sidecar
@@ -977,6 +1031,54 @@ def image_platform_problems(spec: StackSpec) -> list[str]:
     return problems
 
 
+ENGINE_IMAGE_RECIPE = "images/engine-efa.Dockerfile"
+
+
+def transfer_problems(spec: StackSpec) -> list[str]:
+    """Can the engine's image move KV (and NCCL traffic) over this fabric on this architecture?
+
+    EFA is reached only through AWS's libfabric (EFA provider). NIXL's LIBFABRIC backend builds
+    on it for x86_64 and arm64 (ai-dynamo/nixl, src/plugins/libfabric). Mooncake's `efa` transport
+    exists only in builds made with EFA support, published for x86_64 alone (kvcache-ai/Mooncake,
+    the mooncake-transfer-engine wheels; USE_EFA in mooncake-transfer-engine/CMakeLists). On
+    InfiniBand/RoCE Mooncake uses verbs (`rdma`) and NIXL its UCX backend. The transport each
+    backend then uses is chosen in infra/render/fabric.py.
+    """
+    kind, fab, hw, dep = spec.engine.kind, spec.hardware.fabric, spec.hardware, spec.deployment
+    if kind not in spec.images.engines:
+        return [f"images.engines.{kind}: engine.kind is {kind} and no image is named for it. Fix: add "
+                f"images.engines.{kind} with its image pinned by digest and what it contains"]
+    img, field, problems = spec.engine_image(), f"images.engines.{kind}", []
+    recipe = f"build {ENGINE_IMAGE_RECIPE} and name that image"
+    kv = spec.engine.kv_transfer
+    if fab is not None and fab.kind == "efa":
+        if not img.efa_libfabric:
+            problems.append(f"{field}.efa_libfabric: EFA is reached only through AWS's libfabric (EFA provider), "
+                            f"which the image does not have. Fix: {recipe}, with efa_libfabric: true")
+        spans_fabric = hw.supernode is None and any(p.nodes_per_instance(hw.gpus_per_node) > 1
+                                                    for p in dep.pools().values())
+        if spans_fabric and not img.aws_ofi_nccl:
+            problems.append(f"{field}.aws_ofi_nccl: a group spans nodes over EFA and NCCL reaches EFA only through "
+                            f"aws-ofi-nccl, which the image does not have. Fix: {recipe}, with aws_ofi_nccl: true")
+        if dep.mode == "disaggregated" and kv == "mooncake":
+            if hw.cpu_architecture != "amd64":
+                problems.append(f"engine.kv_transfer: Mooncake's efa transport is built for x86_64 only, and the "
+                                f"nodes are {hw.cpu_architecture}. Fix: kv_transfer: nixl (NIXL's LIBFABRIC backend "
+                                "over EFA)")
+            elif not img.mooncake_efa:
+                problems.append(f"{field}.mooncake_efa: the P->D hop over EFA needs Mooncake built with EFA support "
+                                f"(its efa transport), and the image's Mooncake has none. Fix: {recipe} with "
+                                "mooncake_efa: true, or kv_transfer: nixl")
+    if dep.mode == "disaggregated" and kv == "nixl":
+        needed = "LIBFABRIC" if fab is not None and fab.kind == "efa" else "UCX"
+        if needed not in img.nixl_backends:
+            problems.append(f"{field}.nixl_backends: NIXL over {fab.kind if fab else 'TCP'} needs its {needed} "
+                            f"backend, and the image has {', '.join(img.nixl_backends)}. Fix: "
+                            + (f"{recipe}, with LIBFABRIC listed" if needed == "LIBFABRIC" else "an image with "
+                               "NIXL's UCX plugin (the stock builds have it)"))
+    return problems
+
+
 def hardware_problems(spec: StackSpec) -> list[str]:
     """Images, fabric and memory against the hardware the spec names."""
     hw, eng, dep = spec.hardware, spec.engine, spec.deployment
@@ -984,6 +1086,7 @@ def hardware_problems(spec: StackSpec) -> list[str]:
     if hw.gpu_type == "GB200" and hw.cpu_architecture != "arm64":
         problems.append("hardware.cpu_architecture: GB200 nodes run Grace CPUs (arm64). Fix: arm64")
     problems += image_platform_problems(spec)
+    problems += transfer_problems(spec)
     if hw.supernode is not None and hw.gpu_type != "GB200":
         problems.append(
             f"hardware.supernode: {hw.gpu_type} nodes share no NVLink domain across nodes (multi-node NVLink is "
@@ -999,6 +1102,10 @@ def hardware_problems(spec: StackSpec) -> list[str]:
 
     problems += weight_cache_problems(spec)
     w = spec.model.weights
+    if w.size_gib is None:
+        problems.append("model.weights.size_gib: the engines' startup probes allow the load time it implies "
+                        "(with load_gib_per_second and start_minutes); without it a large model is killed while it "
+                        "loads. Fix: set the weight files' total size")
     if w.access == "secret" and is_aws_s3(w.endpoint_url):
         problems.append("model.weights.access: secret means a static AWS key copied into every namespace, and the "
                         "endpoint is AWS S3. Fix: pod-identity (or irsa): the platform stack creates the role")
@@ -1033,7 +1140,8 @@ def hardware_problems(spec: StackSpec) -> list[str]:
             parts = ", ".join(f"{k} {v}" for k, v in mem.items() if k not in ("total", "limit", "available") and v)
             problems.append(
                 f"deployment.{role}.host_cache_gib_per_rank: one {role} pod needs {mem['limit']} GiB of host memory "
-                f"({parts}, +10% headroom) but its share of a node is {mem['available']} GiB "
+                f"({parts}; loading and caches at different times, +10% headroom) but its share of a node is "
+                f"{mem['available']} GiB "
                 f"(hardware.node_memory_gib {hw.node_memory_gib}). Fix: lower host_cache_gib_per_rank or "
                 "deployment.cache.capacity_gib, or add prefill ranks")
         if spec.model.num_dense_layers() and spec.model.dense_intermediate_size is None:
@@ -1140,7 +1248,8 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
     ]
     for (outer_name, outer), (inner_name, inner) in zip(order, order[1:]):
         # An inner hop, retried, must finish before the outer hop gives up, or the outer
-        # side times out while the inner one is still working.
+        # side times out while the inner one is still working. (The router's own whole-request
+        # timeout is gateway_to_router's: it covers the longest stream the gateway allows.)
         inner_budget = inner.timeout_seconds * (inner.retries + 1)
         if inner_budget >= outer.timeout_seconds:
             problems.append(
@@ -1149,6 +1258,14 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
                 f"Fix: lower it, or its retries, below {outer.timeout_seconds / (inner.retries + 1):g}s"
             )
 
+    floor = longest_prefill_seconds(spec)
+    if dep.mode == "disaggregated" and t.router_to_prefill.timeout_seconds < floor:
+        problems.append(
+            f"timeouts.router_to_prefill.timeout_seconds: {t.router_to_prefill.timeout_seconds:g}s is shorter than a "
+            f"full-context prompt's prefill at the TTFT SLO ({floor:g}s: {spec.model.context_length} tokens in "
+            f"chunks of {prefill_chunk_tokens(spec)}, each allowed slo.ttft_p99_ms); the engines would drop long "
+            f"prompts mid-prefill. Fix: at least {math.ceil(floor)}")
+
     if spec.slo.tokens_per_second_per_user > 1000 / spec.slo.tpot_p99_ms:
         problems.append(
             f"slo.tokens_per_second_per_user: {spec.slo.tokens_per_second_per_user} cannot be met with "
@@ -1156,6 +1273,23 @@ def cross_field_problems(spec: StackSpec) -> list[str]:
             "Fix: lower it or tighten tpot_p99_ms"
         )
     return problems
+
+
+SGLANG_DEFAULT_CHUNKED_PREFILL = 8192  # sglang 0.5.23 server_args: --chunked-prefill-size on large GPUs
+
+
+def prefill_chunk_tokens(spec: StackSpec) -> int:
+    """Prompt tokens one request advances per prefill pass (a request runs on one DP rank)."""
+    pool = spec.deployment.prefill or spec.deployment.colocated
+    return (pool.chunked_prefill_tokens_per_rank if pool and pool.chunked_prefill_tokens_per_rank
+            else SGLANG_DEFAULT_CHUNKED_PREFILL)
+
+
+def longest_prefill_seconds(spec: StackSpec) -> float:
+    """How long the prefill hop may take for a prompt filling the context: one TTFT budget per
+    chunked pass (an estimate from the SLO, not a measurement; the hop timeouts must not be shorter)."""
+    passes = math.ceil(spec.model.context_length / prefill_chunk_tokens(spec))
+    return passes * spec.slo.ttft_p99_ms / 1000
 
 
 def stack_spec_path(stack: str) -> Path:

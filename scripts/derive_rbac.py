@@ -6,8 +6,8 @@ may read more than it uses is a standing risk. This reads the code that makes th
 writes infra/render/pinned/rbac-needs.json, from which infra/render/rbac.py renders every Role
 (and against which tests/test_rbac.py and the policy pack check what is rendered):
 
-- endpoint picker (llm-d-inference-scheduler v0.8.0, whose main runs the EPP runner of
-  gateway-api-inference-extension v1.5.0): the types its controller manager caches
+- endpoint picker (llm-d-inference-scheduler v0.7.1, the version the image, the contract check and
+  the spec pin, whose main runs the EPP runner of gateway-api-inference-extension v1.4.0, its go.mod's): the types its controller manager caches
   (pkg/epp/server/controller_manager.go, cache.ByObject: an informer lists and watches each),
   their API groups (api/v1, apix/v1alpha2 zz_generated.register.go) and plurals (config/crd/bases);
   leader election with --ha-enable-leader-election (a "leases" lock: client-go's leaselock.go
@@ -15,18 +15,17 @@ writes infra/render/pinned/rbac-needs.json, from which infra/render/rbac.py rend
   client-go's tools/record/event.go creates or patches); metrics authentication, on by default
   (pkg/epp/server/options.go), through controller-runtime's filters.go: TokenReviews and
   SubjectAccessReviews, which are cluster-scoped.
-- routing sidecar (llm-d-inference-scheduler v0.8.0, pkg/sidecar/proxy): an InferencePool and pod
+- routing sidecar (llm-d-inference-scheduler v0.7.1, pkg/sidecar/proxy): an InferencePool and pod
   informer only with --enable-ssrf-protection (allowlist.go; off by default in options.go).
 - sglang-router 0.3.2 (the PyPI wheel): Kubernetes service discovery watches pods, in the
   namespace given by --service-discovery-namespace, or in every namespace without it
   (sglang_router/router.py; the Rust side, sgl-model-gateway src/service_discovery.rs, lists
   and watches `Api<Pod>` with kube-rs's watcher).
 
-Go modules come from the Go module proxy at the versions upstream/go.mod and go.sum fix (`go
-mod download` verifies them against the checksum database); the wheel from PyPI (`pip download
---no-deps`). llm-d-inference-scheduler is not served by the module proxy, so its two facts (its
-main runs the GIE runner; the sidecar's SSRF informers) are read from a mirror of the
-repository at the tag when one is present (--llmd-mirror), and otherwise kept from the last run.
+Go modules, llm-d-inference-scheduler's included, come from the Go module proxy at the versions
+upstream/go.mod and go.sum fix (`go mod download` verifies them against the checksum database);
+the wheel from PyPI (`pip download --no-deps`). (An earlier run read llm-d v0.8.0 from a mirror of
+its repository, which the proxy does not serve, while everything else pinned v0.7.1.)
 
     python scripts/derive_rbac.py            # rewrite infra/render/pinned/rbac-needs.json
     python scripts/derive_rbac.py --check    # exit 1 if the source now says otherwise
@@ -51,7 +50,7 @@ OUT = ROOT / "infra" / "render" / "pinned" / "rbac-needs.json"
 UPSTREAM = ROOT / "upstream"
 GIE, CR, CLIENT_GO = ("sigs.k8s.io/gateway-api-inference-extension", "sigs.k8s.io/controller-runtime",
                       "k8s.io/client-go")
-LLMD = ("llm-d/llm-d-inference-scheduler", "v0.8.0")
+LLMD = "github.com/llm-d/llm-d-inference-scheduler"
 ROUTER_WHEEL = ("sglang-router", "0.3.2")
 
 
@@ -110,12 +109,18 @@ def picker_needs(gie: Module, cr: Module, client_go: Module) -> tuple[list[dict]
         if alias not in imports and alias != "corev1":
             continue
         condition = re.search(rf"if cfg\.(has{kind}s?) \{{", manager)
+        # `switch gknn.Group { case <alias>.GroupName: ...ByObject[&<alias>.<Kind>{}]`: the pool's own
+        # type is cached only in the API group --pool-group names.
+        by_pool_group = re.search(rf"case {alias}\.GroupName:\s*\n\s*opt\.Cache\.ByObject\[&{alias}\.{kind}\{{\}}\]",
+                                  manager)
         group, plural = group_and_plural(gie, alias, kind, imports)
+        when, why = "always", ""
+        if condition:
+            when, why = f"crd:{kind}", f" when discovery finds the {kind} CRD ({condition.group(1)}, controller_config.go)"
+        elif by_pool_group:
+            when, why = f"pool-group:{group}", f" when --pool-group is {group} (switch gknn.Group)"
         needs.append({"scope": "namespace", "apiGroup": group, "resource": plural, "verbs": ["list", "watch"],
-                      "when": f"crd:{kind}" if condition else "always",
-                      "source": gie.cite(manager_path, f"cache.ByObject &{alias}.{kind}{{}}"
-                                         + (f" when discovery finds the {kind} CRD ({condition.group(1)}, "
-                                            "controller_config.go)" if condition else ""))})
+                      "when": when, "source": gie.cite(manager_path, f"cache.ByObject &{alias}.{kind}{{}}{why}")})
     if not needs:
         fail(f"{manager_path}: no cached types found")
     options_path = "pkg/epp/server/options.go"
@@ -154,40 +159,33 @@ def picker_needs(gie: Module, cr: Module, client_go: Module) -> tuple[list[dict]
                                         f"{GIE}@{gie.version} {runner_path}")})
     leader_default = find(r"EnableLeaderElection:\s+(true|false),", options, options_path).group(1) \
         if re.search(r"EnableLeaderElection:", options) else "false"
-    return needs, {"metrics-endpoint-auth": auth_default == "true", "ha-enable-leader-election": leader_default == "true"}
+    find(r'fs\.StringVar\(&opts\.PoolGroup, "pool-group"', options, options_path)
+    pool_group = find(r'PoolGroup:\s+"([^"]+)",', options, options_path).group(1)
+    return needs, {"metrics-endpoint-auth": auth_default == "true", "ha-enable-leader-election": leader_default == "true",
+                   "pool-group": pool_group}
 
 
-def llmd_facts(mirror: Path | None, previous: dict) -> dict:
-    """What only llm-d's own repository says: its main runs the GIE runner; the sidecar's informers."""
-    if mirror is None:
-        if not previous:
-            fail("no llm-d facts recorded yet. Fix: --llmd-mirror PATH (a clone of github:" + LLMD[0] + ")")
-        return previous
-
-    def show(path: str) -> str:
-        return subprocess.run(["git", "-C", str(mirror), "show", f"{LLMD[1]}:{path}"], capture_output=True, text=True,
-                              check=True).stdout
-
-    main = show("cmd/epp/main.go")
+def llmd_facts(llmd: Module) -> dict:
+    """What only llm-d's own module says: its main runs the GIE runner; the sidecar's informers."""
+    main = llmd.read("cmd/epp/main.go")
     find(r'"sigs\.k8s\.io/gateway-api-inference-extension/cmd/epp/runner"', main, "cmd/epp/main.go")
     find(r"runner\.NewRunner\(\)", main, "cmd/epp/main.go")
-    allowlist = show("pkg/sidecar/proxy/allowlist.go")
-    options = show("pkg/sidecar/proxy/options.go")
+    allowlist = llmd.read("pkg/sidecar/proxy/allowlist.go")
+    options = llmd.read("pkg/sidecar/proxy/options.go")
     find(r'fs\.BoolVar\(&opts\.EnableSSRFProtection, "enable-ssrf-protection"', options, "options.go")
     if re.search(r"EnableSSRFProtection:\s+true", options):
         fail("pkg/sidecar/proxy/options.go: SSRF protection is on by default now")
     resources = sorted(set(re.findall(r'Resource:\s+"(\w+)"', allowlist)) | {"inferencepools"})
-    gie_require = find(rf"{re.escape(GIE)} (v[\d.]+)", show("go.mod"), "go.mod").group(1)
-    cite = f"github:{LLMD[0]}@{LLMD[1]}"
+    gie_require = find(rf"{re.escape(GIE)} (v[\d.]+)", llmd.read("go.mod"), "go.mod").group(1)
     return {
-        "origin": {"repository": f"github:{LLMD[0]}", "tag": LLMD[1],
-                   "note": "not served by the Go module proxy; read from the repository at the tag"},
+        "origin": llmd.origin,
         "gie_required": gie_require,
-        "main_runs_gie_runner": f"{cite} cmd/epp/main.go: runner.NewRunner() of {GIE}/cmd/epp/runner",
+        "main_runs_gie_runner": llmd.cite("cmd/epp/main.go", f"runner.NewRunner() of {GIE}/cmd/epp/runner"),
         "sidecar_needs": [{"scope": "namespace", "apiGroup": "inference.networking.k8s.io" if r == "inferencepools"
                            else "", "resource": r, "verbs": ["list", "watch"], "when": "flag:enable-ssrf-protection",
-                           "source": f"{cite} pkg/sidecar/proxy/allowlist.go: an informer (List, Watch) of {r}, "
-                                     "started only with --enable-ssrf-protection (off in options.go)"}
+                           "source": llmd.cite("pkg/sidecar/proxy/allowlist.go",
+                                               f"an informer (List, Watch) of {r}, started only with "
+                                               "--enable-ssrf-protection (off in options.go)")}
                           for r in resources],
     }
 
@@ -221,10 +219,11 @@ def router_needs(wheel: Path | None, previous: dict) -> dict:
 def derive(args: argparse.Namespace) -> dict:
     previous = json.loads(OUT.read_text()) if OUT.exists() else {}
     gie, cr, client_go = Module(GIE), Module(CR), Module(CLIENT_GO)
-    llmd = llmd_facts(args.llmd_mirror, previous.get("llm_d", {}))
+    llmd_module = Module(LLMD)
+    llmd = llmd_facts(llmd_module)
     picker, picker_flags = picker_needs(gie, cr, client_go)
     if llmd["gie_required"] != gie.version:
-        fail(f"llm-d {LLMD[1]} requires {GIE} {llmd['gie_required']}, upstream/go.mod pins {gie.version}")
+        fail(f"llm-d {llmd_module.version} requires {GIE} {llmd['gie_required']}, upstream/go.mod pins {gie.version}")
     return {
         "about": "What each component asks of the Kubernetes API, derived from its source by scripts/derive_rbac.py",
         "modules": [gie.origin, cr.origin, client_go.origin],
@@ -241,7 +240,6 @@ def derive(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
-    p.add_argument("--llmd-mirror", type=Path, help="a git clone of github:llm-d/llm-d-inference-scheduler")
     p.add_argument("--router-wheel", type=Path, help="the sglang-router wheel (default: pip download it)")
     args = p.parse_args(argv)
     derived = json.dumps(derive(args), indent=1, sort_keys=True) + "\n"

@@ -58,18 +58,20 @@ def test_one_digest_has_one_set_of_platforms_across_stacks():
 
 def test_an_image_that_cannot_run_on_the_gpu_nodes_is_refused_with_field_and_fix():
     data = stack_data("prod")  # GB200: arm64 Grace CPUs
-    engine_digest = data["engine"]["image"].rpartition("@")[2]
+    engine_digest = data["images"]["engines"]["sglang"]["image"].rpartition("@")[2]
     data["images"]["platforms"][engine_digest] = ["amd64"]
-    assert any(p.startswith("engine.image: its digest runs on amd64, the GPU nodes are arm64") and "Fix:" in p
+    assert any(p.startswith("images.engines.sglang.image: its digest runs on amd64, the GPU nodes are arm64")
+               and "Fix:" in p
                for p in problems_of(data))
     data = stack_data("prod")
     del data["images"]["platforms"][data["images"]["weights_fetcher"].rpartition("@")[2]]
     assert any(p.startswith("images.platforms: images.weights_fetcher") and "imagetools inspect" in p
                for p in problems_of(data))
     data = stack_data("dev")
-    data["engine"]["image"] = stack_data("prod")["engine"]["image"]  # prod's arm64 build on amd64 nodes
-    data["images"]["platforms"][data["engine"]["image"].rpartition("@")[2]] = ["arm64"]
-    assert any(p.startswith("engine.image:") for p in problems_of(data))
+    arm_build = stack_data("prod")["images"]["engines"]["sglang"]["image"]  # prod's arm64 build on amd64 nodes
+    data["images"]["engines"]["sglang"]["image"] = arm_build
+    data["images"]["platforms"][arm_build.rpartition("@")[2]] = ["arm64"]
+    assert any(p.startswith("images.engines.sglang.image:") for p in problems_of(data))
 
 
 def test_a_single_platform_router_image_is_kept_to_its_architecture():

@@ -33,8 +33,9 @@ DEV = str(REPO_ROOT / "stacks/dev.yaml")
 
 
 def _engine_image(d):  # the next build: another digest, with the platforms its manifest names
-    platforms = d["images"]["platforms"][d["engine"]["image"].split("@")[1]]
-    d["engine"]["image"] = d["engine"]["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
+    engine = d["images"]["engines"][d["engine"]["kind"]]
+    platforms = d["images"]["platforms"][engine["image"].split("@")[1]]
+    engine["image"] = engine["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
     d["images"]["platforms"]["sha256:" + "5e1f" * 16] = platforms
 
 
@@ -51,8 +52,9 @@ CHANGES = {  # name -> (stack, change, impact classes expected, classes that mus
                       {"roll"}, {"restart", "track", "node-replacement"}),
     "node-instance-type": ("dev", lambda d: d["hardware"].update(instance_types=["p5en.48xlarge"]),
                            {"node-replacement"}, {"restart", "track"}),
+    # the router's whole-request timeout is the gateway's: its pods roll, no engine restarts
     "gateway-timeout": ("prod", lambda d: d["timeouts"]["gateway_to_router"].update(timeout_seconds=1200),
-                        {"config"}, {"restart", "track", "node-replacement", "roll"}),
+                        {"config", "roll"}, {"restart", "track", "node-replacement"}),
     "policy-regression": ("prod", lambda d: d["model"]["weights"].update(prefix="deepseek-v3-AKIAABCDEFGHIJKLMNOP/"),
                           {"policy"}, set()),
 }
@@ -90,8 +92,8 @@ def test_the_details_behind_the_classes(tmp_path, capsys):
     doc = json.loads(_diff(tmp_path, capsys, "prod", _engine_image)[1].out)
     restarts = [i for i in doc["impacts"] if i["class"] == "restart"]
     assert {i["resource"] for i in restarts} == {"LeaderWorkerSet/engine-prefill", "LeaderWorkerSet/engine-decode"}
-    # 642 GiB at 4 GiB/s (2.7 min) plus 3 min to start, per instance: 8 x 8 + 1 x 64 GPUs
-    assert doc["gpu_minutes"] == pytest.approx(2 * 64 * (642 / 4 / 60 + 3), rel=0.01)
+    # 642 GiB at 4 GiB/s (2.7 min) plus 10 min to start (prod's start_minutes), per instance: 8 x 8 + 1 x 64 GPUs
+    assert doc["gpu_minutes"] == pytest.approx(2 * 64 * (642 / 4 / 60 + 10), rel=0.01)
     assert doc["images"][0]["path"] == "engine"
     doc = json.loads(_diff(tmp_path, capsys, "prod", _bigger_decode)[1].out)
     assert any(i["resource"].startswith("ScaledObject/") and "minReplicaCount 1 -> 2" in i["detail"]
@@ -113,8 +115,8 @@ def test_the_details_behind_the_classes(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert any("decode instances 1 -> 2 (no restart; new capacity)" in i["detail"] for i in doc["impacts"])
     doc = json.loads(_diff(tmp_path, capsys, "prod",
-                           lambda d: d["timeouts"]["prefill_to_decode_kv"].update(timeout_seconds=20))[1].out)
-    assert {"restart", "track"} <= set(doc["impact_classes"])  # the KV hop's timeout is an engine setting
+                           lambda d: d["timeouts"]["router_to_prefill"].update(timeout_seconds=250))[1].out)
+    assert {"restart", "track"} <= set(doc["impact_classes"])  # SGLang's PD hop timeouts are engine settings
     assert {(f["role"], f["flag"]) for f in doc["engine_flags"]} == {
         ("prefill", "env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"), ("decode", "env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
         ("prefill", "env SGLANG_DISAGGREGATION_WAITING_TIMEOUT"), ("decode", "env SGLANG_DISAGGREGATION_WAITING_TIMEOUT")}

@@ -87,7 +87,7 @@ def test_phases_get_their_disaggregation_mode_and_transfer_backend():
     for role in ("prefill", "decode"):
         args = launches[role].args
         assert args[args.index("--disaggregation-mode") + 1] == role
-        assert args[args.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+        assert args[args.index("--disaggregation-transfer-backend") + 1] == spec.engine.kv_transfer == "nixl"
         assert args[args.index("--ep-size") + 1] == str(spec.deployment.pools()[role].expert_parallel)
     assert "--disaggregation-bootstrap-port" in launches["prefill"].args
 
@@ -171,10 +171,16 @@ def test_pdctl_render_both_engines_on_one_spec(tmp_path, capsys):
 
 
 def test_kv_hop_timeout_reaches_both_engines():
+    """sglang 0.5.23 sglang/srt/disaggregation/common/conn.py: the decode side's waiting timeout runs
+    from bootstrap until the KV arrives, so it spans the prompt's wait and prefill on the prefill side:
+    the router's attempt at prefill (timeouts.router_to_prefill), not the 30 s of the transfer alone
+    (its default is 300 s; its own warning suggests 600 where long TTFTs are acceptable). vLLM's
+    NIXL lease (how long prefill holds KV for decode) is the transfer's (prefill_to_decode_kv)."""
     sglang = all_launches(spec_for("prod", "sglang"))
     for role in ("prefill", "decode"):
-        assert sglang[role].env == {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30",
-                                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30"}
+        assert sglang[role].env == {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "280",
+                                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "280",
+                                    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "LIBFABRIC"}
         assert set(sglang[role].env) <= flagset("sglang").env_vars
     data = stack_data("prod")
     vllm_with_epp(data)
@@ -204,3 +210,25 @@ def test_each_flag_table_names_the_wheel_and_files_it_was_read_from(table):
     assert origin["package"] == data["engine"] and origin["index"] == "PyPI"
     assert len(origin["wheel_hashes"]["sha256"]) == 64
     assert origin["files_read"] and all(h.startswith("sha256=") for h in origin["files_read"].values())
+
+
+def test_the_routers_whole_request_timeout_covers_the_longest_stream():
+    """sglang-router 0.3.2's --request-timeout-secs is one timeout for the request (the wheel's
+    sglang_router/router_args.py: "Request timeout in seconds", default 1800, far above any single
+    hop), which the audit of issue #25 found cutting streams: rendered as the gateway's whole-request
+    timeout, not the prefill hop's 280 s. (That it spans the stream is read from the audit and the
+    default, not from the router's Rust source, which the wheel does not ship.)"""
+    for stack in ("dev", "prod"):
+        spec = spec_for(stack, "sglang")
+        args = router_launch(spec).args
+        assert args[args.index("--request-timeout-secs") + 1] == str(int(spec.timeouts.gateway_to_router.timeout_seconds))
+
+
+def test_a_prefill_hop_shorter_than_a_full_context_prefill_is_refused():
+    from tests.conftest import problems_of
+
+    data = stack_data("prod")  # 131072 tokens in chunks of 16384: 8 passes x 1.5 s TTFT = 12 s
+    data["timeouts"]["router_to_prefill"]["timeout_seconds"] = 10
+    data["timeouts"]["prefill_to_decode_kv"]["timeout_seconds"] = 2
+    assert any(p.startswith("timeouts.router_to_prefill.timeout_seconds: 10s is shorter than a full-context "
+                            "prompt's prefill at the TTFT SLO (12s") and "Fix: at least 12" in p for p in problems_of(data))

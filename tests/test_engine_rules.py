@@ -56,16 +56,20 @@ def test_every_pool_resolves_the_kv_page_size_the_spec_names():
         assert resolved.get("kv_page_size") == variant_spec(stack, engine).engine.kv_page_size, command.label
 
 
-def test_sglang_over_efa_renders_no_cuda_vmm_allocator(run_prod):
+def test_sglang_over_efa_renders_no_cuda_vmm_allocator():
     """Mooncake over EFA cannot register CUDA VMM memory: SGLang refuses
     SGLANG_MOONCAKE_CUSTOM_MEM_POOL=NVLINK/BAREX and expandable_segments with MOONCAKE_PROTOCOL=efa
-    (sglang/srt/disaggregation/mooncake/utils.py, _validate_efa_allocator_compatibility). So
-    prod's GB200 pods move KV between racks over EFA with neither set, whatever NVLink the ranks
-    of one group share."""
-    for group in run_prod.by_kind("LeaderWorkerSet"):
+    (sglang/srt/disaggregation/mooncake/utils.py, _validate_efa_allocator_compatibility). So dev's
+    pods (x86_64, Mooncake's EFA build) move KV over EFA with neither set. (prod, arm64, moves it
+    over NIXL: Mooncake has no efa transport there.)"""
+    from infra.offline import run_spec
+
+    for group in run_spec(variant_spec("dev", "sglang")).by_kind("LeaderWorkerSet"):
+        templates = group["spec"]["leaderWorkerTemplate"]
         for key in ("leaderTemplate", "workerTemplate"):
-            env = {e["name"]: e["value"] for e in
-                   group["spec"]["leaderWorkerTemplate"][key]["spec"]["containers"][0]["env"]}
+            if key not in templates:  # a one-node group: its worker template is the leader
+                continue
+            env = {e["name"]: e.get("value") for e in templates[key]["spec"]["containers"][0]["env"]}
             assert env["MOONCAKE_PROTOCOL"] == "efa", group["metadata"]["name"]
             assert "SGLANG_MOONCAKE_CUSTOM_MEM_POOL" not in env
             assert "expandable_segments" not in env.get("PYTORCH_CUDA_ALLOC_CONF", "")
@@ -133,7 +137,42 @@ def test_vllm_pd_roles_nixl_transport_and_store_config_file():
     assert plan.engine_env == {"MOONCAKE_CONFIG_PATH": "/etc/pdstack/kvcache/mooncake.json"}
     store = json.loads(plan.files["mooncake.json"])
     assert {"metadata_server", "master_server_address", "protocol", "device_name", "global_segment_size"} <= set(store)
-    assert store["protocol"] == "efa"
+    assert store["protocol"] == "tcp"  # arm64: Mooncake has no efa transport; the store is off the latency path
+
+
+def test_each_sglang_rank_lends_the_segment_the_memory_budget_counts():
+    """sglang 0.5.23 sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py: each rank sets up
+    MOONCAKE_GLOBAL_SEGMENT_SIZE // (tp_size x pp_size) of its storage config, whose tp_size is the
+    attention-TP size under DP attention (sglang/srt/managers/cache_controller.py,
+    _generate_storage_config). Rendered: per-rank segment x that divisor, so the store is the size
+    the spec says and each pod's limit counts what its ranks lend."""
+    data = stack_data("prod")
+    spec = parse_spec(data)
+    per_rank = store_segment_gib_per_rank(spec)
+    assert kv_cache_plan(spec).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == f"{per_rank}gb"  # attention TP 1
+    data["deployment"]["prefill"]["dp_attention"] = False  # attention TP 8: SGLang divides by 8
+    tp = parse_spec(data)
+    assert kv_cache_plan(tp).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == f"{per_rank * 8}gb"
+    assert pod_memory_gib(tp, "prefill")["store segments"] == 4 * per_rank
+
+
+def test_store_clients_register_under_the_pod_ip_and_handshake_peer_to_peer():
+    """sglang 0.5.23 (sglang/srt/environ.py MOONCAKE_LOCAL_HOSTNAME, default "localhost";
+    mooncake_store.py _resolve_local_hostname) registers each client under that name, which no peer
+    can reach. Mooncake's Kubernetes guide (kvcache-ai/Mooncake docs/source/deployment/
+    kubernetes-deployment-guide/mooncake-on-kubernetes.md) uses P2PHANDSHAKE metadata and a master
+    without an HTTP metadata server."""
+    from infra.offline import run_spec
+
+    run = run_spec(variant_spec("prod", "sglang"))
+    for group in run.by_kind("LeaderWorkerSet"):
+        for template in group["spec"]["leaderWorkerTemplate"].values():
+            if isinstance(template, dict):
+                env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+                assert env["MOONCAKE_LOCAL_HOSTNAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+                assert env["MOONCAKE_TE_META_DATA_SERVER"]["value"] == "P2PHANDSHAKE"
+    plan = kv_cache_plan(variant_spec("prod", "sglang"))
+    assert not any("metadata_server" in a for a in plan.command) and "metadata" not in plan.ports
 
 
 def test_store_capacity_is_split_over_the_ranks_that_mount_segments():
@@ -144,6 +183,28 @@ def test_store_capacity_is_split_over_the_ranks_that_mount_segments():
     assert kv_cache_plan(spec).engine_env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == "32gb"
     mem = pod_memory_gib(spec, "prefill")
     assert mem["store segments"] == 4 * 32 and mem["host cache tier"] == 4 * 32
+
+
+def test_decode_memory_leaves_room_to_load_the_model_beside_its_shm():
+    """A decode pod's /dev/shm is memory-backed (emptyDir medium Memory) and counts against its limit;
+    the limit was 105 GiB for four GB200 ranks, 32 of them shm, with nothing for the weights each rank
+    reads into host memory while it loads. The limit now holds the processes, shm and each rank's
+    share of the checkpoint (loading comes before the caches, so the larger of the two counts)."""
+    from infra.offline import run_spec
+
+    spec = variant_spec("prod", "sglang")
+    mem = pod_memory_gib(spec, "decode")
+    share = -(-spec.model.weights.size_gib // 64)  # 642 GiB over 64 ranks
+    assert mem["weight loading"] == 4 * share
+    assert mem["limit"] >= mem["engine processes"] + mem["/dev/shm"] + 4 * share
+    (decode,) = [g for g in run_spec(spec).by_kind("LeaderWorkerSet") if g["metadata"]["name"] == "engine-decode"]
+    pod = decode["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    limit = int(pod["containers"][0]["resources"]["limits"]["memory"].removesuffix("Gi"))
+    shm = int(next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+    assert limit - shm - mem["engine processes"] >= 4 * share
+    prefill = pod_memory_gib(spec, "prefill")  # loading and caches at different times: the larger counts
+    assert prefill["total"] == prefill["engine processes"] + prefill["/dev/shm"] + max(
+        prefill["weight loading"], prefill["host cache tier"] + prefill["store segments"])
 
 
 def test_pod_memory_that_no_node_can_hold_is_rejected():
@@ -159,7 +220,7 @@ def test_engine_pods_request_their_memory_and_fabric(run_prod):
     res = pod["containers"][0]["resources"]
     assert res["limits"]["vpc.amazonaws.com/efa"] == "4" and res["limits"]["nvidia.com/gpu"] == "4"
     assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_MNNVL_ENABLE"] == "1"
 
 
@@ -199,8 +260,8 @@ def test_mixed_hardware_profiles_are_rejected_with_field_and_fix():
     data["hardware"]["cpu_architecture"] = "amd64"
     assert any(p.startswith("hardware.cpu_architecture: GB200") for p in problems_of(data))
     data = stack_data("prod")
-    data["images"]["platforms"][data["engine"]["image"].rpartition("@")[2]] = ["amd64"]
-    assert any(p.startswith("engine.image:") and "arm64" in p for p in problems_of(data))
+    data["images"]["platforms"][data["images"]["engines"]["sglang"]["image"].rpartition("@")[2]] = ["amd64"]
+    assert any(p.startswith("images.engines.sglang.image:") and "arm64" in p for p in problems_of(data))
     data = stack_data("prod")
     data["hardware"]["fabric"]["resource"] = "rdma/ib"
     assert any(p.startswith("hardware.fabric.resource:") for p in problems_of(data))

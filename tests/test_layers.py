@@ -165,7 +165,7 @@ def test_kv_cache_store_has_a_service_and_engines_point_at_it(run, spec):
     assert "mooncake-master" in services
     for _, template in pod_templates(run):
         for c in template["spec"]["containers"]:
-            env = {e["name"]: e["value"] for e in c.get("env", [])}
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
             if "MOONCAKE_MASTER" in env:
                 assert env["MOONCAKE_MASTER"].startswith(f"mooncake-master.{spec.environment.namespace}.svc")
 

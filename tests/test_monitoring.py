@@ -32,7 +32,7 @@ def test_every_alert_reads_series_the_pinned_engine_exposes(spec):
 
 def test_router_panel_reads_the_balancer_that_runs():
     """sglang-router 0.3.2 declares smg_http_requests_total (its wheel); the endpoint picker counts
-    inference_objective_request_total (gateway-api-inference-extension v1.5.0
+    inference_objective_request_total (gateway-api-inference-extension v1.4.0
     pkg/epp/metrics/metrics.go), and exports no smg_ series."""
     import json
 

@@ -135,16 +135,11 @@ BREAKS = [
     ("disruption-budgets", "prod",
      lambda rs: broken(rs, "PodDisruptionBudget", "engine-decode", lambda p: p["spec"].update(maxUnavailable=1)),
      "lets a pod go, which breaks its whole group"),
-    ("kv-quota-and-hop-timeouts", "prod",
-     lambda rs: broken(rs, "LeaderWorkerSet", "engine-decode",
-                       lambda p: p["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["annotations"].pop(
-                           "kubernetes.io/egress-bandwidth")),
-     "no KV transfer bandwidth quota"),
-    ("kv-quota-and-hop-timeouts", "dev",
+    ("hop-timeouts", "dev",
      lambda rs: broken(rs, "LeaderWorkerSet", "engine-prefill", lambda p: container(p, "workerTemplate").update(
          env=[e for e in container(p, "workerTemplate")["env"] if not e["name"].startswith("SGLANG_DISAGGREGATION")])),
      "no prefill-to-decode KV timeout"),
-    ("kv-quota-and-hop-timeouts", "dev",
+    ("hop-timeouts", "dev",
      lambda rs: broken(rs, "HTTPRoute", "gateway", lambda p: p["spec"]["rules"][0].pop("timeouts")),
      "no request timeout (gateway to router)"),
 ]

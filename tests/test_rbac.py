@@ -55,8 +55,8 @@ def cases():
 def test_each_router_role_grants_exactly_what_its_source_needs(name, run, component):
     """The Role's grants equal the needs of the program started with the rendered flags.
 
-    Endpoint picker (llm-d-inference-scheduler v0.8.0 runs gateway-api-inference-extension
-    v1.5.0's runner): informers for every type pkg/epp/server/controller_manager.go caches
+    Endpoint picker (llm-d-inference-scheduler v0.7.1 runs gateway-api-inference-extension
+    v1.4.0's runner): informers for every type pkg/epp/server/controller_manager.go caches
     (pods; the InferencePool; InferenceObjective and InferenceModelRewrite whenever discovery
     finds their CRDs, controller_config.go), leases and events with --ha-enable-leader-election
     (client-go v0.35.3 tools/leaderelection/resourcelock/leaselock.go, tools/record/event.go),
@@ -76,7 +76,7 @@ def test_the_picker_may_list_every_type_its_manager_caches():
     """The Role the picker had (pods, endpoints, endpointslices, inferencepools) lacked the two
     CRD-gated informers: with InferenceObjective installed the manager's cache waits for an
     informer that is refused, and the picker never becomes ready
-    (gateway-api-inference-extension v1.5.0 pkg/epp/server/controller_manager.go)."""
+    (gateway-api-inference-extension v1.4.0 pkg/epp/server/controller_manager.go)."""
     role, _ = rendered(run_spec(epp_spec("prod")))
     grants = rbac.granted(role["rules"])
     for resource in ("inferenceobjectives", "inferencemodelrewrites"):
@@ -98,7 +98,7 @@ def test_the_picker_runs_without_metrics_auth_so_it_needs_no_cluster_role():
 def test_replicated_pickers_elect_a_leader_and_only_the_leader_is_ready():
     """Several picker replicas each keep their own prefix index unless they elect a leader:
     with --ha-enable-leader-election only the leader passes the "readiness" gRPC health service
-    (gateway-api-inference-extension v1.5.0 cmd/epp/runner/health.go), so the gateway's
+    (gateway-api-inference-extension v1.4.0 cmd/epp/runner/health.go), so the gateway's
     ext-proc calls reach one index. Its chart replaces such a Deployment whole (Recreate,
     config/charts/epplib/templates/_deployment.yaml)."""
     run = run_spec(epp_spec("prod", load_balancer__replicas=3))
@@ -124,7 +124,7 @@ def test_the_sglang_router_reads_pods_only_and_only_in_its_namespace():
 
 def test_engines_and_sidecars_never_get_a_token():
     """Engine pods (and llm-d's routing sidecar on them) call no API: the sidecar watches pools
-    and pods only with --enable-ssrf-protection (llm-d-inference-scheduler v0.8.0
+    and pods only with --enable-ssrf-protection (llm-d-inference-scheduler v0.7.1
     pkg/sidecar/proxy/allowlist.go, off by default in options.go), which pdstack does not pass."""
     run = run_spec(epp_spec("prod"))
     (sa,) = [s for s in run.by_kind("ServiceAccount") if s["metadata"]["name"] == "engine"]
@@ -147,7 +147,7 @@ def test_boolean_flags_read_as_the_programs_read_them(args, default, expected):
 def test_needs_name_their_source_and_pinned_modules():
     table = rbac.table()
     assert {m["module"]: m["version"] for m in table["modules"]} == {
-        "sigs.k8s.io/gateway-api-inference-extension": "v1.5.0", "sigs.k8s.io/controller-runtime": "v0.23.3",
+        "sigs.k8s.io/gateway-api-inference-extension": "v1.4.0", "sigs.k8s.io/controller-runtime": "v0.23.3",
         "k8s.io/client-go": "v0.35.3"}
     go_sum = (ROOT / "upstream" / "go.sum").read_text()
     for module in table["modules"]:
@@ -189,3 +189,30 @@ def test_only_pods_whose_program_calls_the_api_carry_a_token(name, run, componen
                     continue
                 assert pod.get("automountServiceAccountToken") is False or account in no_token_accounts, \
                     f"{kind}/{workload['metadata']['name']} mounts a token of {account!r} and calls no API"
+
+
+def test_rbac_is_derived_from_the_llm_d_version_the_images_and_contract_pin():
+    """One llm-d-inference-scheduler version everywhere: the RBAC needs come from the module the
+    contract check (contracts/go.mod) and the spec's picker image pin, v0.7.1, and from the
+    gateway-api-inference-extension its go.mod requires (v1.4.0), both through the module proxy
+    (which serves no v0.8.0)."""
+    table = rbac.table()
+    contract_mod = (ROOT / "contracts" / "go.mod").read_text()
+    llmd = table["llm_d"]["origin"]
+    assert f"{llmd['module']} {llmd['version']}" in contract_mod
+    gie = next(m for m in table["modules"] if m["module"].endswith("gateway-api-inference-extension"))
+    assert table["llm_d"]["gie_required"] == gie["version"]
+    assert f"{gie['module']} {gie['version']}" in contract_mod
+    assert all(llmd["version"] in n["source"] for n in table["components"]["routing_sidecar"]["needs"])
+
+
+def test_the_picker_caches_only_its_own_pools_api_group():
+    """gateway-api-inference-extension v1.4.0 pkg/epp/server/controller_manager.go caches
+    v1alpha2.InferencePool or v1.InferencePool by `switch gknn.Group`, the group --pool-group names
+    (default inference.networking.k8s.io, pkg/epp/server/options.go)."""
+    args = router_launch(epp_spec("prod")).args
+    pools = {n.api_group for n in rbac.needs_for("endpoint_picker", args) if n.resource == "inferencepools"}
+    assert pools == {"inference.networking.k8s.io"}
+    alpha = {n.api_group for n in rbac.needs_for("endpoint_picker", [*args, "--pool-group=inference.networking.x-k8s.io"])
+             if n.resource == "inferencepools"}
+    assert alpha == {"inference.networking.x-k8s.io"}

@@ -50,14 +50,15 @@ HOSTILE = [
 # form): a file it reads, the flag tables' key, numbers and ratios it computes with.
 NOT_TEXT = {"deployment.prefill.expert_placement", "deployment.decode.expert_placement",
             "deployment.colocated.expert_placement", "engine.version", "deployment.pd_ratio",
-            "deployment.cache.transfer_bandwidth_limit", "deployment.autoscaling.pd_ratio_bounds.min",
+            "deployment.autoscaling.pd_ratio_bounds.min",
             "deployment.autoscaling.pd_ratio_bounds.max", "environment.kubernetes_version",
             "platform.spec"}  # the platform spec file the program reads
 
 
 def string_fields(model: type[BaseModel], path: tuple = ()) -> list[tuple]:
     """Every free-text field of the spec model (str, str | None, list[str]); Literal choices are
-    not text a user can shape. Nested models are walked; a list of models by its first item."""
+    not text a user can shape. Nested models are walked; a list of models by its first item, a dict
+    keyed by a Literal by each key."""
     found = []
     for name, info in model.model_fields.items():
         ann = info.annotation
@@ -71,6 +72,10 @@ def string_fields(model: type[BaseModel], path: tuple = ()) -> list[tuple]:
                 found += string_fields(item, (*path, name, 0))
             elif item is str:
                 found.append((*path, name, 0))
+        elif typing.get_origin(inner) is dict:  # keyed by a Literal choice (images.engines): every key
+            key_type, item = typing.get_args(inner)
+            for key in typing.get_args(key_type):
+                found += string_fields(item, (*path, name, key))
         elif isinstance(inner, type) and issubclass(inner, BaseModel):
             found += string_fields(inner, (*path, name))
         elif inner is str:
@@ -85,6 +90,8 @@ def with_value(node, path: tuple, value):
     key, rest = path[0], path[1:]
     if isinstance(node, list):
         return [with_value(node[0], rest, value), *node[1:]] if node else node
+    if isinstance(node, dict):
+        return {**node, key: with_value(node[key], rest, value)} if key in node else node
     child = getattr(node, key)
     if child is None and rest:
         return node  # an optional section this spec does not have
@@ -165,7 +172,7 @@ def execute(script: str, env: dict[str, str], work: Path) -> subprocess.Complete
 
 def test_every_string_field_of_the_spec_model_is_found():
     fields = {".".join(map(str, p)) for p in string_fields(StackSpec)}
-    for expected in ("model.weights.prefix", "model.name", "model.weights.node_cache_path", "engine.image",
+    for expected in ("model.weights.prefix", "model.name", "model.weights.node_cache_path", "images.engines.sglang.image",
                      "hardware.fabric.devices.0", "deployment.prefill.expert_placement", "access.api_keys.0.name"):
         assert expected in fields
     assert "engine.kind" not in fields  # a Literal choice

@@ -86,9 +86,10 @@ def test_timeouts_must_shrink_inwards():
 
 def test_image_must_be_pinned_by_digest():
     data = stack_data("dev")
-    data["engine"]["image"] = "lmsysorg/sglang:latest"
+    data["images"]["engines"]["sglang"]["image"] = "lmsysorg/sglang:latest"
     (problem,) = problems_of(data)
-    assert problem.startswith("engine.image: image 'lmsysorg/sglang:latest' is not an image reference pinned by digest")
+    assert problem.startswith("images.engines.sglang.image: image 'lmsysorg/sglang:latest' is not an image "
+                              "reference pinned by digest")
 
 
 def test_engine_version_must_be_the_pinned_one():
@@ -106,11 +107,15 @@ def test_open_allowlist_is_refused():
     assert "whole internet" in problem
 
 
-def test_bandwidth_limit_is_a_percentage():
+def test_a_kv_bandwidth_quota_is_refused_as_unenforceable():
+    """The quota was an egress-bandwidth annotation, which the CNI's shaper applies to kernel
+    traffic only: EFA/RDMA bypasses it, and neither SGLang 0.5.23 (sglang/srt/environ.py) nor vLLM
+    0.33.0's NixlConnector has a transfer rate limit. A spec that asks for one is told so."""
     data = stack_data("dev")
-    data["deployment"]["cache"]["transfer_bandwidth_limit"] = "fast"
+    data["deployment"]["cache"]["transfer_bandwidth_limit"] = "80%"
     (problem,) = problems_of(data)
-    assert problem.startswith("deployment.cache.transfer_bandwidth_limit: 'fast' is not a percentage")
+    assert problem.startswith("deployment.cache:") and "transfer_bandwidth_limit: removed" in problem
+    assert "Fix: delete it" in problem
 
 
 def test_expert_slots_must_split_over_ep():

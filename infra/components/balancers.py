@@ -17,6 +17,7 @@ from infra.components.placement import gpu_scheduling
 from infra.components.storage import weights_init_container, weights_volumes
 from infra.render import rbac
 from infra.render.engine_args import ENGINE_PORT, WEIGHTS_MOUNT, encoder_args, encoder_launch, launch_script
+from infra.render.probes import encoder_probes
 from infra.render.router_config import RouterLaunch, router_launch
 from infra.spec import image_platforms
 
@@ -124,13 +125,13 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
     labels = {"app.kubernetes.io/name": naming.ENCODER}
     meta = ctx.metadata(naming.ENCODER, "encoder", **labels)
     container = {
-        "name": naming.ENCODER, "image": spec.engine.image,
+        "name": naming.ENCODER, "image": spec.engine_image().image,
         "command": [*launch.entrypoint, *launch.args],
         "ports": [{"name": "http", "containerPort": launch.port}],
         "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
                       "limits": {"memory": "128Gi", "nvidia.com/gpu": "1"}},
         "volumeMounts": [{"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10},
+        **encoder_probes(spec, launch.port),
     }
     pod = {"serviceAccountName": "engine", **gpu_scheduling(ctx.spec, "prefill", lws_group=False),
            "initContainers": [weights_init_container(spec)], "containers": [container], "volumes": weights_volumes(spec)}

@@ -19,6 +19,7 @@ from infra.render.engine_args import (
     BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, WEIGHTS_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
+from infra.render.probes import engine_probes
 from infra.render.router_config import routing_sidecar_container
 from infra.spec import REPO_ROOT, StackSpec, pod_memory_gib
 
@@ -91,13 +92,16 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     devices = {"nvidia.com/gpu": str(launch.gpus_per_pod), **fabric_resources(spec, launch.gpus_per_pod)}
     container = {
         "name": "engine",
-        "image": spec.engine.image,
+        "image": spec.engine_image().image,
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
         "env": [{"name": k, "value": v}
-                for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())],
+                for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())]
+               + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                  for k in sorted({*launch.pod_ip_env, *kv.pod_ip_env})],
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
-        # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), the host
-        # cache tier and the store segments each rank lends (infra/spec.py, pod_memory_gib).
+        # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), and the larger
+        # of the weights being loaded and the host cache tier plus the store segments each rank
+        # lends (infra/spec.py, pod_memory_gib).
         "resources": {
             "requests": {"cpu": "32", "memory": f"{memory['total']}Gi", **devices},
             "limits": {"memory": f"{memory['limit']}Gi", **devices},
@@ -111,13 +115,8 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         container["resources"]["claims"] = [{"name": IMEX_CLAIM}]
     drain = spec.deployment.autoscaling.drain_seconds
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
-    if leader:
-        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": launch.port}, "periodSeconds": 10}
-        container["startupProbe"] = {
-            "httpGet": {"path": "/health", "port": launch.port},
-            "periodSeconds": 10,
-            "failureThreshold": 180,  # large MoE models take up to 30 minutes to load
-        }
+    if leader:  # the leader serves HTTP for the group (infra/render/probes.py)
+        container.update(engine_probes(spec, launch.port))
     init_containers = [weights_init_container(spec)]
     if leader and routes_through_sidecar(spec, role):
         init_containers.append(routing_sidecar_container(spec))
@@ -147,7 +146,7 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan, reads
     """`reads`: the data of the ConfigMaps the pods read at start (their digest goes on the template)."""
     spec, role = ctx.spec, launch.role
     phase = spec.deployment.pools()[role]
-    pod_annotations = {**kv.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash(*reads)}
+    pod_annotations = {naming.CONFIG_HASH_ANNOTATION: config_hash(*reads)}
     if spec.engine.kind == "sglang" and role == "prefill":
         pod_annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
     labels = pod_labels(spec, role, ctx.pod_labels())

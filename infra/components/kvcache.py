@@ -24,8 +24,7 @@ class KVCache(Layer):
             "metadata": ctx.metadata(KVCACHE_CONFIGMAP, "kvcache"),
             "data": {
                 **plan.files,
-                "policy.txt": "\n".join([f"store: {plan.store}", f"transfer quota: {plan.quota_gbps:g} Gbit/s per node",
-                                         *plan.notes]) + "\n",
+                "policy.txt": "\n".join([f"store: {plan.store}", *plan.notes]) + "\n",
             },
         })
         self.server = self.add({

@@ -50,6 +50,7 @@ class EngineLaunch:
     notes: list[str] = field(default_factory=list)
     prelude: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # engine settings that exist only as env vars
+    pod_ip_env: tuple[str, ...] = ()  # env vars set to the pod's IP (downward API status.podIP)
 
     def script(self) -> str:
         return launch_script(f"{self.engine} {self.version} {self.role} server",
@@ -275,7 +276,7 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         args += ["--max-num-batched-tokens", str(batched_tokens)]
     args += engine_trace_args(spec, role)
     prelude: list[str] = []
-    leader_only = encoder_args(spec)[0] if role in ("prefill", "colocated") else []
+    leader_only = encoder_args(spec)[0] if role in ("prefill", "colocated") else decode_api_servers(local)
     if nodes > 1:
         prelude = _rank_prelude(phase, hw.gpus_per_node) + [f"START_RANK=$((NODE_RANK * {local}))"]
         args += [
@@ -297,6 +298,20 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
         args += leader_only
         rank_flags = []
     return args, prelude, notes, rank_flags
+
+
+def decode_api_servers(local_ranks: int) -> list[str]:
+    """vLLM decode's API servers: one per DP rank on the leader's node.
+
+    Without --api-server-count vLLM starts one API server per DP rank of the whole instance under
+    internal load balancing (vllm/entrypoints/cli/serve.py: "Internal LB: Use full DP size"): 64
+    processes on prod's decode leader. llm-d's wide-EP guide runs --data-parallel-hybrid-lb, where
+    the count defaults to the node's local DP size and every pod serves HTTP
+    (llm-d/llm-d guides/wide-ep-lws/manifests/modelserver/base/decode.yaml). Here only the leader
+    serves (one routing sidecar, one endpoint per group), so it gets the count hybrid LB gives a
+    node, explicitly.
+    """
+    return ["--api-server-count", str(local_ranks)]
 
 
 def encoder_args(spec: StackSpec) -> tuple[list[str], str]:
@@ -336,17 +351,36 @@ def encoder_launch(spec: StackSpec) -> EngineLaunch:
 
 
 def kv_hop_env(spec: StackSpec, role: str) -> dict[str, str]:
-    """The prefill-to-decode KV hop timeout, where the engine takes it from the environment.
+    """The prefill-to-decode KV hop's settings, where the engine takes them from the environment.
 
     SGLang 0.5.23 (sglang/srt/environ.py): the prefill side gives up on a decode peer that
-    has not bootstrapped the request, and the decode side on KV that has not arrived, after
-    these many seconds (both default to 300). vLLM's NIXL connector takes a lease in the
-    connector config instead (see vllm_kv_transfer_config).
+    has not bootstrapped the request, and the decode side on KV that has not arrived (which
+    includes the prompt's wait and prefill on the prefill side), after these many seconds (both
+    default to 300; sglang/srt/disaggregation/common/conn.py suggests 600 where long TTFTs are
+    acceptable): the router's attempt at the prefill side, timeouts.router_to_prefill. Its NIXL backend is SGLANG_DISAGGREGATION_NIXL_BACKEND
+    (default UCX; sglang/srt/disaggregation/nixl/conn.py), LIBFABRIC on EFA. vLLM's NIXL
+    connector takes a lease and its backends in the connector config instead (see
+    vllm_kv_transfer_config).
     """
     if role not in ("prefill", "decode") or spec.engine.kind != "sglang":
         return {}
-    seconds = str(int(spec.timeouts.prefill_to_decode_kv.timeout_seconds))
-    return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
+    seconds = str(int(spec.timeouts.router_to_prefill.timeout_seconds))
+    env = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds}
+    if spec.engine.kv_transfer == "nixl":
+        env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = nixl_backends(spec)[0]
+    return env
+
+
+def pod_ip_env(spec: StackSpec, role: str) -> tuple[str, ...]:
+    """Env vars an engine must get its pod's IP in, or it advertises localhost to its peers.
+
+    vLLM 0.33.0's NIXL connector listens for and advertises its handshake side channel on
+    VLLM_NIXL_SIDE_CHANNEL_HOST (vllm/envs.py, default "localhost"); llm-d sets it from
+    status.podIP (llm-d/llm-d guides/wide-ep-lws/manifests/modelserver/base/decode.yaml).
+    """
+    if spec.engine.kind == "vllm" and spec.engine.kv_transfer == "nixl" and role in ("prefill", "decode"):
+        return ("VLLM_NIXL_SIDE_CHANNEL_HOST",)
+    return ()
 
 
 def routes_through_sidecar(spec: StackSpec, role: str) -> bool:
@@ -370,7 +404,8 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     flagset(kind).require(flags, f"{role} engine")
     flagset(kind).require(rank_flags, f"{role} engine (per-rank flags)")
     env = kv_hop_env(spec, role)
-    flagset(kind).require_env(env, f"{role} engine")
+    ip_env = pod_ip_env(spec, role)
+    flagset(kind).require_env([*env, *ip_env], f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)
     if kind == "vllm" and nodes > 1:
         args = [*args, '"$@"']  # --headless on workers, from the prelude
@@ -387,6 +422,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
         notes=notes,
         prelude=prelude,
         env=env,
+        pod_ip_env=ip_env,
     )
 
 

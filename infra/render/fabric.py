@@ -3,17 +3,19 @@
 One place decides, from `hardware.fabric` and `hardware.gpu_type`:
 - the device-plugin resource each engine pod requests (EFA or RDMA devices, shared out by
   the pod's share of the node's GPUs);
-- the transfer backends' transport: Mooncake's protocol (`efa` through libfabric, `rdma`
-  through verbs, `tcp` without a fabric), NIXL's backend plugin (LIBFABRIC on EFA, UCX on
-  InfiniBand/RoCE);
+- the transfer backends' transport: Mooncake's protocol (`efa` through libfabric where the
+  image has Mooncake's EFA build, x86_64 only; `rdma` through verbs; `tcp` otherwise), NIXL's
+  backend plugin (LIBFABRIC on EFA, UCX on InfiniBand/RoCE); what the image contains is
+  `images.engines.<kind>`, checked against the fabric in infra/spec.py (transfer_problems);
 - the environment the communication libraries read (libfabric, NCCL, NVSHMEM, UCX).
 
 Sources: Mooncake's protocols and SGLang's EFA allocator rule are in sglang 0.5.23
 (sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py,
 sglang/srt/disaggregation/mooncake/utils.py); vLLM 0.33.0's NIXL backends list in
 vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py ("backends", default UCX).
-The NCCL / NVSHMEM settings follow the AWS EFA and NVIDIA GB200 NVL72 recipes; they are not
-checked by any engine code here (see README, "What was checked").
+The NCCL / NVSHMEM settings follow the AWS EFA and NVIDIA GB200 NVL72 recipes and aws-ofi-nccl's
+own rule for NCCL_PROTO; they are not checked by any engine code here (see README, "What was
+checked").
 """
 
 from __future__ import annotations
@@ -23,11 +25,24 @@ import math
 from infra.spec import StackSpec
 
 
+def mooncake_efa(spec: StackSpec) -> bool:
+    """Mooncake's efa transport exists in the image's build (x86_64 builds with EFA only)."""
+    return spec.hardware.cpu_architecture == "amd64" and spec.engine_image().mooncake_efa
+
+
 def mooncake_protocol(spec: StackSpec) -> str:
+    """The transport of Mooncake's transfer engine, for the P->D hop and the store alike.
+
+    On EFA without Mooncake's efa transport (any arm64 node, or an image built without it) only
+    the store can use Mooncake, over TCP (a cache tier, off the latency path); the spec check
+    refuses Mooncake for the P->D hop there (infra/spec.py, transfer_problems).
+    """
     fab = spec.hardware.fabric
     if fab is None:
         return "tcp"
-    return "efa" if fab.kind == "efa" else "rdma"
+    if fab.kind == "efa":
+        return "efa" if mooncake_efa(spec) else "tcp"
+    return "rdma"
 
 
 def nixl_backends(spec: StackSpec) -> list[str]:
@@ -55,7 +70,14 @@ def fabric_env(spec: StackSpec) -> dict[str, str]:
     env: dict[str, str] = {}
     if fab is not None and fab.kind == "efa":
         # libfabric's EFA provider with GPUDirect RDMA; NCCL reaches it through aws-ofi-nccl.
-        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "simple"})
+        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"})
+        if hw.supernode is None:
+            # NCCL's LL/LL128 protocols need 128-byte in-order stores, which an EFA endpoint may not
+            # give; aws-ofi-nccl then sets NCCL_PROTO=simple itself (aws/aws-ofi-nccl
+            # src/platform-aws.c, configure_nccl_proto). Set here where collectives cross EFA. Not
+            # inside an NVLink domain: the variable is process-wide, and there every collective runs
+            # over multi-node NVLink, where LL128 is NCCL's fast protocol.
+            env["NCCL_PROTO"] = "simple"
     elif fab is not None:
         devices = ",".join(fab.devices)
         env.update({

@@ -1,19 +1,32 @@
-"""Spec to the KV cache layer: the distributed store, what engines need to reach it, and
-the KV transfer bandwidth quota. Pure.
+"""Spec to the KV cache layer: the distributed store and what engines need to reach it. Pure.
 
-- `mooncake`: a Mooncake master (object metadata, eviction, and the HTTP metadata server
-  the transfer engine uses to find peers). SGLang's HiCache reads the MOONCAKE_* variables
+- `mooncake`: one Mooncake master (object metadata and eviction). Transfer engines find each
+  other by Mooncake's P2P handshake (MOONCAKE_TE_META_DATA_SERVER=P2PHANDSHAKE), as Mooncake's
+  Kubernetes guide deploys it (kvcache-ai/Mooncake docs/source/deployment/kubernetes-deployment-
+  guide/mooncake-on-kubernetes.md): no metadata service to run, and each client registers under
+  its pod IP (MOONCAKE_LOCAL_HOSTNAME; SGLang's default is "localhost", which no peer can reach).
+  The master is a single replica without HA: Mooncake's HA mode needs an etcd (or Redis) cluster
+  for master election, which pdstack does not run; a master restart empties the store (a cache)
+  and the engines reconnect. SGLang's HiCache reads the MOONCAKE_* variables
   (sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py, load_from_env); vLLM's
   MooncakeStoreConnector reads only the JSON file MOONCAKE_CONFIG_PATH names
-  (vllm/distributed/mooncake_store.py), which this layer renders into its ConfigMap.
+  (vllm/distributed/mooncake_store.py), which this layer renders into its ConfigMap, and
+  registers under the address vLLM detects (get_ip).
   Every rank process that runs the prefix cache lends its own segment of host memory, so
   the spec's capacity is split over those ranks (infra/spec.py, store_segment_gib_per_rank).
+  SGLang 0.5.23 divides MOONCAKE_GLOBAL_SEGMENT_SIZE by the storage config's tp_size x pp_size
+  (mooncake_store.py, rank_scale_factor), and that tp_size is the attention-TP size under DP
+  attention (sglang/srt/managers/cache_controller.py, _generate_storage_config): the value
+  rendered is the per-rank segment times that divisor, so each rank lends what the pod's memory
+  budget counts. vLLM lends the file's global_segment_size per rank as it is.
 - `lmcache`: an LMCache server as the shared tier, with an LMCache config file for vLLM.
   SGLang 0.5.23 has no LMCache backend; the spec check says so.
 
-Bandwidth quota: RDMA traffic bypasses the CNI's traffic shaper, so the quota is applied
-twice: as the `kubernetes.io/egress-bandwidth` annotation (TCP fallback paths) and as a
-limit the monitoring layer alerts on. Neither engine has a flag that caps RDMA rate.
+No KV transfer bandwidth quota: EFA and RDMA traffic bypasses the kernel, so the CNI's
+`kubernetes.io/egress-bandwidth` shaper never sees it, and none of the transfer paths has a rate
+limit at the pinned versions (SGLang 0.5.23's Mooncake and NIXL settings in sglang/srt/environ.py,
+vLLM 0.33.0's NixlConnector config). pdstack used to render the annotation and claim a quota; it
+renders none now (README, "Not verified here").
 """
 
 from __future__ import annotations
@@ -26,10 +39,11 @@ import yaml
 
 from infra import naming
 from infra.render.fabric import device_names, mooncake_protocol
-from infra.spec import StackSpec, store_ranks, store_segment_gib_per_rank
+from infra.render.engine_args import attention_dp
+from infra.spec import StackSpec, runs_prefix_cache, store_ranks, store_segment_gib_per_rank
 
 MOONCAKE_RPC_PORT = 50051
-MOONCAKE_METADATA_PORT = 8080
+MOONCAKE_HANDSHAKE = "P2PHANDSHAKE"
 MOONCAKE_METRICS_PORT = 9003
 LMCACHE_PORT = 65432
 KVCACHE_CONFIG_MOUNT = "/etc/pdstack/kvcache"
@@ -47,33 +61,39 @@ class KVCachePlan:
     ports: dict[str, int]
     engine_env: dict[str, str]
     files: dict[str, str] = field(default_factory=dict)
-    pod_annotations: dict[str, str] = field(default_factory=dict)
-    quota_gbps: float = 0.0
+    pod_ip_env: tuple[str, ...] = ()  # engine env vars set to the pod's IP (downward API)
     notes: list[str] = field(default_factory=list)
+
+
+def sglang_segment_divisor(spec: StackSpec) -> int:
+    """What SGLang divides MOONCAKE_GLOBAL_SEGMENT_SIZE by in each rank of the pool that runs the
+    store: its attention-TP size (TP / attention DP) times PP (1: pdstack renders no PP)."""
+    (phase,) = [p for r, p in spec.deployment.pools().items() if runs_prefix_cache(spec, r)] or [None]
+    return 1 if phase is None else phase.expert_parallel // attention_dp(phase)
 
 
 def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
     cache, ns = spec.deployment.cache, spec.environment.namespace
-    quota_gbps = spec.hardware.nic_gbps * cache.bandwidth_fraction()
-    annotations = {"kubernetes.io/egress-bandwidth": f"{int(quota_gbps * 1000)}M"}
     policy = f"eviction {cache.eviction_policy}, capacity {cache.capacity_gib} GiB, prefix cache {'on' if cache.prefix_cache else 'off'}"
     if cache.store == "mooncake":
         host = naming.service_dns(naming.MOONCAKE_MASTER, ns)
         segment_gib = store_segment_gib_per_rank(spec)
-        master, metadata = f"{host}:{MOONCAKE_RPC_PORT}", f"http://{host}:{MOONCAKE_METADATA_PORT}/metadata"
+        master = f"{host}:{MOONCAKE_RPC_PORT}"
+        pod_ip_env: tuple[str, ...] = ()
         if spec.engine.kind == "sglang":
             engine_env = {
                 "MOONCAKE_MASTER": master,
-                "MOONCAKE_TE_META_DATA_SERVER": metadata,
+                "MOONCAKE_TE_META_DATA_SERVER": MOONCAKE_HANDSHAKE,
                 "MOONCAKE_PROTOCOL": mooncake_protocol(spec),
                 "MOONCAKE_DEVICE": ",".join(device_names(spec)),
-                "MOONCAKE_GLOBAL_SEGMENT_SIZE": f"{segment_gib}gb",
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE": f"{segment_gib * sglang_segment_divisor(spec)}gb",
             }
+            pod_ip_env = ("MOONCAKE_LOCAL_HOSTNAME",)
             files = {}
         else:
             engine_env = {"MOONCAKE_CONFIG_PATH": MOONCAKE_CONFIG_PATH}
             files = {"mooncake.json": json.dumps({
-                "metadata_server": metadata,
+                "metadata_server": MOONCAKE_HANDSHAKE,
                 "master_server_address": master,
                 "protocol": mooncake_protocol(spec),
                 "device_name": ",".join(device_names(spec)),
@@ -87,21 +107,17 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
             command=[
                 "mooncake_master",
                 f"--port={MOONCAKE_RPC_PORT}",
-                "--enable_http_metadata_server=true",
-                "--http_metadata_server_host=0.0.0.0",
-                f"--http_metadata_server_port={MOONCAKE_METADATA_PORT}",
                 f"--metrics_port={MOONCAKE_METRICS_PORT}",
                 # LRU eviction starts at 95% full and frees 5% at a time.
                 "--eviction_high_watermark_ratio=0.95",
                 "--eviction_ratio=0.05",
             ],
-            ports={"rpc": MOONCAKE_RPC_PORT, "metadata": MOONCAKE_METADATA_PORT, "metrics": MOONCAKE_METRICS_PORT},
+            ports={"rpc": MOONCAKE_RPC_PORT, "metrics": MOONCAKE_METRICS_PORT},
             engine_env=engine_env,
+            pod_ip_env=pod_ip_env,
             files=files,
-            pod_annotations=annotations,
-            quota_gbps=quota_gbps,
             notes=[policy, f"{segment_gib} GiB of host memory lent to the store by each of {store_ranks(spec)} "
-                           "prefix-cache ranks"],
+                           "prefix-cache ranks", "one master, no HA: a restart empties the store (a cache)"],
         )
     host = naming.service_dns(naming.LMCACHE_SERVER, ns)
     config = {
@@ -123,7 +139,5 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
         ports={"rpc": LMCACHE_PORT},
         engine_env={"LMCACHE_CONFIG_FILE": LMCACHE_CONFIG_PATH},
         files={"lmcache.yaml": yaml.safe_dump(config, sort_keys=True)},
-        pod_annotations=annotations,
-        quota_gbps=quota_gbps,
         notes=[policy],
     )

@@ -148,7 +148,7 @@ def summary_mean(summary: str, selector: str, window: str, over: str = "rate") -
 
 # Requests each balancer counts: sglang-router 0.3.2's (pinned/sglang-router-0.3.2.json), and the
 # endpoint picker's inference_objective_request_total (a CounterVec, subsystem inference_objective,
-# gateway-api-inference-extension v1.5.0 pkg/epp/metrics/metrics.go).
+# gateway-api-inference-extension v1.4.0 pkg/epp/metrics/metrics.go).
 ROUTER_REQUESTS = {"sglang_router": "smg_http_requests_total", "gateway_epp": "inference_objective_request_total"}
 
 BALANCEDNESS_FLAG = "--expert-balancedness-report-mode"

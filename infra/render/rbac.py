@@ -2,7 +2,7 @@
 
 `pinned/rbac-needs.json` lists, per component, each call its pinned source makes (resource,
 verbs, namespace or cluster scope), the condition under which it makes it (always, a flag, a
-CRD being installed) and where the source says so; `scripts/derive_rbac.py` reads it from the
+CRD being installed, the picker's --pool-group) and where the source says so; `scripts/derive_rbac.py` reads it from the
 Go modules and the wheel. The balancers render their Roles from it with the command line they
 run, the policy pack refuses a grant no component needs, and the cluster twin can ask the API
 server (SubjectAccessReview) for each need of `needs_for(component, args)`.
@@ -44,6 +44,17 @@ def flag_on(args: list[str], name: str, default: bool) -> bool:
     return default if value is None else value.lower() in ("true", "1")
 
 
+def flag_value(args: list[str], name: str, default: str) -> str:
+    """A string flag as the program reads it: `--x=v` or `--x v` (the last one wins), or its default."""
+    value = default
+    for i, arg in enumerate(args):
+        if arg.startswith(f"--{name}="):
+            value = arg.partition("=")[2]
+        elif arg == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
 def _has_flag(args: list[str], name: str) -> bool:
     return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in args)
 
@@ -64,6 +75,9 @@ def needs_for(component: str, args: list[str]) -> list[Need]:
             flag = when.removeprefix("flag:")
             if not flag_on(args, flag, defaults.get(flag, False)):
                 continue
+        if when.startswith("pool-group:") and when.removeprefix("pool-group:") != flag_value(
+                args, "pool-group", defaults.get("pool-group", "")):
+            continue  # the picker caches only its own pool's type
         scope = need["scope"]
         wide = need.get("cluster_wide_without")
         if wide and not _has_flag(args, wide):

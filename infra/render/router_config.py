@@ -81,7 +81,8 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         "--cache-threshold", str(w.cache_threshold),
         "--balance-abs-threshold", str(w.balance_abs_threshold),
         "--balance-rel-threshold", str(w.balance_rel_threshold),
-        "--request-timeout-secs", str(int(t.router_to_prefill.timeout_seconds)),
+        # sglang-router's request timeout covers the whole request, stream included: the gateway's.
+        "--request-timeout-secs", str(int(t.gateway_to_router.timeout_seconds)),
         "--retry-max-retries", str(t.router_to_prefill.retries),
         "--health-check-endpoint", "/health",
     ]
@@ -174,7 +175,7 @@ def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
       scorer keeps its index in memory, so independent replicas would each see a share of the
       requests and score affinity on a partial index. With the election only the leader reports
       Ready on the "readiness" health service, so the gateway reaches the leader alone and a
-      stand-by takes over within a lease period (gateway-api-inference-extension v1.5.0,
+      stand-by takes over within a lease period (gateway-api-inference-extension v1.4.0,
       cmd/epp/runner/health.go; its chart, config/charts/epplib/templates/_deployment.yaml, does
       the same with the Recreate strategy).
     - --metrics-endpoint-auth=false: with it on (the default), the metrics endpoint asks the API

@@ -19,11 +19,10 @@ from infra.spec_checks import load_spec, parse_spec
 
 def capacity_model(spec: StackSpec) -> CapacityModel:
     w = spec.model.weights
-    load_minutes = (w.size_gib / w.load_gib_per_second / 60) if w.size_gib else 0.0
     pools = spec.deployment.pools()
     return CapacityModel(gpus_per_instance={r: p.gpus_per_instance() for r, p in pools.items()},
                          instances={r: p.instances for r, p in pools.items()},
-                         restart_minutes=load_minutes + w.start_minutes, gpus_per_node=spec.hardware.gpus_per_node)
+                         restart_minutes=w.restart_seconds() / 60, gpus_per_node=spec.hardware.gpus_per_node)
 
 
 def _violations(run) -> set[str]:
@@ -32,10 +31,11 @@ def _violations(run) -> set[str]:
 
 
 def _images(spec: StackSpec) -> dict[str, str]:
-    images = {"engine": spec.engine.image, "engine version": f"{spec.engine.kind} {spec.engine.version}"}
-    # images.platforms describes the digests (it changes with them), it names no image
+    images = {"engine": spec.engine_image().image, "engine version": f"{spec.engine.kind} {spec.engine.version}"}
+    # images.platforms describes the digests (it changes with them), it names no image; the
+    # engines' images are listed under "engine" (the one the pools run)
     images.update({name: value for name, value in spec.images.model_dump().items()
-                   if value and name != "platforms"})
+                   if value and name not in ("platforms", "engines")})
     return images
 
 

@@ -105,7 +105,7 @@ def release_content(spec: StackSpec) -> dict[str, Any]:
         "spec": spec_data,
         "engine_commands": {role: launch.args for role, launch in all_launches(spec).items()},
         "router_args": router_launch(spec).args,
-        "images": {"engine": spec.engine.image, **spec.images.model_dump()},
+        "images": {"engine": spec.engine_image().image, **spec.images.model_dump()},
         "router_weights": spec.deployment.load_balancer.weights.model_dump(),
     }
 

@@ -23,10 +23,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.inputs import load_yaml_mapping
 from infra.render.engine_args import EngineLaunch, all_launches
-from infra.spec import PINNED_ENGINE_VERSIONS, StackSpec, stack_spec_path
-from infra.spec_checks import parse_spec
+from infra.spec import StackSpec, stack_spec_path
+from infra.spec_checks import load_spec, switch_engine
 
 HERE = Path(__file__).resolve().parent
 VERDICTS = HERE / "verdicts.json"
@@ -38,15 +37,9 @@ ENGINES = ("sglang", "vllm")
 
 
 def variant_spec(stack: str, engine: str) -> StackSpec:
-    """A committed stack with the engine switched (vLLM with the balancer it can use)."""
-    data = load_yaml_mapping(stack_spec_path(stack), "spec")
-    data["engine"]["kind"] = engine
-    data["engine"]["version"] = PINNED_ENGINE_VERSIONS[engine]
-    if engine == "vllm":
-        # The balancer vLLM can use, and the KV connector llm-d's routing sidecar drives for it.
-        data["deployment"]["load_balancer"]["implementation"] = "gateway_epp"
-        data["engine"]["kv_transfer"] = "nixl"
-    return parse_spec(data)
+    """A committed stack with the engine switched as `render --engine` switches it (its own image, and
+    for vLLM the balancer and KV connector it can use)."""
+    return switch_engine(load_spec(stack_spec_path(stack)), engine)[0]
 
 
 @dataclass(frozen=True)

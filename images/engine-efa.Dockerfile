@@ -1,0 +1,84 @@
+# syntax=docker/dockerfile:1
+#
+# An engine image that can move KV and NCCL traffic over AWS EFA: the stock SGLang and vLLM
+# images carry neither AWS's libfabric (EFA provider) nor aws-ofi-nccl, and their NIXL has only
+# its UCX backend. What this adds is what the stack spec declares under images.engines.<kind>
+# (efa_libfabric, aws_ofi_nccl, nixl_backends, mooncake_efa); infra/spec.py refuses a spec whose
+# image lacks what its fabric and architecture need.
+#
+# NOT BUILT HERE: pdstack is developed without a container runtime or access to AWS's and
+# GitHub's download servers, so this recipe has not been built or run. Build it on each
+# architecture you deploy (GB200 nodes are arm64), push it, and put the digests in the stack
+# spec (images.engines.<kind>.image and images.platforms):
+#
+#   docker buildx build --platform linux/amd64 -f images/engine-efa.Dockerfile \
+#     --build-arg BASE=docker.io/lmsysorg/sglang@sha256:<digest of the pinned 0.5.23 image> \
+#     --build-arg MOONCAKE_EFA=1 -t <registry>/pdstack/sglang-efa:0.5.23 --push .
+#   docker buildx build --platform linux/arm64 -f images/engine-efa.Dockerfile \
+#     --build-arg BASE=docker.io/vllm/vllm-openai@sha256:<digest of the pinned 0.33.0 image> \
+#     -t <registry>/pdstack/vllm-efa:0.33.0 --push .
+#
+# Versions are build arguments; pin them to the releases you validated (the values below are
+# where to start, not versions this project has run).
+
+ARG BASE
+FROM ${BASE}
+
+ARG TARGETARCH
+ARG EFA_INSTALLER_VERSION=1.43.1
+ARG NIXL_REF=0.7.1
+ARG MOONCAKE_REF=v0.3.7
+# 1 on x86_64 only: Mooncake's transfer engine has an efa transport only when built with
+# -DUSE_EFA=ON, and its EFA builds are made for x86_64 (kvcache-ai/Mooncake, EFA transport guide).
+ARG MOONCAKE_EFA=0
+
+# 1. AWS's libfabric with the EFA provider and rdma-core, as user-space libraries only: the
+#    kernel driver is the node's (the EKS GPU AMI), so no kernel module and no limits file. EFA
+#    installers 1.30 and later also install aws-ofi-nccl (/opt/amazon/ofi-nccl), NCCL's plugin
+#    for libfabric, which NCCL loads as libnccl-net.so.
+RUN set -eux; \
+    apt-get update; apt-get install -y --no-install-recommends curl ca-certificates pciutils environment-modules \
+        build-essential meson ninja-build pkg-config cmake git; \
+    curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" | tar xz -C /tmp; \
+    cd /tmp/aws-efa-installer; ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify; \
+    rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*
+ENV PATH=/opt/amazon/efa/bin:${PATH} \
+    LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}
+
+# 2. NIXL with its LIBFABRIC backend (ai-dynamo/nixl, src/plugins/libfabric), built against the
+#    installer's libfabric, beside UCX. This is the P->D path on arm64 (prod, GB200) for both
+#    engines: SGLang selects it with SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC, vLLM with the
+#    NixlConnector's "backends": ["LIBFABRIC"] (pdstack renders both).
+RUN set -eux; \
+    git clone --depth 1 --branch "${NIXL_REF}" https://github.com/ai-dynamo/nixl /tmp/nixl; \
+    cd /tmp/nixl; \
+    meson setup build --prefix=/usr/local/nixl --libdir=lib -Dlibfabric_path=/opt/amazon/efa; \
+    ninja -C build install; \
+    pip install --no-cache-dir --no-deps --force-reinstall .; \
+    rm -rf /tmp/nixl
+# (step 4 fails the build if NIXL does not find its LIBFABRIC plugin here)
+ENV NIXL_PLUGIN_DIR=/usr/local/nixl/lib/plugins
+
+# 3. Mooncake's transfer engine with EFA (x86_64 only; on arm64 the store runs over TCP and the
+#    P->D hop over NIXL, which is what the spec check allows there).
+RUN set -eux; \
+    if [ "${MOONCAKE_EFA}" = "1" ]; then \
+      test "${TARGETARCH}" = "amd64" || { echo "Mooncake's EFA build is x86_64 only"; exit 1; }; \
+      git clone --depth 1 --branch "${MOONCAKE_REF}" https://github.com/kvcache-ai/Mooncake /tmp/mooncake; \
+      cd /tmp/mooncake; ./dependencies.sh -y; \
+      cmake -S . -B build -DUSE_EFA=ON -DUSE_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; \
+      cmake --build build -j"$(nproc)"; \
+      cp build/mooncake-integration/engine.cpython-*.so build/mooncake-integration/store.cpython-*.so \
+         build/mooncake-common/libasio.so mooncake-wheel/mooncake/; \
+      pip install --no-cache-dir --no-build-isolation ./mooncake-wheel; \
+      rm -rf /tmp/mooncake; \
+    fi
+
+# 4. What the spec will claim, checked where it can be without an EFA device: the libraries are
+#    there and NIXL lists its LIBFABRIC plugin. (Whether they reach the NICs is the preflight's
+#    and the first rollout's to show: `fi_info -p efa` on a node.)
+RUN set -eux; \
+    test -e /opt/amazon/efa/lib/libfabric.so; \
+    ls /opt/amazon/ofi-nccl/lib/libnccl-net*.so; \
+    python3 -c "from nixl._api import nixl_agent; a = nixl_agent('check'); assert 'LIBFABRIC' in a.get_plugin_list(), a.get_plugin_list()"; \
+    if [ "${MOONCAKE_EFA}" = "1" ]; then python3 -c "import mooncake.engine"; fi
