@@ -21,7 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.planning.fleet_model import (MEASURED_SHAPE, FleetModel, grid, measure_capacity,  # noqa: E402
                                         measure_surface, run_grid, workload_for)
+from infra.planning.control import bench_days  # noqa: E402
 from infra.planning.pd_ratio import SLO, PlanError, plan, plan_single_figure  # noqa: E402
+from infra.planning.simulate import day_curve  # noqa: E402
+from infra.planning.surface import Lengths  # noqa: E402
 
 SLO_BENCH = SLO(ttft_p99_ms=2500, tpot_p99_ms=50, tokens_per_second_per_user=20)
 
@@ -39,7 +42,8 @@ def planner(fleet: FleetModel, sizing, headroom: float, **capacity):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args()
+    parser.add_argument("--grid-only", action="store_true", help="skip the simulated days (a minute or two)")
+    args = parser.parse_args()
     fleet = FleetModel()
     points = grid()
     print(f"grid: {len(points)} loads (rates x mean input x mean output, p99 = 2.34 x mean); SLO TTFT p99 "
@@ -58,6 +62,23 @@ def main() -> int:
         refused = sum(r.counts is None for r in results)
         print(f"{name:44s} {met:4d}/{len(results):<3d} {refused:8d} {statistics.median(overs):18.3f}x "
               f"{max(overs):5.2f}x")
+    if args.grid_only:
+        return 0
+    inputs, outputs = Lengths(3000, 7000), Lengths(400, 940)
+    # Turns counted from an hour after the step (none are needed once settled), and over the
+    # whole diurnal day (down to the 02:00 valley, up to the peak, down again: 2 a pool).
+    traces = {"step 40->120 req/s at 08:00": ([40.0] * 480 + [120.0] * 960, 540, 0),
+              "diurnal 20..150 req/s, peak 14:00": (day_curve(150, 20, 14), 0, 4)}
+    print(f"\nsimulated days: input {inputs.mean:g}/{inputs.p99:g}, output {outputs.mean:g}/{outputs.p99:g} "
+          "(mean/p99); re-plan every 5 min, new instances serve 10 min later, scale-down window 15 min, "
+          "p99s observed with 5% noise")
+    print(f"{'trace':34s} {'fleet':28s} {'planner':22s} {'GPU-h':>7s} {'SLO min missed':>15s} "
+          f"{'turns (needed)':>15s} {'factors p/d':>12s}")
+    for row in bench_days(fleet, measure_surface(fleet), SLO_BENCH, inputs, outputs, traces,
+                          {"as measured": (1.0, 1.0), "prefill 1.25x, decode 0.8x": (1.25, 0.8)}):
+        print(f"{row.trace:34s} {row.fleet:28s} {row.mode:22s} {row.gpu_hours:7.0f} {row.slo_minutes_missed:15d} "
+              f"{row.direction_changes:11d} ({row.direction_changes_needed})  "
+              f"{row.correction.prefill:5.2f}/{row.correction.decode:4.2f}")
     return 0
 
 

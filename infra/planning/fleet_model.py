@@ -13,7 +13,7 @@ instance of 16; the coefficients are stated, not measured):
   step, per-sequence work, and the KV read of every sequence. An instance holds by Little's
   law B = rate / D x E[out] x ITL; its p99 is B + z99 sqrt(B). A batch above the KV cache
   (C tokens a sequence) or the engine's max running requests queues: the SLO is missed.
-- `slowdown` scales both phases' times: the fleet as it really runs against the surface it
+- `slowdown` scales each phase's times (prefill, decode): the fleet as it really runs against the surface it
   was measured at (an engine upgrade, a noisy neighbour, a cooler cache).
 
 `measure_surface` is what `pdctl validate-deployment --profile-out` would write on this
@@ -79,9 +79,9 @@ def decode_at(fleet: FleetModel, rate: float, inputs: Lengths, outputs: Lengths,
 
 
 def serve(fleet: FleetModel, rate: float, inputs: Lengths, outputs: Lengths, hit_rate: float, prefill: int,
-          decode: int, slowdown: float = 1.0) -> Served:
-    d = decode_at(fleet, rate, inputs, outputs, decode, slowdown)
-    return Served(prefill_p99_ms(fleet, rate, inputs, hit_rate, prefill, slowdown), d.itl_p99_ms, d)
+          decode: int, slowdown: tuple[float, float] = (1.0, 1.0)) -> Served:
+    d = decode_at(fleet, rate, inputs, outputs, decode, slowdown[1])
+    return Served(prefill_p99_ms(fleet, rate, inputs, hit_rate, prefill, slowdown[0]), d.itl_p99_ms, d)
 
 
 def fewest(fleet: FleetModel, rate: float, inputs: Lengths, outputs: Lengths, hit_rate: float, ttft_slo_ms: float,
