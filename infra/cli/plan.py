@@ -1,4 +1,6 @@
-"""`pdctl plan`: prefill/decode counts for a workload and the SLOs (and --write them into a spec)."""
+"""`pdctl plan`: prefill/decode counts for a workload and the SLOs (and --write them into a spec);
+with --watch, the same planner as a loop on Prometheus: forecast, correct, re-plan, say what it
+would change (--dry-run) or write it."""
 
 from __future__ import annotations
 
@@ -15,30 +17,146 @@ from infra.spec import StackSpec
 def register(sub) -> None:
     p = with_spec(sub.add_parser("plan", help="recommend prefill/decode counts from a workload"), output=True)
     p.add_argument("--workload", required=True, help="workload and measured capacity (see stacks/workloads/)")
-    p.add_argument("--write", help="write the spec with the recommended counts to this path")
+    p.add_argument("--write", help="write the spec with the recommended counts and scaler targets to this path")
+    p.add_argument("--watch", action="store_true",
+                   help="re-plan every --interval seconds from --prometheus: forecast the request rate, correct "
+                        "the model from the observed TTFT/ITL p99, and say what would change")
+    p.add_argument("--prometheus", help="with --watch: Prometheus base URL")
+    p.add_argument("--interval", type=float, default=300, help="with --watch: seconds between re-plans (300)")
+    p.add_argument("--iterations", type=int, default=0, help="with --watch: stop after this many (0: never)")
+    p.add_argument("--dry-run", action="store_true", help="with --watch: print what would change, write nothing")
     p.set_defaults(func=cmd_plan)
+
+
+HISTORY_POINTS = 24  # the rate over the last two hours, one point per 5 minutes
+HISTORY_STEP_SECONDS = 300
 
 
 def planned(spec: StackSpec, workload_path: str):
     """The workload file and the planner's answer for this spec's pools (today's counts as `current`)."""
-    from infra.planning.pd_ratio import SLO, PlanError, Workload, plan
+    from infra.planning.pd_ratio import PlanError, Workload, plan
 
     dep = spec.deployment
     if dep.mode != "disaggregated":
         raise InputError("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
     workload = load_model(workload_path, Workload, "workload")
     try:
-        return workload, plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms,
-                                            spec.slo.tokens_per_second_per_user),
-                              dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+        return workload, plan(workload, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                               current=(dep.prefill.instances, dep.decode.instances))
     except PlanError as exc:
         raise InputError(f"plan: {workload_path}: {exc}") from None
 
 
+def slo_of(spec: StackSpec):
+    from infra.planning.pd_ratio import SLO
+
+    return SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user)
+
+
+def changes(spec: StackSpec, result) -> list[str]:
+    """What the plan would change in the spec: counts and the scalers' per-instance targets."""
+    dep, out = spec.deployment, []
+    for role in ("prefill", "decode"):
+        now, want = getattr(dep, role).instances, getattr(result, f"{role}_instances")
+        if now != want:
+            out.append(f"deployment.{role}.instances {now} -> {want}")
+    for key, value in (result.scaler_targets or {}).items():
+        now = getattr(dep.autoscaling, key)
+        if now is None or abs(now - value) > 1e-9 * max(1.0, abs(value)):
+            out.append(f"deployment.autoscaling.{key} {'unset' if now is None else f'{now:g}'} -> {value:g}")
+    return out
+
+
+def observe(prom, spec: StackSpec, now: float):
+    """The live figures one round reads: the request rate over the last two hours, and the
+    counts serving with the TTFT/ITL p99 they showed (None where Prometheus has no data)."""
+    import math
+
+    from infra.planning.autoscaling import instances_query, pool_selector
+    from infra.planning.control import Observation
+    from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+
+    m = ENGINE_METRICS[spec.engine.kind]
+    rate_q = f"sum(rate({with_selector(m.requests_total, pool_selector(spec, 'decode'))}[5m]))"
+    history = [prom.query(rate_q, now - k * HISTORY_STEP_SECONDS) for k in range(HISTORY_POINTS - 1, -1, -1)]
+    history = [v for v in history if math.isfinite(v)]
+    figures = [prom.query(q, now) for q in (
+        instances_query(spec, "prefill"), instances_query(spec, "decode"),
+        p99(m.ttft_bucket, pool_selector(spec, "prefill")), p99(m.tpot_bucket, pool_selector(spec, "decode")))]
+    observation = None
+    if history and all(math.isfinite(v) and v > 0 for v in figures):
+        observation = Observation(history[-1], int(figures[0]), int(figures[1]), figures[2] * 1000, figures[3] * 1000)
+    return history, observation
+
+
+def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
+    """Re-plan on an interval: forecast, correct, plan; print (and unless --dry-run, write) the change."""
+    import time
+
+    from infra.planning.control import replan
+    from infra.planning.pd_ratio import PlanError, Workload
+    from infra.planning.surface import Correction
+    from infra.prometheus import PrometheusAPI
+
+    if not args.prometheus:
+        raise InputError("--watch reads the live rate and latencies: it needs --prometheus URL. Fix: add it")
+    if not args.dry_run and not args.write:
+        raise InputError("--watch writes what it would change to --write PATH, or prints it with --dry-run. "
+                         "Fix: add one of them")
+    if args.interval < 0 or args.iterations < 0:
+        raise InputError("--interval and --iterations: 0 or more. Fix: e.g. --interval 300 --iterations 12")
+    prom = PrometheusAPI(args.prometheus)
+    workload = load_model(args.workload, Workload, "workload")
+    dep = spec.deployment
+    correction, rounds, n = Correction(), [], 0
+    while True:
+        n += 1
+        history, observation = observe(prom, spec, time.time())
+        try:
+            step = replan(workload, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+                          history, max(1, round((args.interval + 600) / HISTORY_STEP_SECONDS)), observation,
+                          correction)
+        except PlanError as exc:
+            raise InputError(f"plan --watch: {args.workload}: {exc}") from None
+        correction = step.correction
+        would = changes(spec, step.plan)
+        written = None
+        if would and not args.dry_run:
+            from infra.spec_edit import write_counts
+
+            write_counts(spec_path(args), args.write, step.plan)
+            written = args.write
+        source = "forecast (q95) of the last 2 h" if history else "the workload file (no rate in Prometheus)"
+        rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source,
+                       "observed": observation is not None,
+                       "correction": {"prefill": correction.prefill, "decode": correction.decode},
+                       "prefill_instances": step.plan.prefill_instances, "decode_instances": step.plan.decode_instances,
+                       "changes": would, "written": written})
+        if getattr(args, "output", "text") == "text":
+            r = rounds[-1]
+            console.print(f"round {n}: plan for {step.rate:.1f} req/s ({source}); correction prefill "
+                          f"{correction.prefill:.2f} decode {correction.decode:.2f}"
+                          f"{'' if observation else ' (no observed p99: not corrected)'}; prefill "
+                          f"{r['prefill_instances']}, decode {r['decode_instances']}")
+            for line in would or ["nothing"]:
+                console.print(f"  {'would change' if args.dry_run else 'change'}: {escape(line)}")
+            if written:
+                console.print(f"  wrote {written}")
+        if args.iterations and n >= args.iterations:
+            break
+        time.sleep(args.interval)
+    emit(args, "plan-watch", {"environment": spec.environment.name, "dry_run": args.dry_run, "rounds": rounds},
+         lambda: None)
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     dep = spec.deployment
+    if args.watch:
+        return cmd_watch(args, spec)
+    if args.prometheus or args.dry_run or args.iterations:
+        raise InputError("--prometheus, --dry-run and --iterations go with --watch. Fix: add --watch, or drop them")
     workload, result = planned(spec, args.workload)
     written, notes = None, []
     if args.write:
@@ -61,6 +179,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(f"card ratio {result.pd_ratio} (spec says {dep.pd_ratio})")
         console.print(f"with today's counts: prefill {result.current_prefill_utilisation:.0%}, decode "
                       f"{result.current_decode_utilisation:.0%} busy; bottleneck is {result.current_bottleneck}")
+        console.print(f"predicted at the recommended counts: TTFT p99 {result.ttft_p99_ms:.0f} ms (SLO "
+                      f"{spec.slo.ttft_p99_ms:g}), ITL p99 {result.itl_p99_ms:.1f} ms (target {result.tpot_target_ms:g}); "
+                      f"decode holds {result.decode_batch_per_instance:.0f} sequences an instance (cap "
+                      f"{result.decode_batch_cap:.0f})")
+        console.print("scaler targets per instance (the plan's model): " + ", ".join(
+            f"{k} {v:g}" for k, v in result.scaler_targets.items()))
+        for note in result.notes:
+            console.print(f"note: {escape(note)}")
         m = workload.measured
         console.print(f"capacity measured by {m.tool} ({m.scenario}) at {m.where} on {m.when}" if m else
                       "capacity typed in by hand: measure it with `pdctl validate-deployment --profile-out`")
@@ -74,5 +200,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "current": {"prefill_utilisation": result.current_prefill_utilisation,
                                     "decode_utilisation": result.current_decode_utilisation,
                                     "bottleneck": result.current_bottleneck},
+                        "predicted": {"ttft_p99_ms": result.ttft_p99_ms, "itl_p99_ms": result.itl_p99_ms,
+                                      "decode_batch_per_instance": result.decode_batch_per_instance,
+                                      "decode_batch_cap": result.decode_batch_cap},
+                        "scaler_targets": result.scaler_targets, "plan_notes": list(result.notes),
                         "written": written, "notes": notes}, text)
     return 0

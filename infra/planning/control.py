@@ -249,3 +249,30 @@ def bench_days(fleet: FleetModel, surface: Surface, slo: SLO, inputs: Lengths, o
                 rows.append(DayRow(trace_name, fleet_name, mode, day.gpu_hours, day.slo_minutes_missed,
                                    day.direction_changes(settled), needed, day.corrections[-1]))
     return rows
+
+
+# ---------------------------------------------------------------- one re-plan (pdctl plan --watch)
+
+
+@dataclass(frozen=True)
+class Replan:
+    rate: float  # the rate the plan sizes for
+    plan: object  # pd_ratio.Plan
+    correction: Correction  # after this round's observation
+
+
+def replan(workload, slo: SLO, prefill_gpus: int, decode_gpus: int, history: list[float], steps: int,
+           observation: Observation | None, correction: Correction, quantile: float = 0.95) -> Replan:
+    """One round of the loop on live figures: correct the model from the observation (if any),
+    forecast the rate over the next `steps` points of `history` (none: the workload's rate),
+    and plan for it. The forecast's safety quantile stands in for the workload's headroom."""
+    surface = workload.measured_surface()
+    inputs = Lengths(workload.input_tokens.mean, workload.input_tokens.p99)
+    outputs = Lengths(workload.output_tokens.mean, workload.output_tokens.p99)
+    if observation is not None:
+        correction = correct(surface, inputs, outputs, workload.prefix_cache_hit_rate, observation, correction)
+    rate = forecast(history, steps, quantile) if history else workload.arrival_rate_rps
+    margin = math.exp(DEADBAND)
+    p = plan(workload.model_copy(update={"arrival_rate_rps": max(rate, 1e-3), "headroom": 0.0}), slo,
+             prefill_gpus, decode_gpus, correction=Correction(correction.prefill * margin, correction.decode * margin))
+    return Replan(rate, p, correction)

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.inputs import Strict
 from infra.planning.surface import (Correction, DecodeSurface, Lengths, Notes, PrefillPoint, Surface, decode_state,
-                                    itl_ms, mean_context, prefill_load, prefill_ms, smallest)
+                                    itl_ms, mean_context, prefill_load, prefill_ms, queued_per_instance, smallest)
 
 
 class PlanError(ValueError):
@@ -135,6 +135,12 @@ class Plan:
     decode_batch_per_instance: float | None = None  # sequences one instance holds at the planned rate (mean)
     decode_batch_cap: float | None = None  # the least of the KV cache, max running requests, largest measured batch
     notes: tuple[str, ...] = ()
+    # The scalers' targets on the same model (deployment.autoscaling; `pdctl plan --write` writes them).
+    scaler_targets: dict[str, float] | None = None
+
+
+# Below half a queued request per instance, a queue-depth target counts noise.
+MIN_QUEUE_TARGET = 0.5
 
 
 def slots_at(capacity: Capacity, tpot_ms: float) -> float:
@@ -276,10 +282,18 @@ def plan(workload: Workload, slo: SLO, prefill_gpus: int, decode_gpus: int,
                 decode_state(itl, actual, d, outputs, cap, correction.decode).batch / slots)
 
     cur = utilisation(*current) if current else None
+    # What each scaler aims for per instance, so the HPA's ceil(total / target) lands on these counts:
+    # decode at the slots that meet the ITL p99 (sequences, or the output tokens/s they make), prefill
+    # at the queue its planned count holds at the planned rate.
+    targets = {"decode_running_per_instance": max(1, math.floor(slots)),
+               "decode_tokens_per_second_per_instance": round(slots / (correction.decode * itl(slots)) * 1000, 1),
+               "prefill_queue_per_instance": round(max(MIN_QUEUE_TARGET, queued_per_instance(
+                   prefill_n, rate, load.service_mean_ms)), 2)}
     return _counted(prefill_n, decode_n, prefill_gpus, decode_gpus, tpot_target, slots,
                     utilisation(prefill_n, decode_n), cur,
                     ttft_p99_ms=at_rate.ttft_p99_ms(prefill_n), itl_p99_ms=planned_decode.itl_p99_ms,
-                    decode_batch_per_instance=planned_decode.batch, decode_batch_cap=cap, notes=tuple(notes.lines))
+                    decode_batch_per_instance=planned_decode.batch, decode_batch_cap=cap, notes=tuple(notes.lines),
+                    scaler_targets=targets)
 
 
 def _largest_batch(fits, cap: float) -> float:

@@ -244,6 +244,15 @@ def waiting_p99_ms(servers: int, rate: float, mean_ms: float, scv: float) -> flo
     return math.log(c / 0.01) * (1 + scv) / 2 / drain_per_ms
 
 
+def queued_per_instance(servers: int, rate: float, mean_ms: float) -> float:
+    """Requests waiting per instance, on average, in M/M/c: C x rho / (1 - rho) / c."""
+    offered = rate * mean_ms / 1000
+    if offered >= servers:
+        return math.inf
+    rho = offered / servers
+    return erlang_c(servers, offered) * rho / (1 - rho) / servers
+
+
 @dataclass(frozen=True)
 class PrefillLoad:
     """What the pool sees: arrival rate, instance time per prompt (mean, squared coefficient of
