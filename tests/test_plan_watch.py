@@ -15,10 +15,15 @@ from tests.servers import http_server
 WORKLOAD = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
 
 
-def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1)):
-    """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts and the p99s."""
+def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None):
+    """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts, the p99s,
+    and `lengths` {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN)."""
     def answer(query: str):
-        if query.startswith("count(count by"):
+        kind = "prompt" if "prompt_tokens" in query else "generation" if "generation_tokens" in query else None
+        if kind:
+            mean, p99 = lengths[kind] if lengths else ("NaN", "NaN")
+            value = p99 if query.startswith("histogram_quantile") else mean
+        elif query.startswith("count(count by"):
             value = counts[0] if 'role="prefill"' in query else counts[1]
         elif query.startswith("histogram_quantile"):
             value = ttft_s if "time_to_first_token" in query else itl_s
@@ -52,6 +57,20 @@ def test_watch_corrects_towards_what_the_fleet_shows(capsys):
     decode = [r["correction"]["decode"] for r in doc["rounds"]]
     assert decode[0] > 1.0 and decode == sorted(decode)
     assert all(r["observed"] and r["written"] is None for r in doc["rounds"])
+    assert doc["rounds"][0]["lengths_from"].startswith("the workload file")
+
+
+def test_watch_plans_for_the_lengths_prometheus_saw(capsys):
+    # Prompts four times the workload file's (12000 mean, 40000 p99): more prefill for the same rate.
+    runs = {}
+    for name, lengths in (("file", None), ("live", {"prompt": (12000, 40000), "generation": (400, 2000)})):
+        with stand_in(40, 0.3, 0.02, lengths=lengths) as prom:
+            assert main(["plan", "--stack", "prod", "--workload", WORKLOAD, "--watch", "--prometheus", prom,
+                         "--interval", "0", "--iterations", "1", "--dry-run", "--output", "json"]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)["rounds"][0]
+    assert runs["live"]["lengths_from"] == "Prometheus, last hour"
+    assert runs["live"]["input_tokens"] == {"mean": 12000, "p99": 40000}
+    assert runs["live"]["prefill_instances"] > runs["file"]["prefill_instances"]
 
 
 def test_watch_writes_the_plan_and_its_scaler_targets(tmp_path, capsys):

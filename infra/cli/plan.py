@@ -67,26 +67,46 @@ def changes(spec: StackSpec, result) -> list[str]:
     return out
 
 
-def observe(prom, spec: StackSpec, now: float):
-    """The live figures one round reads: the request rate over the last two hours, and the
-    counts serving with the TTFT/ITL p99 they showed (None where Prometheus has no data)."""
-    import math
-
+def watch_queries(spec: StackSpec) -> dict[str, str]:
+    """The PromQL one round of --watch reads (tests/test_metrics_contract.py checks each against
+    the pinned engines' series): the request rate, the counts serving, their TTFT/ITL p99, and the
+    length distributions of the last hour (prompts where prefill sees them, outputs at decode)."""
     from infra.planning.autoscaling import instances_query, pool_selector
-    from infra.planning.control import Observation
     from infra.render.metrics import ENGINE_METRICS, p99, with_selector
 
     m = ENGINE_METRICS[spec.engine.kind]
-    rate_q = f"sum(rate({with_selector(m.requests_total, pool_selector(spec, 'decode'))}[5m]))"
-    history = [prom.query(rate_q, now - k * HISTORY_STEP_SECONDS) for k in range(HISTORY_POINTS - 1, -1, -1)]
+    prefill, decode = pool_selector(spec, "prefill"), pool_selector(spec, "decode")
+    out = {"rate": f"sum(rate({with_selector(m.requests_total, decode)}[5m]))",
+           "prefill_instances": instances_query(spec, "prefill"), "decode_instances": instances_query(spec, "decode"),
+           "ttft_p99_s": p99(m.ttft_bucket, prefill), "itl_p99_s": p99(m.tpot_bucket, decode)}
+    for name, histogram, sel in (("input", m.prompt_length, prefill), ("output", m.output_length, decode)):
+        out[f"{name}_mean"] = (f"sum(rate({with_selector(histogram + '_sum', sel)}[1h])) / "
+                               f"sum(rate({with_selector(histogram + '_count', sel)}[1h]))")
+        out[f"{name}_p99"] = p99(histogram + "_bucket", sel, "1h")
+    return out
+
+
+def observe(prom, spec: StackSpec, now: float):
+    """The live figures one round reads: the request rate over the last two hours, the counts
+    serving with the TTFT/ITL p99 they showed, and the last hour's lengths {input/output:
+    (mean, p99)} (None where Prometheus has no data)."""
+    import math
+
+    from infra.planning.control import Observation
+
+    q = watch_queries(spec)
+    history = [prom.query(q["rate"], now - k * HISTORY_STEP_SECONDS) for k in range(HISTORY_POINTS - 1, -1, -1)]
     history = [v for v in history if math.isfinite(v)]
-    figures = [prom.query(q, now) for q in (
-        instances_query(spec, "prefill"), instances_query(spec, "decode"),
-        p99(m.ttft_bucket, pool_selector(spec, "prefill")), p99(m.tpot_bucket, pool_selector(spec, "decode")))]
+    f = {name: prom.query(q[name], now) for name in q if name != "rate"}
     observation = None
-    if history and all(math.isfinite(v) and v > 0 for v in figures):
-        observation = Observation(history[-1], int(figures[0]), int(figures[1]), figures[2] * 1000, figures[3] * 1000)
-    return history, observation
+    if history and all(math.isfinite(f[k]) and f[k] > 0 for k in ("prefill_instances", "decode_instances",
+                                                                   "ttft_p99_s", "itl_p99_s")):
+        observation = Observation(history[-1], int(f["prefill_instances"]), int(f["decode_instances"]),
+                                  f["ttft_p99_s"] * 1000, f["itl_p99_s"] * 1000)
+    lengths = {name: (f[f"{name}_mean"], max(f[f"{name}_mean"], f[f"{name}_p99"])) for name in ("input", "output")}
+    if not all(math.isfinite(v) and v > 0 for pair in lengths.values() for v in pair):
+        lengths = None
+    return history, observation, lengths
 
 
 def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
@@ -94,7 +114,7 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
     import time
 
     from infra.planning.control import replan
-    from infra.planning.pd_ratio import PlanError, Workload
+    from infra.planning.pd_ratio import PlanError, TokenStats, Workload
     from infra.planning.surface import Correction
     from infra.prometheus import PrometheusAPI
 
@@ -111,9 +131,12 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
     correction, rounds, n = Correction(), [], 0
     while True:
         n += 1
-        history, observation = observe(prom, spec, time.time())
+        history, observation, lengths = observe(prom, spec, time.time())
+        current = workload if lengths is None else workload.model_copy(update={
+            "input_tokens": TokenStats(mean=lengths["input"][0], p99=lengths["input"][1]),
+            "output_tokens": TokenStats(mean=lengths["output"][0], p99=lengths["output"][1])})
         try:
-            step = replan(workload, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+            step = replan(current, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                           history, max(1, round((args.interval + 600) / HISTORY_STEP_SECONDS)), observation,
                           correction)
         except PlanError as exc:
@@ -127,7 +150,9 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
             write_counts(spec_path(args), args.write, step.plan)
             written = args.write
         source = "forecast (q95) of the last 2 h" if history else "the workload file (no rate in Prometheus)"
-        rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source,
+        lengths_from = "Prometheus, last hour" if lengths else "the workload file (no length histograms in Prometheus)"
+        rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source, "lengths_from": lengths_from,
+                       "input_tokens": dict(current.input_tokens), "output_tokens": dict(current.output_tokens),
                        "observed": observation is not None,
                        "correction": {"prefill": correction.prefill, "decode": correction.decode},
                        "prefill_instances": step.plan.prefill_instances, "decode_instances": step.plan.decode_instances,
@@ -136,7 +161,9 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
             r = rounds[-1]
             console.print(f"round {n}: plan for {step.rate:.1f} req/s ({source}); correction prefill "
                           f"{correction.prefill:.2f} decode {correction.decode:.2f}"
-                          f"{'' if observation else ' (no observed p99: not corrected)'}; prefill "
+                          f"{'' if observation else ' (no observed p99: not corrected)'}; lengths from {lengths_from} "
+                          f"(input {current.input_tokens.mean:.0f}/{current.input_tokens.p99:.0f}, output "
+                          f"{current.output_tokens.mean:.0f}/{current.output_tokens.p99:.0f} mean/p99); prefill "
                           f"{r['prefill_instances']}, decode {r['decode_instances']}")
             for line in would or ["nothing"]:
                 console.print(f"  {'would change' if args.dry_run else 'change'}: {escape(line)}")
