@@ -15,12 +15,14 @@ from tests.servers import http_server
 WORKLOAD = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
 
 
-def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None):
+def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None, hit_rate=0.0):
     """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts, the p99s,
     and `lengths` {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN)."""
     def answer(query: str):
         kind = "prompt" if "prompt_tokens" in query else "generation" if "generation_tokens" in query else None
-        if kind:
+        if "cache_hit_rate" in query:
+            value = hit_rate
+        elif kind:
             mean, p99 = lengths[kind] if lengths else ("NaN", "NaN")
             value = p99 if query.startswith("histogram_quantile") else mean
         elif query.startswith("count(count by"):
@@ -71,6 +73,17 @@ def test_watch_plans_for_the_lengths_prometheus_saw(capsys):
     assert runs["live"]["lengths_from"] == "Prometheus, last hour"
     assert runs["live"]["input_tokens"] == {"mean": 12000, "p99": 40000}
     assert runs["live"]["prefill_instances"] > runs["file"]["prefill_instances"]
+
+
+def test_watch_discounts_the_prefix_cache_hit_rate_prefill_shows(capsys):
+    rounds = []
+    for hit_rate in (0.0, 0.7):
+        with stand_in(120, 0.3, 0.02, hit_rate=hit_rate) as prom:
+            assert main(["plan", "--stack", "prod", "--workload", WORKLOAD, "--watch", "--prometheus", prom,
+                         "--interval", "0", "--iterations", "1", "--dry-run", "--output", "json"]) == 0
+        rounds.append(json.loads(capsys.readouterr().out)["rounds"][0])
+    assert [r["prefix_cache_hit_rate"] for r in rounds] == [0.0, 0.7]
+    assert rounds[1]["prefill_instances"] < rounds[0]["prefill_instances"]
 
 
 def test_watch_writes_the_plan_and_its_scaler_targets(tmp_path, capsys):

@@ -70,15 +70,17 @@ def changes(spec: StackSpec, result) -> list[str]:
 def watch_queries(spec: StackSpec) -> dict[str, str]:
     """The PromQL one round of --watch reads (tests/test_metrics_contract.py checks each against
     the pinned engines' series): the request rate, the counts serving, their TTFT/ITL p99, and the
-    length distributions of the last hour (prompts where prefill sees them, outputs at decode)."""
+    length distributions of the last hour (prompts where prefill sees them, outputs at decode),
+    and prefill's prefix-cache hit rate."""
     from infra.planning.autoscaling import instances_query, pool_selector
-    from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+    from infra.render.metrics import ENGINE_METRICS, every_series_with_selector, p99, with_selector
 
     m = ENGINE_METRICS[spec.engine.kind]
     prefill, decode = pool_selector(spec, "prefill"), pool_selector(spec, "decode")
     out = {"rate": f"sum(rate({with_selector(m.requests_total, decode)}[5m]))",
            "prefill_instances": instances_query(spec, "prefill"), "decode_instances": instances_query(spec, "decode"),
-           "ttft_p99_s": p99(m.ttft_bucket, prefill), "itl_p99_s": p99(m.tpot_bucket, decode)}
+           "ttft_p99_s": p99(m.ttft_bucket, prefill), "itl_p99_s": p99(m.tpot_bucket, decode),
+           "prefix_hit_rate": every_series_with_selector(m.prefix_hit_ratio, prefill)}
     for name, histogram, sel in (("input", m.prompt_length, prefill), ("output", m.output_length, decode)):
         out[f"{name}_mean"] = (f"sum(rate({with_selector(histogram + '_sum', sel)}[1h])) / "
                                f"sum(rate({with_selector(histogram + '_count', sel)}[1h]))")
@@ -88,8 +90,8 @@ def watch_queries(spec: StackSpec) -> dict[str, str]:
 
 def observe(prom, spec: StackSpec, now: float):
     """The live figures one round reads: the request rate over the last two hours, the counts
-    serving with the TTFT/ITL p99 they showed, and the last hour's lengths {input/output:
-    (mean, p99)} (None where Prometheus has no data)."""
+    serving with the TTFT/ITL p99 they showed, the last hour's lengths {input/output:
+    (mean, p99)} and prefill's prefix-cache hit rate (None where Prometheus has no data)."""
     import math
 
     from infra.planning.control import Observation
@@ -106,7 +108,8 @@ def observe(prom, spec: StackSpec, now: float):
     lengths = {name: (f[f"{name}_mean"], max(f[f"{name}_mean"], f[f"{name}_p99"])) for name in ("input", "output")}
     if not all(math.isfinite(v) and v > 0 for pair in lengths.values() for v in pair):
         lengths = None
-    return history, observation, lengths
+    hit = f["prefix_hit_rate"] if math.isfinite(f["prefix_hit_rate"]) and 0 <= f["prefix_hit_rate"] < 1 else None
+    return history, observation, lengths, hit
 
 
 def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
@@ -131,10 +134,12 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
     correction, rounds, n = Correction(), [], 0
     while True:
         n += 1
-        history, observation, lengths = observe(prom, spec, time.time())
+        history, observation, lengths, hit_rate = observe(prom, spec, time.time())
         current = workload if lengths is None else workload.model_copy(update={
             "input_tokens": TokenStats(mean=lengths["input"][0], p99=lengths["input"][1]),
             "output_tokens": TokenStats(mean=lengths["output"][0], p99=lengths["output"][1])})
+        if hit_rate is not None:
+            current = current.model_copy(update={"prefix_cache_hit_rate": hit_rate})
         try:
             step = replan(current, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                           history, max(1, round((args.interval + 600) / HISTORY_STEP_SECONDS)), observation,
@@ -153,6 +158,7 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
         lengths_from = "Prometheus, last hour" if lengths else "the workload file (no length histograms in Prometheus)"
         rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source, "lengths_from": lengths_from,
                        "input_tokens": dict(current.input_tokens), "output_tokens": dict(current.output_tokens),
+                       "prefix_cache_hit_rate": current.prefix_cache_hit_rate,
                        "observed": observation is not None,
                        "correction": {"prefill": correction.prefill, "decode": correction.decode},
                        "prefill_instances": step.plan.prefill_instances, "decode_instances": step.plan.decode_instances,

@@ -142,6 +142,12 @@ def with_selector(metric: str, selector: str) -> str:
     return f"{metric}{{{inner}}}"
 
 
+def every_series_with_selector(expression: str, selector: str) -> str:
+    """A PromQL expression (e.g. `prefix_hit_ratio`) with every engine series it reads narrowed by
+    `selector`; the series must carry no selector of their own."""
+    return re.sub(r"\b(?:sglang|vllm):[A-Za-z_]+\b(?!\{)", lambda m: with_selector(m.group(0), selector), expression)
+
+
 def p99(bucket: str, selector: str = "", window: str = "5m") -> str:
     return f"histogram_quantile(0.99, sum by (le) (rate({with_selector(bucket, selector)}[{window}])))"
 
