@@ -44,9 +44,10 @@ def register(sub) -> None:
     p.add_argument("--window", default="5m", type=promql_range,
                    help="PromQL range the fleet checks look back over (default 5m)")
     p.add_argument("--profile-out", help="write the measured surface as a workload file for `pdctl plan`")
-    p.add_argument("--profile-lengths", default="0.5,2",
+    p.add_argument("--profile-lengths", default="0.05,0.5,2",
                    help="with --profile-out: prompt lengths, as shares of the scenario's, also run alone "
-                        "(concurrency 1) for the prefill surface (default 0.5,2)")
+                        "(concurrency 1) for the prefill surface; the shortest stands for an empty prompt's cost "
+                        "in the prefix-cache discount (default 0.05,0.5,2)")
     p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
     p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
     p.add_argument("--render-job", help="instead of running here, write the sweep as Kubernetes Jobs to this file")

@@ -29,7 +29,7 @@ from infra.planning.pd_ratio import Capacity, DecodePoint, Workload
 from infra.planning.surface import (DecodeState, DecodeSurface, Lengths, PrefillPoint, Surface, decode_state,
                                     mean_context, prefill_load)
 
-PREFILL_LENGTHS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PREFILL_LENGTHS = (32, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DECODE_BATCHES = (1, 8, 16, 32, 64, 128, 256, 384, 512)
 DECODE_CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768)
 

@@ -12,7 +12,8 @@ The model (README, "The planner's model", says where it stops holding):
   (the measured throughput at that length) and, alone, reaches its first token after
   TTFT(L). With a prefix-cache hit rate h the cached prefix is not computed: the work of
   the uncached suffix is the work of the whole prompt minus the work of its prefix,
-  f(L) - f(hL) + f(0), for f = S and f = TTFT. The pool is an M/G/c queue: the waiting
+  f(L) - f(hL) + f(0), for f = S and f = TTFT, each term bounded on the side of more work
+  (the cost is taken as convex and rising in L). The pool is an M/G/c queue: the waiting
   time's tail is Erlang C's exponential, stretched by (1 + Cs^2) / 2 for the spread of
   service times (Allen-Cunneen), and TTFT p99 = TTFT(input p99) + waiting p99. This is a
   p99 model, not a mean one: a planner that sizes to mean latency meets the mean and
@@ -156,31 +157,22 @@ class Notes:
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
-    """Linear in the measured range; below the first point, along the line to the origin's
-    intercept of the first segment (clamped at zero)."""
-    if len(xs) == 1:
-        return ys[0] * x / xs[0]
-    i = bisect.bisect_left(xs, x)
-    if i == 0:
-        lo, hi = 0, 1
-    elif i == len(xs):
-        lo, hi = len(xs) - 2, len(xs) - 1
-    else:
-        lo, hi = i - 1, i
-    t = (x - xs[lo]) / (xs[hi] - xs[lo])
-    return max(0.0, ys[lo] + t * (ys[hi] - ys[lo]))
+    """Linear between the measured points around x (xs[0] <= x <= xs[-1], two points or more)."""
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
 def _prefill_curve(surface: Surface, which: str, length: float, notes: Notes) -> float:
-    pts = surface.prefill
-    xs = [p.input_tokens for p in pts]
-    ys = [p.ttft_ms if which == "ttft" else p.input_tokens / p.tokens_per_second * 1000 for p in pts]
+    xs, ys = _prefill_points(surface, which)
     if surface.degenerate:
         return ys[0] * length / xs[0]
     if length > xs[-1]:
         notes.add(f"prompts of up to {length:.0f} tokens: beyond the longest measured ({xs[-1]:.0f}); "
                   "prefill extrapolated as (L / L_max)^2 from it (an upper bound)")
         return ys[-1] * (length / xs[-1]) ** 2
+    if length <= xs[0] or len(xs) == 1:
+        return ys[0]  # shorter than the shortest measured: at most its cost (the cost rises with L)
     return _interp(xs, ys, length)
 
 
@@ -190,8 +182,36 @@ def prefill_ms(surface: Surface, which: str, length: float, hit_rate: float, not
     whole = _prefill_curve(surface, which, length, notes)
     if hit_rate <= 0:
         return whole
-    fixed = _prefill_curve(surface, which, 1e-9, notes)  # the cost of an empty prompt: the intercept
-    return max(fixed, whole - _prefill_curve(surface, which, hit_rate * length, notes) + fixed)
+    if surface.degenerate:  # proportional to length: exact
+        return whole * (1 - hit_rate)
+    # f(L) - f(hL) + f(0), erring towards more work for a convex, rising cost: f(L) interpolated (a
+    # chord lies above), f(hL) from below (the neighbouring chords, extended, lie below), and for f(0)
+    # the shortest prompt measured (so a sweep should include a short one: validate-deployment's does).
+    xs, ys = _prefill_points(surface, which)
+    return max(ys[0], whole - _below(xs, ys, hit_rate * length) + ys[0])
+
+
+def _prefill_points(surface: Surface, which: str) -> tuple[list[float], list[float]]:
+    pts = surface.prefill
+    return ([p.input_tokens for p in pts],
+            [p.ttft_ms if which == "ttft" else p.input_tokens / p.tokens_per_second * 1000 for p in pts])
+
+
+def _below(xs: list[float], ys: list[float], x: float) -> float:
+    """A lower bound of a convex, rising curve through the points, at x."""
+    if len(xs) == 1:
+        return ys[0] * min(1.0, x / xs[0])
+
+    def chord(i: int) -> float:  # the chord of points i, i+1, extended to x
+        return ys[i] + (x - xs[i]) * (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+
+    i = bisect.bisect_right(xs, x) - 1  # xs[i] <= x < xs[i+1]
+    if i < 0:
+        return max(0.0, chord(0))
+    if i >= len(xs) - 1:
+        return chord(len(xs) - 2)
+    candidates = [ys[i]] + [chord(j) for j in (i - 1, i + 1) if 0 <= j < len(xs) - 1]
+    return max(candidates)
 
 
 def itl_ms(surface: Surface, batch: float, context: float, notes: Notes) -> float:
