@@ -117,6 +117,7 @@ def test_plan_write_sets_the_scalers_from_the_plan_and_the_stack_renders_them(tm
     (["--watch", "--dry-run"], "--watch reads the live rate and latencies: it needs --prometheus URL"),
     (["--watch", "--prometheus", "http://127.0.0.1:9"], "--watch writes what it would change to --write PATH"),
     (["--dry-run"], "--prometheus, --dry-run and --iterations go with --watch"),
+    (["--watch", "--dry-run", "--prometheus", "http://127.0.0.1:9", "--interval", "nan"], "--interval: seconds"),
 ])
 def test_watch_options_are_checked_before_anything_runs(argv, says, capsys):
     assert main(["plan", "--stack", "prod", "--workload", WORKLOAD, *argv]) == 2

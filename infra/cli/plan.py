@@ -126,8 +126,9 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
     if not args.dry_run and not args.write:
         raise InputError("--watch writes what it would change to --write PATH, or prints it with --dry-run. "
                          "Fix: add one of them")
-    if args.interval < 0 or args.iterations < 0:
-        raise InputError("--interval and --iterations: 0 or more. Fix: e.g. --interval 300 --iterations 12")
+    if not (0 <= args.interval < 86400) or args.iterations < 0:  # NaN fails the first test too
+        raise InputError("--interval: seconds, 0 or more and under a day; --iterations: 0 or more. Fix: e.g. "
+                         "--interval 300 --iterations 12")
     prom = PrometheusAPI(args.prometheus)
     workload = load_model(args.workload, Workload, "workload")
     dep = spec.deployment
