@@ -27,8 +27,8 @@ import warnings
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from infra.planning.fleet_model import FleetModel, serve, workload_for
-from infra.planning.pd_ratio import SLO, decode_batch_cap, plan
+from infra.planning.fleet_model import MEASURED_SHAPE, FleetModel, measure_capacity, serve, workload_for
+from infra.planning.pd_ratio import SLO, decode_batch_cap, plan, plan_single_figure
 from infra.planning.surface import (Correction, Lengths, Notes, Surface, decode_state, itl_ms, mean_context,
                                     prefill_load, prefill_ms)
 
@@ -121,7 +121,8 @@ def correct(surface: Surface, inputs: Lengths, outputs: Lengths, hit_rate: float
 
 # ---------------------------------------------------------------- a simulated day
 
-MODES = ("plan for the peak", "forecast", "forecast + correction")
+TODAY = "today's planner, peak"  # plan_single_figure, one figure at MEASURED_SHAPE, headroom 0.2, for the peak
+MODES = (TODAY, "plan for the peak", "forecast", "forecast + correction")
 
 
 @dataclass
@@ -152,7 +153,7 @@ def planned_rates(trace: list[float], mode: str, interval: int = 5, startup: int
                   quantile: float = 0.95) -> list[float]:
     """The rate each re-plan sizes for: the day's peak, or the forecast of the next
     `startup + interval` minutes from the minutes before it."""
-    if mode == "plan for the peak":
+    if mode in ("plan for the peak", TODAY):
         return [max(trace)] * math.ceil(len(trace) / interval)
     return [forecast(trace[:m] or trace[:1], startup + interval, quantile) for m in range(0, len(trace), interval)]
 
@@ -185,9 +186,14 @@ def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[flo
                 correction = correct(surface, inputs, outputs, hit_rate, _mean(seen), correction)
             seen = []
             margin = math.exp(DEADBAND) if mode == "forecast + correction" else 1.0
-            p = plan(workload_for(max(rates[minute // interval], 1e-3), inputs, outputs, hit_rate, surface=surface),
-                     slo, fleet.prefill_gpus, fleet.decode_gpus,
-                     correction=Correction(correction.prefill * margin, correction.decode * margin))
+            if mode == TODAY:
+                p = plan_single_figure(workload_for(rates[0], inputs, outputs, hit_rate, headroom=0.2,
+                                                    capacity=measure_capacity(fleet, *MEASURED_SHAPE)),
+                                       slo, fleet.prefill_gpus, fleet.decode_gpus)
+            else:
+                p = plan(workload_for(max(rates[minute // interval], 1e-3), inputs, outputs, hit_rate,
+                                      surface=surface), slo, fleet.prefill_gpus, fleet.decode_gpus,
+                         correction=Correction(correction.prefill * margin, correction.decode * margin))
             wants = (wants + [(p.prefill_instances, p.decode_instances)])[-max(1, stabilization // interval):]
             now = wants[-1]
             if ready is None:
@@ -245,7 +251,7 @@ def bench_days(fleet: FleetModel, surface: Surface, slo: SLO, inputs: Lengths, o
         for fleet_name, slowdown in slowdowns.items():
             for mode in MODES:
                 day = simulate_loop(fleet, surface, slo, trace, inputs, outputs, mode,
-                                    rates=None if mode == "plan for the peak" else ahead, slowdown=slowdown)
+                                    rates=ahead if "forecast" in mode else None, slowdown=slowdown)
                 rows.append(DayRow(trace_name, fleet_name, mode, day.gpu_hours, day.slo_minutes_missed,
                                    day.direction_changes(settled), needed, day.corrections[-1]))
     return rows
