@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """The planners against a simulated fleet (infra/planning/fleet_model.py: its performance
 model is stated there): over a grid of loads, SLO points met and GPUs against the fewest
-that meet the SLO, judged by the fleet model; then the control loop over simulated days.
+that meet the SLO, judged by the fleet model; then the planner as a control loop over
+simulated days (a step and a diurnal shape): today's planner sized once for the peak, and the
+surface planner for the peak, for the forecast, and for the forecast with correction, on a
+fleet as measured and on one whose prefill is 1.25x slower and decode 0.8x (faster) than its
+surface.
 
-    .venv/bin/python scripts/bench_planner.py
+    .venv/bin/python scripts/bench_planner.py [--grid-only]
 
 Planners on the grid: the surface planner (one measured surface), and today's planner
 before surfaces (one capacity figure measured at 3000/400 tokens), with its default 20%
