@@ -33,9 +33,11 @@ def test_what_the_surface_planner_asks_for_meets_the_slo_on_the_fleet(rate, inpu
     p, d = counts(rate, inputs, outputs, hit_rate)
     assert serve(FLEET, rate, inputs, outputs, hit_rate, p, d).meets(2500, 50)
     best = fewest(FLEET, rate, inputs, outputs, hit_rate, 2500, 50)
-    # Interpolating a convex cost errs up, by at most one instance a phase here (the grid's
-    # GPU ratios are the bench's: scripts/bench_planner.py).
-    assert best[0] <= p <= best[0] + 1 and best[1] <= d <= best[1] + 1
+    # Interpolating a convex cost errs up: by at most one decode instance here, and one prefill
+    # instance or 12% with prefix hits (the cached prefix's cost is bounded from below by the
+    # neighbouring chords of a sweep of doubling lengths). The grid's GPU ratios: the bench's.
+    assert best[1] <= d <= best[1] + 1
+    assert best[0] <= p <= max(best[0] + 1, math.ceil(1.12 * best[0]) if hit_rate else 0)
 
 
 def test_lengths_are_the_lognormal_of_their_mean_and_p99():
