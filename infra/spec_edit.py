@@ -24,8 +24,10 @@ def _quoted(ratio: str, like) -> str:
 
 def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     """Write `source` with the plan's instance counts and card ratio to `target`; scaling
-    bounds and pd_ratio_bounds widened where the new counts fall outside them. Returns
-    what was widened. The written spec is validated first; nothing is written otherwise."""
+    bounds and pd_ratio_bounds widened where the new counts fall outside them; the
+    autoscalers' per-instance targets set to the plan's (so the fleet scales on the model
+    the plan printed). Returns what was widened or set. The written spec is validated
+    first; nothing is written otherwise."""
     target = Path(target)
     if not target.parent.is_dir():
         raise InputError(f"--write {target}: the folder {target.parent} does not exist. Nothing was written. "
@@ -63,6 +65,13 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
             if side in bounds and outside(ratio_value(str(bounds[side]))):
                 notes.append(f"widened pd_ratio_bounds.{side} from {bounds[side]} to {result.pd_ratio}")
                 bounds[side] = _quoted(result.pd_ratio, bounds[side])
+    auto = dep.get("autoscaling")
+    if auto is not None and getattr(result, "scaler_targets", None):
+        for key, value in result.scaler_targets.items():
+            if auto.get(key) != value:
+                notes.append(f"set deployment.autoscaling.{key} from {auto.get(key, 'unset')} to {value:g} "
+                             "(the plan's model)")
+                auto[key] = value
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
     text = buffer.getvalue()

@@ -32,6 +32,9 @@ def main() -> int:
         parser.exit(2, f"{exc}\n")
     if workload.day is None:
         parser.error(f"{args.workload} has no `day:` (valley_rps, peak_hour)")
+    if workload.capacity is None:  # the scalers' day reads one figure; the planner's loop is bench_planner's
+        parser.error(f"{args.workload} has a surface, and this day runs the scaling rules on one capacity figure "
+                     "(capacity:). Fix: a workload with capacity:, or scripts/bench_planner.py for the planner's loop")
     day = simulate_day(spec, workload, day_curve(workload.arrival_rate_rps, workload.day.valley_rps, workload.day.peak_hour))
     print(f"{args.stack}: {workload.day.valley_rps:g} to {workload.arrival_rate_rps:g} req/s, peak at {workload.day.peak_hour:g}h")
     print(" hour  req/s  prefill  decode  TTFT p99 ms  TPOT p99 ms")

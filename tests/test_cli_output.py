@@ -113,16 +113,21 @@ def test_a_spec_path_is_accepted_where_spec_is(capsys):
     assert _doc(capsys, ["validate", "--spec", path])[1]["environment"] == "prod"
 
 
-def test_plan_write_keeps_comments_and_layout_and_changes_only_the_counts(tmp_path, capsys):
+def test_plan_write_keeps_comments_and_layout_and_changes_only_the_counts_and_scaler_targets(tmp_path, capsys):
     source = REPO_ROOT / "stacks/prod.yaml"
     target = tmp_path / "prod.yaml"
     assert main(["plan", "--stack", "prod", "--workload", str(REPO_ROOT / "stacks/workloads/prod-chat.yaml"),
                  "--write", str(target), "--output", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    targets = tuple(f"{key}:" for key in doc["scaler_targets"])
     before, after = source.read_text().splitlines(), target.read_text().splitlines()
+    added = [line for line in after if line.strip().startswith(targets) and line not in before
+             and not any(line.strip().split(":")[0] == b.strip().split(":")[0] for b in before)]
+    after = [line for line in after if line not in added]  # a target the spec had not set: appended
     assert len(before) == len(after)
     changed = [(b, a) for b, a in zip(before, after) if b != a]
-    assert changed and all(any(k in b for k in ("instances:", "pd_ratio:", "min:", "max:")) for b, _ in changed), changed
+    assert changed and all(any(k in b for k in ("instances:", "pd_ratio:", "min:", "max:") + targets)
+                           for b, _ in changed), changed
     assert [line for line in after if line.lstrip().startswith("#")] == \
         [line for line in before if line.lstrip().startswith("#")]
     written = load_spec(target)  # read back by the spec's own (YAML 1.1) reader: the ratio stayed a ratio

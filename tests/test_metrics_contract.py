@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 
+from infra.cli.plan import watch_queries
 from infra.components.autoscaling import hpa_support
 from infra.components.k8s import LayerContext
 from infra.components.monitoring import dashboard
@@ -37,7 +38,7 @@ def spec_of(stack: str, engine: str):
 
 def every_query(spec) -> dict[str, str]:
     """Alerts, scaler signals (KEDA triggers and the HPA path's recording rules), canary gates,
-    validate-deployment's fleet gates and the dashboard's panels."""
+    validate-deployment's fleet gates, plan --watch's figures and the dashboard's panels."""
     engine, ns = spec.engine.kind, spec.environment.namespace
     roles = list(spec.deployment.pools())
     queries = {f"alert {r.name}": r.expr for r in alert_rules(spec)}
@@ -48,6 +49,7 @@ def every_query(spec) -> dict[str, str]:
     queries |= {f"recording {r['record']}": r["expr"] for r in rules["spec"]["groups"][0]["rules"]}
     queries |= {f"canary {k}": q for k, q in gate_queries(engine, ns, 7, "5m").items()}
     queries |= {f"fleet {k}": q for k, q in fleet_queries(engine, ns, "10m", roles, balancedness_roles(spec)).items()}
+    queries |= {f"plan --watch {k}": q for k, q in watch_queries(spec).items()}
     for panel in dashboard(ctx)["panels"]:
         queries |= {f"panel {panel['title']} {t['refId']}": t["expr"] for t in panel["targets"]}
     return queries

@@ -54,6 +54,10 @@ EXPECTED = {
     ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml": Expect(0, "PD plan for prod"),
     ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml --write out/prod-planned.yaml":
         Expect(0, "wrote out/prod-planned.yaml"),
+    f".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml --watch --prometheus {PROM} "
+    "--dry-run --iterations 1": Expect(0, "would change: deployment.prefill.instances 8 ->", "Prometheus: the stand-in"),
+    ".venv/bin/python scripts/bench_planner.py": Expect(0, "surface planner (one measured surface) 96/96",
+                                                        "with --grid-only"),
     ".venv/bin/pdctl policy --stack prod": Expect(0, "0 mandatory"),
     "scripts/upload_weights --stack prod --source /data/DeepSeek-V3": Expect(2, "--source /data/DeepSeek-V3: not a folder"),
     ".venv/bin/python scripts/bench_eplb.py": Expect(0, "hierarchical"),
@@ -86,6 +90,7 @@ EXPECTED = {
 }
 
 SHORTER = {  # what "instead" means for a command line
+    ".venv/bin/python scripts/bench_planner.py": ".venv/bin/python scripts/bench_planner.py --grid-only",
     ".venv/bin/python scripts/bench_preview.py": ".venv/bin/python scripts/bench_preview.py --runs 1",
     ".venv/bin/python scripts/bench_balancer_replicas.py":
         ".venv/bin/python scripts/bench_balancer_replicas.py --requests 3000",

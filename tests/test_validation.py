@@ -88,9 +88,14 @@ def test_a_healthy_endpoint_passes_and_its_measured_capacity_feeds_the_planner(a
         assert run["ttft_p50_ms"] >= 200 and run["itl_p99_ms"] >= 20 and run["errors"] == 0, run
     workload = Workload.model_validate(yaml.safe_load(profile.read_text()))
     assert workload.measured.tool == f"aiperf {AIPERF_VERSION}" and workload.measured.where == url
-    # both levels measured (in order of their TPOT, which two nearly equal runs may swap)
-    assert sorted(round(p.concurrency) for p in workload.capacity.decode) == [1, 4]
-    assert all(p.tpot_ms >= 20 for p in workload.capacity.decode)
+    # The surface: decode ITL at both levels (one decode instance), prefill alone at the scenario's
+    # prompt length and at 0.05, 0.5 and 2 times it (--profile-lengths' default).
+    surface = workload.surface
+    assert surface.decode.batches == [1, 4] and all(itl >= 20 for itl in surface.decode.itl_ms[0])
+    lengths = [p.input_tokens for p in surface.prefill]
+    assert len(lengths) == 4 and lengths == sorted(lengths)
+    assert all(p.ttft_ms >= 200 and p.tokens_per_second == pytest.approx(p.input_tokens / p.ttft_ms * 1000, rel=1e-3)
+               for p in surface.prefill)
     capsys.readouterr()
     assert main(["plan", "--stack", "prod", "--workload", str(profile)]) == 0  # the planner reads it
     assert f"capacity measured by aiperf {AIPERF_VERSION}" in " ".join(capsys.readouterr().out.split())
@@ -202,9 +207,18 @@ def test_judging_and_the_profile_are_pure_functions_of_the_results():
     assert gates == {"ttft_p99": False, "tpot_p99": False, "tokens_per_second_per_user": True, "errors": True}
     sweep = Sweep("chat", [(light, judge(light, 400, 40, 20)), (heavy, judge(heavy, 400, 40, 20))])
     assert sweep.passed() and sweep.best_within_slo() is light
-    profile = measured_workload(sweep, prefill_instances=2, decode_instances=1, where="w", when="t")
-    assert profile["capacity"]["prefill_tokens_per_second"] == 400.0  # 2 req/s x 400 tokens over 2 instances
-    assert profile["capacity"]["decode"] == [{"tpot_ms": 20.0, "concurrency": 1.0}, {"tpot_ms": 45.0, "concurrency": 8.0}]
+    longer = LoadResult("chat", 1, 100, 0, 500, 500, 20, 20, 50, 50.0, 2.0, 1600, 1600, 200, 200)
+    profile = measured_workload(sweep, prefill_instances=2, decode_instances=2, where="w", when="t", lengths=[longer],
+                                max_running_requests=64)
+    # Prefill alone at 400 tokens (the sweep's concurrency-1 run) and 1600 (the length run): 200 and 500 ms.
+    assert profile["surface"]["prefill"] == [{"input_tokens": 400, "ttft_ms": 200, "tokens_per_second": 2000.0},
+                                             {"input_tokens": 1600, "ttft_ms": 500, "tokens_per_second": 3200.0}]
+    # Decode ITL (p50) per instance's batch (concurrency over 2 instances), at 400 + 200 / 2 tokens of context.
+    assert profile["surface"]["decode"] == {"contexts": [500], "batches": [0.5, 4.0], "itl_ms": [[20, 45]]}
+    assert profile["surface"]["max_running_requests"] == 64
+    from infra.planning.pd_ratio import Workload
+
+    assert Workload.model_validate(profile).surface.prefill[1].ttft_ms == 500  # what plan reads
     with pytest.raises(LoadTestError, match="no run met the SLO"):
         measured_workload(Sweep("chat", [(heavy, judge(heavy, 400, 40, 20))]), 1, 1, "w", "t")
 

@@ -1,4 +1,6 @@
-"""`pdctl plan`: prefill/decode counts for a workload and the SLOs (and --write them into a spec)."""
+"""`pdctl plan`: prefill/decode counts for a workload and the SLOs (and --write them into a spec);
+with --watch, the same planner as a loop on Prometheus: forecast, correct, re-plan, say what it
+would change (--dry-run) or write it."""
 
 from __future__ import annotations
 
@@ -15,30 +17,180 @@ from infra.spec import StackSpec
 def register(sub) -> None:
     p = with_spec(sub.add_parser("plan", help="recommend prefill/decode counts from a workload"), output=True)
     p.add_argument("--workload", required=True, help="workload and measured capacity (see stacks/workloads/)")
-    p.add_argument("--write", help="write the spec with the recommended counts to this path")
+    p.add_argument("--write", help="write the spec with the recommended counts and scaler targets to this path")
+    p.add_argument("--watch", action="store_true",
+                   help="re-plan every --interval seconds from --prometheus: forecast the request rate, correct "
+                        "the model from the observed TTFT/ITL p99, and say what would change")
+    p.add_argument("--prometheus", help="with --watch: Prometheus base URL")
+    p.add_argument("--interval", type=float, default=300, help="with --watch: seconds between re-plans (300)")
+    p.add_argument("--iterations", type=int, default=0, help="with --watch: stop after this many (0: never)")
+    p.add_argument("--dry-run", action="store_true", help="with --watch: print what would change, write nothing")
     p.set_defaults(func=cmd_plan)
+
+
+HISTORY_POINTS = 24  # the rate over the last two hours, one point per 5 minutes
+HISTORY_STEP_SECONDS = 300
 
 
 def planned(spec: StackSpec, workload_path: str):
     """The workload file and the planner's answer for this spec's pools (today's counts as `current`)."""
-    from infra.planning.pd_ratio import SLO, PlanError, Workload, plan
+    from infra.planning.pd_ratio import PlanError, Workload, plan
 
     dep = spec.deployment
     if dep.mode != "disaggregated":
         raise InputError("deployment.mode: colocated has no prefill/decode split to plan. Fix: plan a disaggregated spec")
     workload = load_model(workload_path, Workload, "workload")
     try:
-        return workload, plan(workload, SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms,
-                                            spec.slo.tokens_per_second_per_user),
-                              dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+        return workload, plan(workload, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                               current=(dep.prefill.instances, dep.decode.instances))
     except PlanError as exc:
         raise InputError(f"plan: {workload_path}: {exc}") from None
 
 
+def slo_of(spec: StackSpec):
+    from infra.planning.pd_ratio import SLO
+
+    return SLO(spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms, spec.slo.tokens_per_second_per_user)
+
+
+def changes(spec: StackSpec, result) -> list[str]:
+    """What the plan would change in the spec: counts and the scalers' per-instance targets."""
+    dep, out = spec.deployment, []
+    for role in ("prefill", "decode"):
+        now, want = getattr(dep, role).instances, getattr(result, f"{role}_instances")
+        if now != want:
+            out.append(f"deployment.{role}.instances {now} -> {want}")
+    for key, value in (result.scaler_targets or {}).items():
+        now = getattr(dep.autoscaling, key)
+        if now is None or abs(now - value) > 1e-9 * max(1.0, abs(value)):
+            out.append(f"deployment.autoscaling.{key} {'unset' if now is None else f'{now:g}'} -> {value:g}")
+    return out
+
+
+def watch_queries(spec: StackSpec) -> dict[str, str]:
+    """The PromQL one round of --watch reads (tests/test_metrics_contract.py checks each against
+    the pinned engines' series): the request rate, the counts serving, their TTFT/ITL p99, and the
+    length distributions of the last hour (prompts where prefill sees them, outputs at decode),
+    and prefill's prefix-cache hit rate."""
+    from infra.planning.autoscaling import instances_query, pool_selector
+    from infra.render.metrics import ENGINE_METRICS, every_series_with_selector, p99, with_selector
+
+    m = ENGINE_METRICS[spec.engine.kind]
+    prefill, decode = pool_selector(spec, "prefill"), pool_selector(spec, "decode")
+    out = {"rate": f"sum(rate({with_selector(m.requests_total, decode)}[5m]))",
+           "prefill_instances": instances_query(spec, "prefill"), "decode_instances": instances_query(spec, "decode"),
+           "ttft_p99_s": p99(m.ttft_bucket, prefill), "itl_p99_s": p99(m.tpot_bucket, decode),
+           "prefix_hit_rate": every_series_with_selector(m.prefix_hit_ratio, prefill)}
+    for name, histogram, sel in (("input", m.prompt_length, prefill), ("output", m.output_length, decode)):
+        out[f"{name}_mean"] = (f"sum(rate({with_selector(histogram + '_sum', sel)}[1h])) / "
+                               f"sum(rate({with_selector(histogram + '_count', sel)}[1h]))")
+        out[f"{name}_p99"] = p99(histogram + "_bucket", sel, "1h")
+    return out
+
+
+def observe(prom, spec: StackSpec, now: float):
+    """The live figures one round reads: the request rate over the last two hours, the counts
+    serving with the TTFT/ITL p99 they showed, the last hour's lengths {input/output:
+    (mean, p99)} and prefill's prefix-cache hit rate (None where Prometheus has no data)."""
+    import math
+
+    from infra.planning.control import Observation
+
+    q = watch_queries(spec)
+    history = [prom.query(q["rate"], now - k * HISTORY_STEP_SECONDS) for k in range(HISTORY_POINTS - 1, -1, -1)]
+    history = [v for v in history if math.isfinite(v)]
+    f = {name: prom.query(q[name], now) for name in q if name != "rate"}
+    observation = None
+    if history and all(math.isfinite(f[k]) and f[k] > 0 for k in ("prefill_instances", "decode_instances",
+                                                                   "ttft_p99_s", "itl_p99_s")):
+        observation = Observation(history[-1], int(f["prefill_instances"]), int(f["decode_instances"]),
+                                  f["ttft_p99_s"] * 1000, f["itl_p99_s"] * 1000)
+    lengths = {name: (f[f"{name}_mean"], max(f[f"{name}_mean"], f[f"{name}_p99"])) for name in ("input", "output")}
+    if not all(math.isfinite(v) and v > 0 for pair in lengths.values() for v in pair):
+        lengths = None
+    hit = f["prefix_hit_rate"] if math.isfinite(f["prefix_hit_rate"]) and 0 <= f["prefix_hit_rate"] < 1 else None
+    return history, observation, lengths, hit
+
+
+def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
+    """Re-plan on an interval: forecast, correct, plan; print (and unless --dry-run, write) the change."""
+    import time
+
+    from infra.planning.control import replan
+    from infra.planning.pd_ratio import PlanError, TokenStats, Workload
+    from infra.planning.surface import Correction
+    from infra.prometheus import PrometheusAPI
+
+    if not args.prometheus:
+        raise InputError("--watch reads the live rate and latencies: it needs --prometheus URL. Fix: add it")
+    if not args.dry_run and not args.write:
+        raise InputError("--watch writes what it would change to --write PATH, or prints it with --dry-run. "
+                         "Fix: add one of them")
+    if not (0 <= args.interval < 86400) or args.iterations < 0:  # NaN fails the first test too
+        raise InputError("--interval: seconds, 0 or more and under a day; --iterations: 0 or more. Fix: e.g. "
+                         "--interval 300 --iterations 12")
+    prom = PrometheusAPI(args.prometheus)
+    workload = load_model(args.workload, Workload, "workload")
+    dep = spec.deployment
+    correction, rounds, n = Correction(), [], 0
+    while True:
+        n += 1
+        history, observation, lengths, hit_rate = observe(prom, spec, time.time())
+        current = workload if lengths is None else workload.model_copy(update={
+            "input_tokens": TokenStats(mean=lengths["input"][0], p99=lengths["input"][1]),
+            "output_tokens": TokenStats(mean=lengths["output"][0], p99=lengths["output"][1])})
+        if hit_rate is not None:
+            current = current.model_copy(update={"prefix_cache_hit_rate": hit_rate})
+        try:
+            step = replan(current, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
+                          history, max(1, round((args.interval + 600) / HISTORY_STEP_SECONDS)), observation,
+                          correction)
+        except PlanError as exc:
+            raise InputError(f"plan --watch: {args.workload}: {exc}") from None
+        correction = step.correction
+        would = changes(spec, step.plan)
+        written = None
+        if would and not args.dry_run:
+            from infra.spec_edit import write_counts
+
+            write_counts(spec_path(args), args.write, step.plan)
+            written = args.write
+        source = "forecast (q95) of the last 2 h" if history else "the workload file (no rate in Prometheus)"
+        lengths_from = "Prometheus, last hour" if lengths else "the workload file (no length histograms in Prometheus)"
+        rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source, "lengths_from": lengths_from,
+                       "input_tokens": dict(current.input_tokens), "output_tokens": dict(current.output_tokens),
+                       "prefix_cache_hit_rate": current.prefix_cache_hit_rate,
+                       "observed": observation is not None,
+                       "correction": {"prefill": correction.prefill, "decode": correction.decode},
+                       "prefill_instances": step.plan.prefill_instances, "decode_instances": step.plan.decode_instances,
+                       "changes": would, "written": written})
+        if getattr(args, "output", "text") == "text":
+            r = rounds[-1]
+            console.print(f"round {n}: plan for {step.rate:.1f} req/s ({source}); correction prefill "
+                          f"{correction.prefill:.2f} decode {correction.decode:.2f}"
+                          f"{'' if observation else ' (no observed p99: not corrected)'}; lengths from {lengths_from} "
+                          f"(input {current.input_tokens.mean:.0f}/{current.input_tokens.p99:.0f}, output "
+                          f"{current.output_tokens.mean:.0f}/{current.output_tokens.p99:.0f} mean/p99); prefill "
+                          f"{r['prefill_instances']}, decode {r['decode_instances']}")
+            for line in would or ["nothing"]:
+                console.print(f"  {'would change' if args.dry_run else 'change'}: {escape(line)}")
+            if written:
+                console.print(f"  wrote {written}")
+        if args.iterations and n >= args.iterations:
+            break
+        time.sleep(args.interval)
+    emit(args, "plan-watch", {"environment": spec.environment.name, "dry_run": args.dry_run, "rounds": rounds},
+         lambda: None)
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     dep = spec.deployment
+    if args.watch:
+        return cmd_watch(args, spec)
+    if args.prometheus or args.dry_run or args.iterations:
+        raise InputError("--prometheus, --dry-run and --iterations go with --watch. Fix: add --watch, or drop them")
     workload, result = planned(spec, args.workload)
     written, notes = None, []
     if args.write:
@@ -61,6 +213,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(f"card ratio {result.pd_ratio} (spec says {dep.pd_ratio})")
         console.print(f"with today's counts: prefill {result.current_prefill_utilisation:.0%}, decode "
                       f"{result.current_decode_utilisation:.0%} busy; bottleneck is {result.current_bottleneck}")
+        console.print(f"predicted at the recommended counts: TTFT p99 {result.ttft_p99_ms:.0f} ms (SLO "
+                      f"{spec.slo.ttft_p99_ms:g}), ITL p99 {result.itl_p99_ms:.1f} ms (target {result.tpot_target_ms:g}); "
+                      f"decode holds {result.decode_batch_per_instance:.0f} sequences an instance (cap "
+                      f"{result.decode_batch_cap:.0f})")
+        console.print("scaler targets per instance (the plan's model): " + ", ".join(
+            f"{k} {v:g}" for k, v in result.scaler_targets.items()))
+        for note in result.notes:
+            console.print(f"note: {escape(note)}")
         m = workload.measured
         console.print(f"capacity measured by {m.tool} ({m.scenario}) at {m.where} on {m.when}" if m else
                       "capacity typed in by hand: measure it with `pdctl validate-deployment --profile-out`")
@@ -74,5 +234,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "current": {"prefill_utilisation": result.current_prefill_utilisation,
                                     "decode_utilisation": result.current_decode_utilisation,
                                     "bottleneck": result.current_bottleneck},
+                        "predicted": {"ttft_p99_ms": result.ttft_p99_ms, "itl_p99_ms": result.itl_p99_ms,
+                                      "decode_batch_per_instance": result.decode_batch_per_instance,
+                                      "decode_batch_cap": result.decode_batch_cap},
+                        "scaler_targets": result.scaler_targets, "plan_notes": list(result.notes),
                         "written": written, "notes": notes}, text)
     return 0

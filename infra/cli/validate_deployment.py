@@ -43,7 +43,11 @@ def register(sub) -> None:
                                         "and request failures from the engines' metrics")
     p.add_argument("--window", default="5m", type=promql_range,
                    help="PromQL range the fleet checks look back over (default 5m)")
-    p.add_argument("--profile-out", help="write the measured capacity as a workload file for `pdctl plan`")
+    p.add_argument("--profile-out", help="write the measured surface as a workload file for `pdctl plan`")
+    p.add_argument("--profile-lengths", default="0.05,0.5,2",
+                   help="with --profile-out: prompt lengths, as shares of the scenario's, also run alone "
+                        "(concurrency 1) for the prefill surface; the shortest stands for an empty prompt's cost "
+                        "in the prefix-cache discount (default 0.05,0.5,2)")
     p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
     p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
     p.add_argument("--render-job", help="instead of running here, write the sweep as Kubernetes Jobs to this file")
@@ -129,6 +133,27 @@ def plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
         raise InputError(f"--plot {args.plot}: {' '.join(done.stderr.split()[-30:])}")
 
 
+def prompt_length_runs(args, spec, model, scenario, shares, api_key, out: Path) -> tuple[list, list[str]]:
+    """The scenario at other prompt lengths, one prompt at a time: the prefill surface's sweep;
+    and what could not be measured (the surface is narrower then, the verdict unchanged)."""
+    from infra.validation.loadtest import LoadTestError
+    from infra.validation.run import run_sweep
+
+    runs, missing = [], []
+    for share in shares:
+        n = max(1, round(scenario.input_tokens * share))
+        if n == scenario.input_tokens:
+            continue
+        variant = dataclasses.replace(scenario, name=f"{scenario.name}-prompt{n}", input_tokens=n)
+        try:
+            runs += [r for r, _ in run_sweep(args.aiperf, args.url, model, variant, [1], args.requests, out,
+                                             args.tokenizer or spec.model.name, api_key, spec.slo,
+                                             dict(os.environ)).runs]
+        except LoadTestError as exc:
+            missing.append(f"prompts of {n} tokens alone: not measured ({exc})")
+    return runs, missing
+
+
 def cmd_validate_deployment(args: argparse.Namespace) -> int:
     """The launch validation: endpoint and auth chain, then an aiperf sweep judged against the SLOs."""
     import datetime
@@ -150,6 +175,13 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         except ValueError:
             raise InputError(f"--concurrency {args.concurrency}: whole numbers of 1 or more (e.g. 1,8,32), or plan "
                              "(with --workload)") from None
+    try:
+        profile_shares = sorted({float(v) for v in args.profile_lengths.split(",") if v.strip()})
+        if any(not (0 < v <= 16) for v in profile_shares):
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--profile-lengths {args.profile_lengths}: shares of the scenario's prompt length, above 0 "
+                         "and at most 16 (e.g. 0.5,2), or empty") from None
     if not (0 < args.scale <= 1) or args.requests < 1:
         raise InputError("--scale is a share above 0 and at most 1, --requests 1 or more. Fix: e.g. --scale 1 --requests 200")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
@@ -200,15 +232,19 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         result.add("fleet", fleet_gates({name: prometheus.query(q) for name, q in fleet.items()}))
     if args.plot and result.sweep:
         plot(args, spec, scenario, result.sweep, comparison, out)
-    profile = None
+    profile, profile_notes = None, []
     if args.profile_out and result.sweep and result.passed:
         import yaml
 
         dep = spec.deployment
         pools = dep.pools()
+        lengths, profile_notes = ([], []) if args.results else prompt_length_runs(
+            args, spec, model, scenario, profile_shares, api_key, out)
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+        decode_pool = pools.get("decode", pools.get("colocated"))
         profile = measured_workload(result.sweep, pools.get("prefill", pools.get("colocated")).instances,
-                                    pools.get("decode", pools.get("colocated")).instances, args.url, when)
+                                    decode_pool.instances, args.url, when, lengths=lengths,
+                                    max_running_requests=decode_pool.max_running_requests)
         write_output(args.profile_out, f"# measured by pdctl validate-deployment ({spec.environment.name}); read by "
                                        "pdctl plan --workload. capacity is per instance; arrival_rate_rps is what the "
                                        "test sustained inside the SLO: set the production peak to plan for demand\n"
@@ -238,7 +274,9 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
                            f"{row['b'].output_tokens_per_second / row['a'].output_tokens_per_second:.2f}x")
                           for row in comparison])
         if profile:
-            console.print(f"wrote {args.profile_out}: the measured capacity `pdctl plan --workload` reads")
+            console.print(f"wrote {args.profile_out}: the measured surface `pdctl plan --workload` reads")
+            for note in profile_notes:
+                console.print(f"[yellow]{escape(note)}[/yellow]")
 
     emit(args, "validation", {"environment": spec.environment.name, "url": args.url, "passed": result.passed,
                                "gates": [{"stage": s, **dataclasses.asdict(g)} for s, g in result.gates],

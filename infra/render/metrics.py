@@ -91,6 +91,8 @@ class EngineMetrics:
     requests_started: str  # counter of requests received (the error-rate denominator)
     requests_failed: str  # counter of requests aborted or failed (the error-rate numerator)
     generation_tokens: str  # counter of output tokens (decode throughput)
+    prompt_length: str  # Histogram of prompt tokens per request (its _bucket/_sum/_count)
+    output_length: str  # Histogram of output tokens per request
     expert_balancedness: str | None  # Summary of 0..1 (1: perfectly balanced); None if not exported
 
 
@@ -107,6 +109,8 @@ ENGINE_METRICS = {
         requests_started="sglang:num_requests_total",
         requests_failed="sglang:num_aborted_requests_total",
         generation_tokens="sglang:generation_tokens_total",
+        prompt_length="sglang:prompt_tokens_histogram",
+        output_length="sglang:generation_tokens_histogram",
         expert_balancedness="sglang:eplb_balancedness",
     ),
     "vllm": EngineMetrics(
@@ -121,6 +125,8 @@ ENGINE_METRICS = {
         requests_started="vllm:request_success_total",
         requests_failed='vllm:request_success_total{finished_reason="abort"}',
         generation_tokens="vllm:generation_tokens_total",
+        prompt_length="vllm:request_prompt_tokens",
+        output_length="vllm:request_generation_tokens",
         expert_balancedness=None,
     ),
 }
@@ -134,6 +140,12 @@ def with_selector(metric: str, selector: str) -> str:
     if metric.endswith("}"):
         return f"{metric[:-1]},{inner}}}"
     return f"{metric}{{{inner}}}"
+
+
+def every_series_with_selector(expression: str, selector: str) -> str:
+    """A PromQL expression (e.g. `prefix_hit_ratio`) with every engine series it reads narrowed by
+    `selector`; the series must carry no selector of their own."""
+    return re.sub(r"\b(?:sglang|vllm):[A-Za-z_]+\b(?!\{)", lambda m: with_selector(m.group(0), selector), expression)
 
 
 def p99(bucket: str, selector: str = "", window: str = "5m") -> str:

@@ -182,23 +182,46 @@ class Sweep:
 
 
 def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: int, where: str, when: str,
-                      headroom: float = 0.2) -> dict:
-    """The workload profile `pdctl plan --workload` reads, from a sweep: the traffic shape seen, and
-    capacity per instance (prefill tokens/s at the highest load inside the SLO; decode slots
-    at each measured TPOT), with where and when it was measured."""
+                      headroom: float = 0.2, lengths: list[LoadResult] | tuple = (),
+                      max_running_requests: int | None = None) -> dict:
+    """The workload profile `pdctl plan --workload` reads, from a sweep: the traffic shape seen,
+    and the surface one instance of each pool showed (infra/planning/surface.py), with where and
+    when it was measured:
+    - prefill, by prompt length: TTFT (p50) of a prompt alone, from every run at concurrency 1
+      (the sweep's own and `lengths`, the same scenario at other prompt lengths), and the prompt
+      tokens/s that makes (one prompt at a time, the planner's model); with no run at
+      concurrency 1, the sweep's lightest run stands in (its TTFT holds some queueing: errs up);
+    - decode, by batch: ITL (p50, the typical step; the planner adds the batch's spread) at each
+      concurrency per decode instance, at the context the scenario's sequences hold on average
+      (input + output / 2); one context, so the planner extrapolates past it, and says so;
+    - the engine's max running requests from the spec. The KV cache's size is not measured here."""
     best = sweep.best_within_slo()
     if best is None:
         raise LoadTestError(f"{sweep.scenario}: no run met the SLO, so no capacity can be stated. Fix: the "
                             "deployment (balancing and cache settings first), or a lighter sweep")
-    points = sorted({(round(r.itl_p99_ms, 1), r.concurrency) for r, _ in sweep.runs if not math.isnan(r.itl_p99_ms)})
+    runs = [r for r, _ in sweep.runs]
+    alone = [r for r in [*runs, *lengths] if r.concurrency == 1 and r.ttft_p50_ms > 0] or \
+        [min(runs, key=lambda r: r.concurrency)]
+    prefill = {round(r.input_tokens_mean, 1): r.ttft_p50_ms for r in alone
+               if math.isfinite(r.input_tokens_mean) and math.isfinite(r.ttft_p50_ms) and r.input_tokens_mean > 0}
+    decode = sorted((round(r.concurrency / decode_instances, 3), round(r.itl_p50_ms, 2)) for r in runs
+                    if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0)
+    if not prefill or not decode:
+        raise LoadTestError(f"{sweep.scenario}: aiperf reported no TTFT or ITL, so no surface can be stated. Fix: "
+                            "a streaming endpoint (TTFT and ITL are measured per chunk)")
+    surface = {
+        "prefill": [{"input_tokens": n, "ttft_ms": round(t, 2), "tokens_per_second": round(n / t * 1000, 1)}
+                    for n, t in sorted(prefill.items())],
+        "decode": {"contexts": [round(best.input_tokens_mean + best.output_tokens_mean / 2, 1)],
+                   "batches": [b for b, _ in decode], "itl_ms": [[itl for _, itl in decode]]},
+    }
+    if max_running_requests:
+        surface["max_running_requests"] = max_running_requests
     return {
         "arrival_rate_rps": round(best.requests_per_second, 3),
         "input_tokens": {"mean": round(best.input_tokens_mean, 1), "p99": round(best.input_tokens_p99, 1)},
         "output_tokens": {"mean": round(best.output_tokens_mean, 1), "p99": round(best.output_tokens_p99, 1)},
         "headroom": headroom,
-        "capacity": {
-            "prefill_tokens_per_second": round(best.requests_per_second * best.input_tokens_mean / prefill_instances, 1),
-            "decode": [{"tpot_ms": tpot, "concurrency": round(c / decode_instances, 3)} for tpot, c in points],
-        },
+        "surface": surface,
         "measured": {"where": where, "when": when, "tool": f"aiperf {AIPERF_VERSION}", "scenario": sweep.scenario},
     }

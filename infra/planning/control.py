@@ -1,0 +1,284 @@
+"""The planner as a control loop: forecast the next interval's load, correct the model from
+what the fleet shows, re-plan. Pure (the forecast is statsmodels', fitted on the history
+handed in), and run over a simulated day on the fleet model.
+
+- Forecast. Holt's linear trend with a damped trend (statsmodels ExponentialSmoothing) over
+  the last FORECAST_WINDOW observations, taking the highest forecast over the horizon plus
+  the safety quantile of its one-step errors (grown with sqrt(steps)). A damped trend
+  follows a ramp without shooting past a turn the way an undamped one does; a seasonal
+  model would need two days of history at the interval's resolution, which a re-plan
+  every few minutes seldom has.
+- Correction. Each phase's factor on the measured times is moved towards the factor the
+  observation implies: the one with which the model, at the counts and the load that
+  produced the observation, predicts what was observed (found by bisection; the model is
+  monotone in it). The move is damped (a share DAMPING of the distance, in log terms),
+  bounded per step (MAX_STEP) and overall (BOUNDS), ignores differences under DEADBAND
+  (the noise of a p99 read from a histogram), and goes both ways: a fleet faster than
+  measured gives back instances, one slower gets more. A factor that only ever shrinks
+  capacity, or only grows it, walks until the other side's SLO or budget pushes back, and
+  the counts flip between the two.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+from infra.planning.fleet_model import MEASURED_SHAPE, FleetModel, measure_capacity, serve, workload_for
+from infra.planning.pd_ratio import SLO, decode_batch_cap, plan, plan_single_figure
+from infra.planning.surface import (Correction, Lengths, Notes, Surface, decode_state, itl_ms, mean_context,
+                                    prefill_load, prefill_ms)
+
+FORECAST_WINDOW = 60
+DAMPING = 0.4
+MAX_STEP = 1.25
+BOUNDS = (0.5, 2.0)
+DEADBAND = 0.03
+
+
+def forecast(history: list[float], steps: int, quantile: float = 0.95) -> float:
+    """The highest value the next `steps` observations are expected to reach, at `quantile`."""
+    recent = [max(v, 0.0) for v in history[-FORECAST_WINDOW:]]
+    if len(recent) < 10 or max(recent) - min(recent) < 1e-9:
+        return recent[-1] if recent else 0.0
+    from statsmodels.tsa.holtwinters import ExponentialSmoothing
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence chatter on short, smooth series
+        fit = ExponentialSmoothing(recent, trend="add", damped_trend=True, initialization_method="estimated").fit()
+    ahead = max(float(v) for v in fit.forecast(steps))
+    # The spread of its one-step errors, robustly (1.4826 x median absolute error): a step in
+    # the load is one large error, which must not widen the margin for the next hour.
+    errors = sorted(abs(float(e)) for e in fit.resid)
+    spread = 1.4826 * errors[len(errors) // 2]
+    return max(0.0, ahead + NormalDist().inv_cdf(quantile) * spread * math.sqrt(steps))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the fleet showed over an interval, and at which counts."""
+
+    rate: float
+    prefill: int
+    decode: int
+    ttft_p99_ms: float
+    itl_p99_ms: float
+
+
+def predicted(surface: Surface, inputs: Lengths, outputs: Lengths, hit_rate: float, obs: Observation,
+              correction: Correction) -> tuple[float, float]:
+    """TTFT p99 and ITL p99 the model predicts for an observation's load and counts."""
+    notes = Notes()
+    load = prefill_load(lambda which, n: prefill_ms(surface, which, n, hit_rate, notes), inputs, obs.rate,
+                        correction.prefill)
+    context = mean_context(inputs, outputs)
+    d = decode_state(lambda b: itl_ms(surface, b, context, notes), obs.rate, obs.decode, outputs,
+                     decode_batch_cap(surface, context), correction.decode)
+    return load.ttft_p99_ms(obs.prefill), d.itl_p99_ms
+
+
+def _implied(model, observed: float, lo: float, hi: float, now: float) -> float:
+    """The factor k in [lo, hi] with model(k) = observed (model rises with k). A queue the model
+    at `now` already predicts overloaded says nothing about k (the load's doing): `now`. One
+    the fleet shows overloaded and the model does not: the model is too fast, `hi`."""
+    if not math.isfinite(model(now)):
+        return now
+    if not math.isfinite(observed) or model(hi) <= observed:
+        return hi
+    if model(lo) >= observed:
+        return lo
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(25):
+        mid = (a + b) / 2
+        a, b = (mid, b) if model(math.exp(mid)) < observed else (a, mid)
+    return math.exp((a + b) / 2)
+
+
+def _step(factor: float, implied: float) -> float:
+    gap = math.log(implied / factor)
+    if abs(gap) < DEADBAND:
+        return factor
+    move = max(-math.log(MAX_STEP), min(math.log(MAX_STEP), DAMPING * gap))
+    return min(BOUNDS[1], max(BOUNDS[0], factor * math.exp(move)))
+
+
+def correct(surface: Surface, inputs: Lengths, outputs: Lengths, hit_rate: float, obs: Observation,
+            correction: Correction) -> Correction:
+    """The correction after one observation: each factor a damped, bounded step towards the
+    factor the observation implies, up or down."""
+    wide = (BOUNDS[0] / 2, BOUNDS[1] * 2)
+    k_p = _implied(lambda k: predicted(surface, inputs, outputs, hit_rate, obs,
+                                       Correction(k, correction.decode))[0], obs.ttft_p99_ms, *wide,
+                  correction.prefill)
+    k_d = _implied(lambda k: predicted(surface, inputs, outputs, hit_rate, obs,
+                                       Correction(correction.prefill, k))[1], obs.itl_p99_ms, *wide,
+                  correction.decode)
+    return Correction(_step(correction.prefill, k_p), _step(correction.decode, k_d))
+
+
+# ---------------------------------------------------------------- a simulated day
+
+TODAY = "today's planner, peak"  # plan_single_figure, one figure at MEASURED_SHAPE, headroom 0.2, for the peak
+MODES = (TODAY, "plan for the peak", "forecast", "forecast + correction")
+
+
+@dataclass
+class Day:
+    mode: str
+    asked: list[tuple[int, int]] = field(default_factory=list)  # per minute
+    gpu_hours: float = 0.0
+    slo_minutes_missed: int = 0
+    corrections: list[Correction] = field(default_factory=list)  # per interval
+
+    def direction_changes(self, after: int = 0) -> int:
+        """Times a pool's count turned (up after down or down after up) from minute `after` on,
+        both pools summed: a step needs none after it settles, a day with one valley and one
+        peak needs one turn each of those per pool; more is oscillation."""
+        count = 0
+        for phase in (0, 1):
+            last = 0
+            for m in range(max(1, after), len(self.asked)):
+                delta = self.asked[m][phase] - self.asked[m - 1][phase]
+                if delta:
+                    direction = 1 if delta > 0 else -1
+                    count += bool(last and direction != last)
+                    last = direction
+        return count
+
+
+def planned_rates(trace: list[float], mode: str, interval: int = 5, startup: int = 10,
+                  quantile: float = 0.95) -> list[float]:
+    """The rate each re-plan sizes for: the day's peak, or the forecast of the next
+    `startup + interval` minutes from the minutes before it."""
+    if mode in ("plan for the peak", TODAY):
+        return [max(trace)] * math.ceil(len(trace) / interval)
+    return [forecast(trace[:m] or trace[:1], startup + interval, quantile) for m in range(0, len(trace), interval)]
+
+
+def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[float], inputs: Lengths,
+                  outputs: Lengths, mode: str, rates: list[float] | None = None,
+                  slowdown: tuple[float, float] = (1.0, 1.0), hit_rate: float = 0.0, interval: int = 5,
+                  startup: int = 10, stabilization: int = 15, noise: float = 0.05, seed: int = 0) -> Day:
+    """Minute by minute: every `interval` minutes the planner re-plans for `rates` (one per
+    re-plan, from `planned_rates`), corrected or not; a larger count is asked for at once
+    and serves `startup` minutes later (GPU-hours count it from when it is asked for); a
+    smaller one only when every plan of the last `stabilization` minutes asked for no more
+    (a scale-down window, as the HPA's). The fleet, `slowdown` times slower than its surface
+    (prefill, decode), serves each minute and is judged against the SLO; the loop observes
+    the interval's p99s (each minute's with `noise`, averaged) and corrects the model. It
+    plans with the factors raised by the dead band: a factor left inside it errs towards
+    more capacity."""
+    rng = random.Random(seed)
+    rates = rates or planned_rates(trace, mode, interval, startup)
+    day = Day(mode)
+    correction = Correction()
+    itl_slo = min(slo.tpot_p99_ms, 1000 / slo.tokens_per_second_per_user)
+    ready = asked = None
+    pending: list[tuple[int, tuple[int, int]]] = []
+    wants: list[tuple[int, int]] = []
+    seen: list[Observation] = []
+    for minute, rate in enumerate(trace):
+        if minute % interval == 0:
+            if mode == "forecast + correction" and seen:
+                correction = correct(surface, inputs, outputs, hit_rate, _mean(seen), correction)
+            seen = []
+            margin = math.exp(DEADBAND) if mode == "forecast + correction" else 1.0
+            if mode == TODAY:
+                p = plan_single_figure(workload_for(rates[0], inputs, outputs, hit_rate, headroom=0.2,
+                                                    capacity=measure_capacity(fleet, *MEASURED_SHAPE)),
+                                       slo, fleet.prefill_gpus, fleet.decode_gpus)
+            else:
+                p = plan(workload_for(max(rates[minute // interval], 1e-3), inputs, outputs, hit_rate,
+                                      surface=surface), slo, fleet.prefill_gpus, fleet.decode_gpus,
+                         correction=Correction(correction.prefill * margin, correction.decode * margin))
+            wants = (wants + [(p.prefill_instances, p.decode_instances)])[-max(1, stabilization // interval):]
+            now = wants[-1]
+            if ready is None:
+                ready = asked = now  # the day starts with the fleet its first plan asked for
+            else:
+                keep = tuple(max(w[i] for w in wants) for i in (0, 1))
+                want = tuple(now[i] if now[i] >= asked[i] else min(asked[i], keep[i]) for i in (0, 1))
+                if want != asked:
+                    asked = want
+                    pending.append((minute + startup if any(a > r for a, r in zip(want, ready)) else minute, want))
+            day.corrections.append(correction)
+        while pending and pending[0][0] <= minute:
+            ready = pending.pop(0)[1]
+        held = (max(asked[0], ready[0]), max(asked[1], ready[1]))
+        day.asked.append(asked)
+        day.gpu_hours += (held[0] * fleet.prefill_gpus + held[1] * fleet.decode_gpus) / 60
+        served = serve(fleet, rate, inputs, outputs, hit_rate, *ready, slowdown=slowdown)
+        day.slo_minutes_missed += not served.meets(slo.ttft_p99_ms, itl_slo)
+        if seen and (seen[-1].prefill, seen[-1].decode) != ready:
+            seen = []  # the counts changed: observe the new ones
+        seen.append(Observation(rate, *ready, served.ttft_p99_ms * rng.lognormvariate(0, noise),
+                                served.itl_p99_ms * rng.lognormvariate(0, noise)))
+    return day
+
+
+def _mean(seen: list[Observation]) -> Observation:
+    n = len(seen)
+    return Observation(sum(o.rate for o in seen) / n, seen[-1].prefill, seen[-1].decode,
+                       sum(o.ttft_p99_ms for o in seen) / n, sum(o.itl_p99_ms for o in seen) / n)
+
+
+# ---------------------------------------------------------------- the bench's days
+
+
+@dataclass(frozen=True)
+class DayRow:
+    trace: str
+    fleet: str
+    mode: str
+    gpu_hours: float
+    slo_minutes_missed: int
+    direction_changes: int  # from the trace's settling minute on
+    direction_changes_needed: int
+    correction: Correction
+
+
+def bench_days(fleet: FleetModel, surface: Surface, slo: SLO, inputs: Lengths, outputs: Lengths,
+               traces: dict[str, tuple[list[float], int, int]],
+               slowdowns: dict[str, tuple[float, float]]) -> list[DayRow]:
+    """Each trace (minutes, the minute from which turns count, the turns it needs from then)
+    x fleet (slowdown) x mode, simulated."""
+    rows = []
+    for trace_name, (trace, settled, needed) in traces.items():
+        ahead = planned_rates(trace, "forecast")  # the forecast is the same for both forecasting modes
+        for fleet_name, slowdown in slowdowns.items():
+            for mode in MODES:
+                day = simulate_loop(fleet, surface, slo, trace, inputs, outputs, mode,
+                                    rates=ahead if "forecast" in mode else None, slowdown=slowdown)
+                rows.append(DayRow(trace_name, fleet_name, mode, day.gpu_hours, day.slo_minutes_missed,
+                                   day.direction_changes(settled), needed, day.corrections[-1]))
+    return rows
+
+
+# ---------------------------------------------------------------- one re-plan (pdctl plan --watch)
+
+
+@dataclass(frozen=True)
+class Replan:
+    rate: float  # the rate the plan sizes for
+    plan: object  # pd_ratio.Plan
+    correction: Correction  # after this round's observation
+
+
+def replan(workload, slo: SLO, prefill_gpus: int, decode_gpus: int, history: list[float], steps: int,
+           observation: Observation | None, correction: Correction, quantile: float = 0.95) -> Replan:
+    """One round of the loop on live figures: correct the model from the observation (if any),
+    forecast the rate over the next `steps` points of `history` (none: the workload's rate),
+    and plan for it. The forecast's safety quantile stands in for the workload's headroom."""
+    surface = workload.measured_surface()
+    inputs = Lengths(workload.input_tokens.mean, workload.input_tokens.p99)
+    outputs = Lengths(workload.output_tokens.mean, workload.output_tokens.p99)
+    if observation is not None:
+        correction = correct(surface, inputs, outputs, workload.prefix_cache_hit_rate, observation, correction)
+    rate = forecast(history, steps, quantile) if history else workload.arrival_rate_rps
+    margin = math.exp(DEADBAND)
+    p = plan(workload.model_copy(update={"arrival_rate_rps": max(rate, 1e-3), "headroom": 0.0}), slo,
+             prefill_gpus, decode_gpus, correction=Correction(correction.prefill * margin, correction.decode * margin))
+    return Replan(rate, p, correction)

@@ -1,0 +1,89 @@
+"""The planner as a control loop (infra/planning/control.py): the forecast, the correction
+(damped, bounded, both ways) and short simulated days on the fleet model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from infra.planning import control
+from infra.planning.control import Observation, correct, forecast, planned_rates, predicted, simulate_loop
+from infra.planning.fleet_model import FleetModel, measure_surface, serve
+from infra.planning.pd_ratio import SLO
+from infra.planning.surface import Correction, Lengths
+
+FLEET = FleetModel()
+SURFACE = measure_surface(FLEET)
+SLO_BENCH = SLO(2500, 50, 20)
+INPUTS, OUTPUTS = Lengths(3000, 7000), Lengths(400, 940)
+
+
+def observe(rate, counts, slowdown):
+    s = serve(FLEET, rate, INPUTS, OUTPUTS, 0.0, *counts, slowdown=slowdown)
+    return Observation(rate, *counts, s.ttft_p99_ms, s.itl_p99_ms)
+
+
+@pytest.mark.parametrize("slowdown", [(1.25, 0.8), (0.7, 1.4)])
+def test_correction_converges_both_ways_without_overshoot(slowdown):
+    k = Correction()
+    path = [k]
+    for _ in range(30):
+        k = correct(SURFACE, INPUTS, OUTPUTS, 0.0, observe(60, (20, 3), slowdown), k)
+        path.append(k)
+    for phase, truth in zip(("prefill", "decode"), slowdown):
+        values = [getattr(c, phase) for c in path]
+        # Within the dead band of the factor that makes the model match the fleet, which is the
+        # slowdown give or take what interpolating the surface adds (a few percent, up).
+        assert math.log(values[-1] / truth) == pytest.approx(0, abs=control.DEADBAND + 0.03)
+        # Monotone towards the truth: damped, never past it (beyond the dead band).
+        steps = [b - a for a, b in zip(values, values[1:]) if b != a]
+        assert all(s > 0 for s in steps) if truth > 1 else all(s < 0 for s in steps)
+        assert all(max(b / a, a / b) <= control.MAX_STEP + 1e-9 for a, b in zip(values, values[1:]))
+
+
+def test_the_model_with_the_converged_factor_predicts_what_the_fleet_shows():
+    k = Correction()
+    for _ in range(30):
+        k = correct(SURFACE, INPUTS, OUTPUTS, 0.0, observe(60, (20, 3), (1.25, 0.8)), k)
+    obs = observe(60, (20, 3), (1.25, 0.8))
+    ttft, itl = predicted(SURFACE, INPUTS, OUTPUTS, 0.0, obs, k)
+    assert ttft == pytest.approx(obs.ttft_p99_ms, rel=0.1) and itl == pytest.approx(obs.itl_p99_ms, rel=0.05)
+
+
+def test_correction_is_bounded_and_an_overload_the_model_predicts_moves_nothing():
+    k = Correction()
+    for _ in range(40):
+        k = correct(SURFACE, INPUTS, OUTPUTS, 0.0, observe(60, (20, 3), (5.0, 0.1)), k)
+    assert k.decode == control.BOUNDS[0]
+    # Prefill climbs by at most MAX_STEP an interval until the model itself predicts the
+    # overload (past ~1.95 here), then stays: never past the bound.
+    assert 1.9 <= k.prefill <= control.BOUNDS[1]
+    # Too few prefill instances for the load, and the model says so too: the load's doing.
+    overloaded = Observation(200, 2, 3, math.inf, observe(60, (20, 3), (1, 1)).itl_p99_ms)
+    assert correct(SURFACE, INPUTS, OUTPUTS, 0.0, overloaded, Correction()).prefill == 1.0
+
+
+def test_forecast_follows_a_ramp_and_adds_its_safety_quantile():
+    ramp = [10 + 0.5 * m for m in range(60)]
+    ahead = forecast(ramp, 15)
+    # A damped trend lags a ramp a little (the price of not shooting past a turn).
+    assert 0.97 * (10 + 0.5 * 74) <= ahead <= 1.1 * (10 + 0.5 * 74)
+    assert forecast([50.0] * 30, 15) == 50.0
+    noisy = [50 + (3 if m % 2 else -3) for m in range(60)]
+    assert forecast(noisy, 15, 0.99) > forecast(noisy, 15, 0.5)
+
+
+def test_a_step_day_with_a_slower_fleet_settles_only_with_correction():
+    trace = [40.0] * 60 + [120.0] * 120
+    rates = planned_rates(trace, "forecast")
+    plain = simulate_loop(FLEET, SURFACE, SLO_BENCH, trace, INPUTS, OUTPUTS, "forecast", rates=rates,
+                          slowdown=(1.25, 0.8))
+    loop = simulate_loop(FLEET, SURFACE, SLO_BENCH, trace, INPUTS, OUTPUTS, "forecast + correction", rates=rates,
+                         slowdown=(1.25, 0.8))
+    # Uncorrected, the planner trusts a surface the fleet is slower than: it misses all day.
+    assert plain.slo_minutes_missed > 150
+    # Corrected: misses only while it learns the fleet and while new instances load after the step.
+    assert loop.slo_minutes_missed <= 40
+    assert loop.direction_changes(after=60 + 45) == 0  # settled: no turn after the step's transient
+    assert loop.corrections[-1].prefill > 1.15 and loop.corrections[-1].decode < 0.85

@@ -1,0 +1,139 @@
+"""The surface planner (infra/planning/surface.py, pd_ratio.plan) judged on the stated fleet
+model (infra/planning/fleet_model.py): what it plans must meet the SLO there, not in its own
+estimate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infra.inputs import InputError, load_model
+from infra.planning.fleet_model import FleetModel, measure_surface, serve, workload_for, fewest
+from infra.planning.pd_ratio import SLO, PlanError, Workload, decode_batch_cap, plan
+from infra.planning.surface import Lengths, Notes, Surface, itl_ms, prefill_ms
+
+FLEET = FleetModel()
+SURFACE = measure_surface(FLEET)
+SLO_BENCH = SLO(ttft_p99_ms=2500, tpot_p99_ms=50, tokens_per_second_per_user=20)
+
+
+def counts(rate, inputs, outputs, hit_rate=0.0, surface=SURFACE, slo=SLO_BENCH):
+    p = plan(workload_for(rate, inputs, outputs, hit_rate, surface=surface), slo, 8, 16)
+    return p.prefill_instances, p.decode_instances
+
+
+@settings(max_examples=40, deadline=None)
+@given(rate=st.floats(0.5, 150), input_mean=st.floats(500, 8000), output_mean=st.floats(100, 2000),
+       spread=st.floats(1.0, 2.5), hit_rate=st.sampled_from([0.0, 0.3, 0.6]))
+def test_what_the_surface_planner_asks_for_meets_the_slo_on_the_fleet(rate, input_mean, output_mean, spread, hit_rate):
+    inputs, outputs = Lengths(input_mean, input_mean * spread), Lengths(output_mean, output_mean * spread)
+    p, d = counts(rate, inputs, outputs, hit_rate)
+    assert serve(FLEET, rate, inputs, outputs, hit_rate, p, d).meets(2500, 50)
+    best = fewest(FLEET, rate, inputs, outputs, hit_rate, 2500, 50)
+    # Interpolating a convex cost errs up: by at most one decode instance here, and one prefill
+    # instance or 12% with prefix hits (the cached prefix's cost is bounded from below by the
+    # neighbouring chords of a sweep of doubling lengths). The grid's GPU ratios: the bench's.
+    assert best[1] <= d <= best[1] + 1
+    assert best[0] <= p <= max(best[0] + 1, math.ceil(1.12 * best[0]) if hit_rate else 0)
+
+
+def test_lengths_are_the_lognormal_of_their_mean_and_p99():
+    d = Lengths(3000, 7000)
+    assert math.exp(2.3263 * d.sigma - d.sigma ** 2 / 2) == pytest.approx(7000 / 3000, rel=1e-3)
+    q = d.quantiles(4096)
+    assert sum(q) / len(q) == pytest.approx(3000, rel=0.01)
+    assert Lengths(100, 100).sigma == 0.0
+
+
+def test_prefill_is_interpolated_between_measured_lengths_and_exact_at_them():
+    notes = Notes()
+    assert prefill_ms(SURFACE, "ttft", 4096, 0, notes) == pytest.approx(FLEET.prefill_time_ms(4096))
+    between = prefill_ms(SURFACE, "ttft", 6000, 0, notes)
+    # The chord of a convex cost lies above it: interpolation errs towards more instances.
+    assert FLEET.prefill_time_ms(6000) <= between <= FLEET.prefill_time_ms(8192)
+    assert notes.lines == []
+
+
+@given(length=st.floats(32769, 200000))
+def test_prompts_beyond_the_sweep_are_extrapolated_above_the_truth_and_named(length):
+    notes = Notes()
+    assert prefill_ms(SURFACE, "ttft", length, 0, notes) >= FLEET.prefill_time_ms(length)
+    assert "beyond the longest measured (32768)" in notes.lines[0]
+
+
+@given(context=st.floats(32769, 300000), batch=st.floats(1, 512))
+def test_contexts_beyond_the_grid_are_extrapolated_above_the_truth_and_named(context, batch):
+    notes = Notes()
+    assert itl_ms(SURFACE, batch, context, notes) >= FLEET.itl_ms(batch, context) - 1e-9
+    assert "ITL extrapolated as C / C_max" in notes.lines[0]
+
+
+def test_prefix_cache_hits_discount_the_cached_prefix_work():
+    # Half of an 8192-token prompt cached: the work of tokens 4096..8192, which the fleet states as
+    # a + b (1 - h) L + c (1 - h^2) L^2; the surface's estimate errs up by at most its shortest
+    # prompt's work beyond an empty one's (32 tokens: 1.6 ms).
+    truth = FLEET.prefill_time_ms(8192, 0.5)
+    assert truth <= prefill_ms(SURFACE, "ttft", 8192, 0.5, Notes()) <= truth + 1.7
+    inputs, outputs = Lengths(6000, 14000), Lengths(300, 700)
+    cold, warm = counts(60, inputs, outputs), counts(60, inputs, outputs, hit_rate=0.6)
+    assert warm[0] < cold[0] and warm[1] == cold[1]
+
+
+@given(length=st.floats(1, 32768), hit_rate=st.floats(0, 0.95))
+def test_the_prefix_discount_never_promises_less_work_than_the_fleet_does(length, hit_rate):
+    for which in ("ttft", "service"):
+        assert prefill_ms(SURFACE, which, length, hit_rate, Notes()) >= FLEET.prefill_time_ms(length, hit_rate) - 1e-9
+
+
+def test_decode_batch_is_capped_by_the_kv_cache_at_the_context_and_by_max_running_requests():
+    notes = Notes()
+    assert decode_batch_cap(SURFACE, 10000, notes) == pytest.approx(300)  # 3M tokens / 10k per sequence
+    assert "by the KV cache" in notes.lines[0]
+    assert decode_batch_cap(SURFACE, 1000, Notes()) == 512  # the engine's cap (and the largest measured batch)
+    small_kv = SURFACE.model_copy(update={"kv_cache_tokens": 1.0e6})
+    inputs, outputs = Lengths(8000, 18000), Lengths(2000, 4600)
+    assert counts(50, inputs, outputs, surface=small_kv)[1] > counts(50, inputs, outputs)[1]
+    # The cap is what the fleet enforces: the plan keeps the p99 batch under it.
+    p = plan(workload_for(50, inputs, outputs, surface=small_kv), SLO_BENCH, 8, 16)
+    assert p.decode_batch_per_instance + 2.3263 * math.sqrt(p.decode_batch_per_instance) <= p.decode_batch_cap
+
+
+def test_planning_for_the_p99_of_the_lengths_not_their_mean():
+    # The same means, a longer tail: more prefill for TTFT p99, more decode for the longer contexts.
+    narrow = counts(80, Lengths(4000, 4400), Lengths(1000, 1100))
+    wide = counts(80, Lengths(4000, 12000), Lengths(1000, 3000))
+    assert wide[0] > narrow[0] and wide[1] >= narrow[1]
+
+
+def test_an_slo_the_surface_cannot_meet_is_a_clear_error():
+    with pytest.raises(PlanError, match="a p99 prompt of 40000 tokens alone takes"):
+        counts(10, Lengths(8000, 40000), Lengths(500, 1000))
+
+
+def test_a_workload_gives_one_capacity_and_a_bad_surface_names_its_field(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text("arrival_rate_rps: 1\ninput_tokens: {mean: 1, p99: 2}\noutput_tokens: {mean: 1, p99: 2}\n"
+                    "capacity: {prefill_tokens_per_second: 1, decode: [{tpot_ms: 1, concurrency: 1}]}\n"
+                    "surface:\n  prefill: [{input_tokens: 1, ttft_ms: 1, tokens_per_second: 1}]\n"
+                    "  decode: {contexts: [1], batches: [1], itl_ms: [[1]]}\n")
+    with pytest.raises(InputError, match="give exactly one of capacity"):
+        load_model(both, Workload, "workload")
+    ragged = tmp_path / "ragged.yaml"
+    ragged.write_text("arrival_rate_rps: 1\ninput_tokens: {mean: 1, p99: 2}\noutput_tokens: {mean: 1, p99: 2}\n"
+                      "surface:\n  prefill: [{input_tokens: 1, ttft_ms: 1, tokens_per_second: 1}]\n"
+                      "  decode: {contexts: [1, 2], batches: [1], itl_ms: [[1]]}\n")
+    with pytest.raises(InputError, match=r"(?s)ragged.yaml.*surface.decode: itl_ms must be 2 rows"):
+        load_model(ragged, Workload, "workload")
+
+
+def test_a_surface_round_trips_through_yaml(tmp_path):
+    import yaml
+
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(workload_for(10, Lengths(2000, 4000), Lengths(300, 600),
+                                                surface=SURFACE).model_dump(exclude_none=True)))
+    assert load_model(path, Workload, "workload").surface == SURFACE
+    assert isinstance(SURFACE, Surface)
