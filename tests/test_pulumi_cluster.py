@@ -135,6 +135,9 @@ def test_wait_commands():
     assert wait_command("LeaderWorkerSet/engine-decode condition=Available", "pdstack-prod-r2") == [
         "wait", "leaderworkerset/engine-decode", "--for=condition=Available", "--timeout=1s", "-n", "pdstack-prod-r2"]
     assert "-n" not in wait_command("NodePool/pdstack-prod-decode condition=Ready", "x")
+    # The environment's entry point is read in its own namespace, not the revision's.
+    assert wait_command("Gateway/gateway condition=Programmed in pdstack-prod", "pdstack-prod-r2") == [
+        "wait", "gateway/gateway", "--for=condition=Programmed", "--timeout=1s", "-n", "pdstack-prod"]
 
 
 def test_a_step_targets_its_revisions_resources_and_keeps_secrets_out_of_logs(cluster):

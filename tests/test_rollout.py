@@ -312,7 +312,9 @@ def test_open_access_does_not_wait_for_the_route_that_traffic_owns():
     """The route is changed only by the traffic step's fenced patch, and on an environment's
     first rollout it is created when traffic first moves, after every step: a wait for its
     Accepted condition in "open access" could never be met (found on the cluster twin,
-    tests/twin/test_rollout_kill_on_twin.py). The gateway itself is still waited for."""
+    tests/twin/test_rollout_kill_on_twin.py). The gateway itself is still waited for, in the
+    environment's namespace, where it stays while each revision serves from its own (a wait in
+    the revision's namespace could never be met: found on the twin too)."""
     from infra.offline import run_spec
     from infra.rollout.steps import plan_steps
     from infra.spec import stack_spec_path
@@ -320,7 +322,9 @@ def test_open_access_does_not_wait_for_the_route_that_traffic_owns():
 
     spec = load_spec(stack_spec_path("dev"))
     (open_access,) = [s for s in plan_steps(spec, run_spec(spec).resources) if s.name == "open access"]
-    assert "Gateway/gateway condition=Programmed" in open_access.waits_for
+    assert "Gateway/gateway condition=Programmed in pdstack-dev" in open_access.waits_for
+    deploy = next(s for s in plan_steps(spec, run_spec(spec).resources) if s.name == "deploy prefill")
+    assert deploy.waits_for and not any(" in " in w for w in deploy.waits_for), deploy.waits_for
     assert not any(w.startswith("HTTPRoute/") for w in open_access.waits_for), open_access.waits_for
 
 

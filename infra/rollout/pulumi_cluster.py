@@ -166,8 +166,11 @@ def traffic_from_route(route: dict, namespace: str) -> dict[int, int]:
 
 
 def wait_command(wait: str, namespace: str, timeout: str = "1s") -> list[str]:
-    """`Kind/name condition=X` or `Kind/name jsonpath=...` (Step.waits_for) -> kubectl wait's arguments."""
+    """`Kind/name condition=X` or `Kind/name jsonpath=...` (Step.waits_for) -> kubectl wait's
+    arguments, read in `namespace` unless the wait names its own (`... in <namespace>`)."""
     target, _, condition = wait.partition(" ")
+    condition, _, own_namespace = condition.partition(" in ")
+    namespace = own_namespace or namespace
     kind, _, name = target.partition("/")
     cmd = ["wait", f"{kind.lower()}/{name}", f"--for={condition}", f"--timeout={timeout}"]
     if kind not in ("NodePool", "Namespace"):  # cluster-scoped kinds take no namespace

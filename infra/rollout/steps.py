@@ -31,7 +31,9 @@ ROUTER_STEP = "deploy kv cache and balancers"  # the last step of a revision's o
 class Step:
     name: str
     resources: tuple[str, ...]  # logical names of the resources this step applies
-    waits_for: tuple[str, ...]  # what must be ready: "Kind/name condition", as `kubectl wait` reads it
+    # what must be ready: "Kind/name condition", as `kubectl wait` reads it, read in the
+    # revision's namespace, or "Kind/name condition in <namespace>" for the environment's objects
+    waits_for: tuple[str, ...]
     timeout_seconds: float
     shared: bool = False  # environment-wide (one copy for every revision), not per revision
 
@@ -96,7 +98,14 @@ def plan_steps(spec: StackSpec, resources: list[RegisteredResource]) -> list[Ste
         # it is created only when traffic first moves, after every step (the cluster twin's
         # first `rollout --pulumi-stack` waited 300 s for a route no step creates).
         if manifest and manifest["kind"] in _READY_CONDITION and resource.name != ROUTE_RESOURCE:
-            bucket.waits.append(f"{manifest['kind']}/{manifest['metadata']['name']} {_READY_CONDITION[manifest['kind']]}")
+            wait = f"{manifest['kind']}/{manifest['metadata']['name']} {_READY_CONDITION[manifest['kind']]}"
+            # The entry point stays in the environment's namespace while each revision serves
+            # from its own (infra/program.py build_stack): its waits name that namespace, the
+            # others are read in the revision's (the twin's rollout waited for its gateway in
+            # the revision's namespace, where there is none).
+            if resource.layer == "access" and manifest["metadata"].get("namespace"):
+                wait += f" in {manifest['metadata']['namespace']}"
+            bucket.waits.append(wait)
     # Model loading dominates engine steps: weights are fetched and verified, then loaded
     # onto every GPU. Wide-EP decode groups also wait for every node of the group.
     timeouts = {"initialise environment": 120, "split pools": 900, "deploy prefill": 1800,

@@ -15,39 +15,25 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import Counter, defaultdict
 
 import pytest
 import yaml
 
 from infra import naming
-from infra.planning.capacity import domain_placement, pool_capacity
+from infra.planning.capacity import pool_capacity
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
+from tests.twin.placement import LWS_NAME_LABEL, assert_every_pod_bound, remove_fleet, remove_render
 from twin import dra, fleet
 from twin.cluster import kubectl
-from twin.nodes import TWIN_LABEL, stack_nodes
+from twin.nodes import stack_nodes
 
 RENDERS = [("dev", None), ("dev", "vllm"), ("prod", None), ("prod", "vllm")]
-LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 
 
 def _label(stack: str, engine: str | None) -> str:
     return f"{stack}-{engine or 'sglang'}"
-
-
-def remove_fleet(objects: list[dict]) -> None:
-    """Delete what a render applied (namespaces take their contents with them) and the stack's nodes."""
-    namespaces = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
-    cluster_scoped = [f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}"
-                      for o in objects if "namespace" not in o["metadata"] and o["kind"] != "Namespace"
-                      and "/" in o["apiVersion"]]
-    if cluster_scoped:
-        kubectl("delete", "--ignore-not-found", "--wait=false", *cluster_scoped)
-    if namespaces:
-        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=180s", *namespaces)
 
 
 @pytest.fixture(scope="module", params=RENDERS, ids=[_label(*r) for r in RENDERS])
@@ -67,23 +53,11 @@ def applied_fleet(request, twin, tmp_path_factory):
     remove_render(spec, objects)
 
 
-def remove_render(spec, objects: list[dict]) -> None:
-    """Everything an applied render left: its objects, the DRA stand-in's, its stack's nodes."""
-    remove_fleet(objects)
-    for kind in ("resourceslices", "deviceclasses"):
-        kubectl("delete", kind, "-l", "twin.pdstack.io/stands-in-for", "--ignore-not-found")
-    kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
-
-
 def test_every_rendered_object_is_accepted(applied_fleet):
     """0 rejections from the real API server, strict field validation and CEL included."""
     spec, objects, result, label = applied_fleet
     assert result.rejected == {}, "\n".join(f"{k}: {v}" for k, v in result.rejected.items())
     assert len(result.applied) == len({fleet.ident(o) for o in objects}) > 0
-
-
-def _pods(namespaces: set[str]) -> list[dict]:
-    return [p for ns in sorted(namespaces) for p in fleet.get("pods", "-n", ns)]
 
 
 def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
@@ -93,100 +67,6 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
     alone in its domain), and no node past its allocatable GPUs or EFA devices. A pod left
     Pending fails this test with what the scheduler said about it."""
     assert_every_pod_bound(*applied_fleet)
-
-
-def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, label: str) -> None:
-    """The checks above, on one applied render (its figure line goes to the run's summary)."""
-    namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"}
-    sets = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
-    expected = sum(o["spec"].get("replicas", 1) * o["spec"]["leaderWorkerTemplate"].get("size", 1) for o in sets)
-
-    def all_bound():
-        pods = [p for p in _pods(namespaces) if "deletionTimestamp" not in p["metadata"]]
-        lws_pods = [p for p in pods if LWS_NAME_LABEL in p["metadata"].get("labels", {})]
-        if len(lws_pods) >= expected and all(p["spec"].get("nodeName") for p in pods):
-            return pods
-        return None
-
-    pods = fleet.wait_for("every pod bound", all_bound, timeout=300) or _pods(namespaces)
-    pending = [p for p in pods if not p["spec"].get("nodeName")]
-    FIGURES.append(f"{label}: objects applied {len(result.applied)}, rejected {len(result.rejected)}; "
-                   f"pods bound {len(pods) - len(pending)}, pending {len(pending)}; "
-                   f"LeaderWorkerSet pods {sum(LWS_NAME_LABEL in p['metadata'].get('labels', {}) for p in pods)}"
-                   f"/{expected}")
-    assert not pending, "pods left Pending:\n" + "\n".join(
-        f"{p['metadata']['namespace']}/{p['metadata']['name']}: "
-        f"{'; '.join(fleet.scheduler_events(p['metadata']['namespace'], p['metadata']['name'])) or 'no event'}"
-        for p in pending)
-    lws_pods = [p for p in pods if LWS_NAME_LABEL in p["metadata"].get("labels", {})]
-    assert len(lws_pods) == expected, f"{len(lws_pods)} LeaderWorkerSet pods, the sets ask for {expected}"
-
-    nodes = {n["metadata"]["name"]: n for n in fleet.get("nodes")}
-    used: dict[str, Counter] = defaultdict(Counter)
-    domain_label = spec.hardware.supernode.topology_label if spec.hardware.supernode else None
-    domains_of_group: dict[tuple, set] = defaultdict(set)
-    for pod in pods:
-        node = nodes[pod["spec"]["nodeName"]]
-        role = pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
-        for container in pod["spec"]["containers"]:
-            for resource, amount in container.get("resources", {}).get("limits", {}).items():
-                if resource.startswith(("nvidia.com/", "vpc.amazonaws.com/", "rdma/")):
-                    used[node["metadata"]["name"]][resource] += int(amount)
-        wants_gpu = any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["spec"]["containers"])
-        if wants_gpu and role:
-            assert node["metadata"]["labels"].get(naming.ROLE_LABEL) == role, (
-                f"{pod['metadata']['name']} ({role}) is on {node['metadata']['name']}, a "
-                f"{node['metadata']['labels'].get(naming.ROLE_LABEL)} node")
-        group = pod["metadata"].get("labels", {}).get(GROUP_KEY_LABEL)
-        if group and role and domain_label and domain_placement(spec, role) != "none":
-            domains_of_group[(pod["metadata"]["namespace"], role, group)].add(node["metadata"]["labels"][domain_label])
-    for name, counts in used.items():
-        allocatable = nodes[name]["status"]["allocatable"]
-        for resource, amount in counts.items():
-            assert amount <= int(allocatable.get(resource, 0)), f"{name}: {amount} {resource} bound, " \
-                                                                f"{allocatable.get(resource, 0)} allocatable"
-    for (_, role, group), domains in domains_of_group.items():
-        assert len(domains) == 1, f"{role} group {group} spans NVLink domains {sorted(domains)}"
-    for lws in sets:
-        role = lws["metadata"]["labels"].get(naming.ROLE_LABEL)
-        if domain_label and domain_placement(spec, role) != "none":
-            groups = {g for (ns, r, g) in domains_of_group if (ns, r) == (lws["metadata"]["namespace"], role)}
-            assert len(groups) == lws["spec"].get("replicas", 1), f"{role}: groups seen {groups}"
-    claims = [c for ns in sorted(namespaces) for c in fleet.get("resourceclaims", "-n", ns)]
-    assert all(c.get("status", {}).get("allocation") for c in claims), "a ResourceClaim is not allocated"
-    assert len(claims) == sum(bool(p["spec"].get("resourceClaims")) for p in lws_pods)
-    for role in spec.deployment.pools():
-        if domain_label and domain_placement(spec, role) == "exclusive":
-            taken = [next(iter(d)) for (_, r, _), d in domains_of_group.items() if r == role]
-            assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
-
-
-def test_a_second_release_track_fits_beside_the_first(twin, tmp_path):
-    """prod with a canary track beside the serving one (infra/tracks.py: each track in its own
-    namespace; the joining track at its minimum, the serving one at most the pool's maximum less
-    the other's minimum), as the program builds it from the release store during a rollout:
-    every object accepted, and every pod of both tracks bound by the real scheduler to its pool,
-    its groups inside their NVLink domains, within the nodes' GPUs and EFA devices."""
-    from infra.offline import run_spec
-    from infra.render.manifests import manifests, write_manifests
-    from infra.tracks import plan_tracks
-    from tests.conftest import stack_data
-
-    spec = load_spec(stack_spec_path("prod"))
-    tracks = plan_tracks([(1, 90, stack_data("prod")), (2, 10, stack_data("prod"))])
-    write_manifests(manifests(run_spec(spec, tracks=tracks)), tmp_path)  # as `pdctl render` writes them
-    objects = fleet.read_rendered(tmp_path)
-    assert {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"} == {
-        f"{spec.environment.namespace}-r1", f"{spec.environment.namespace}-r2"}
-    nodes = stack_nodes(spec)
-    assert fleet.apply_each_pass(nodes).rejected == {}
-    try:
-        result = fleet.apply_each_pass(objects)
-        assert result.rejected == {}, "\n".join(f"{k}: {v}" for k, v in result.rejected.items())
-        assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
-        assert_every_pod_bound(spec, objects, result, "prod-sglang, tracks r1 90% + r2 10%")
-    finally:
-        remove_render(spec, objects)
 
 
 @pytest.fixture(scope="module")
