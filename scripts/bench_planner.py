@@ -76,18 +76,21 @@ def main() -> int:
         return 0
     inputs, outputs = Lengths(3000, 7000), Lengths(400, 940)
     # Turns counted from an hour after the step (none are needed once settled), and over the
-    # whole diurnal day (down to the 02:00 valley, up to the peak, down again: 2 a pool).
+    # whole diurnal day (down to the 02:00 valley, up to the peak, down again: 2 a pool); in
+    # both, only once the corrected model has converged ("learned at"), the turns before that
+    # printed apart (control.bench_days).
     traces = {"step 40->120 req/s at 08:00": ([40.0] * 480 + [120.0] * 960, 540, 0),
               "diurnal 20..150 req/s, peak 14:00": (day_curve(150, 20, 14), 0, 4)}
     print(f"\nsimulated days: input {inputs.mean:g}/{inputs.p99:g}, output {outputs.mean:g}/{outputs.p99:g} "
           "(mean/p99); re-plan every 5 min, new instances serve 10 min later, scale-down window 15 min, "
           "p99s observed with 5% noise")
     print(f"{'trace':34s} {'fleet':28s} {'planner':22s} {'GPU-h':>7s} {'SLO min missed':>15s} "
-          f"{'turns (needed)':>15s} {'factors p/d':>12s}")
+          f"{'learned at':>10s} {'turns after (needed)':>21s} {'while learning':>14s} {'factors p/d':>12s}")
     for row in bench_days(fleet, measure_surface(fleet), SLO_BENCH, inputs, outputs, traces,
                           {"as measured": (1.0, 1.0), "prefill 1.25x, decode 0.8x": (1.25, 0.8)}):
         print(f"{row.trace:34s} {row.fleet:28s} {row.mode:22s} {row.gpu_hours:7.0f} {row.slo_minutes_missed:15d} "
-              f"{row.direction_changes:11d} ({row.direction_changes_needed})  "
+              f"{row.converged_minute:7d} min {row.direction_changes:17d} ({row.direction_changes_needed}) "
+              f"{row.learning_turns:14d}  "
               f"{row.correction.prefill:5.2f}/{row.correction.decode:4.2f}")
     return 0
 

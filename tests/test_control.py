@@ -11,6 +11,7 @@ from infra.planning import control
 from infra.planning.control import Observation, correct, forecast, planned_rates, predicted, simulate_loop
 from infra.planning.fleet_model import FleetModel, measure_surface, serve
 from infra.planning.pd_ratio import SLO
+from infra.planning.simulate import day_curve
 from infra.planning.surface import Correction, Lengths
 
 FLEET = FleetModel()
@@ -87,3 +88,42 @@ def test_a_step_day_with_a_slower_fleet_settles_only_with_correction():
     assert loop.slo_minutes_missed <= 40
     assert loop.direction_changes(after=60 + 45) == 0  # settled: no turn after the step's transient
     assert loop.corrections[-1].prefill > 1.15 and loop.corrections[-1].decode < 0.85
+
+
+def diurnal_loop(slowdown):
+    trace = day_curve(150, 20, 14)
+    rates = [max(trace[m:m + 15]) for m in range(0, len(trace), 5)]
+    return simulate_loop(FLEET, SURFACE, SLO_BENCH, trace, INPUTS, OUTPUTS, "forecast + correction", rates=rates,
+                         slowdown=slowdown)
+
+
+@pytest.mark.parametrize("slowdown", [(1.25, 0.8), (0.7, 1.4)])
+def test_a_diurnal_day_is_learned_within_the_hour_and_then_turns_only_with_the_load(slowdown):
+    """Started on a model the fleet is slower (or faster) than, the loop learns the factors in
+    its first re-plans and from then on turns only where the load does: down to the 02:00
+    valley, up to the 14:00 peak, down again, at most one turn each per pool. A loop that
+    swings (an undamped or one-way correction) keeps turning after it has "learned". The
+    forecast here knows the next 15 minutes, so that what turns is the correction's doing."""
+    loop = diurnal_loop(slowdown)
+    learned = loop.converged_minute()
+    assert 0 < learned <= 60
+    assert loop.direction_changes(after=learned) <= 4
+    for phase, truth in zip(("prefill", "decode"), slowdown):
+        assert math.log(getattr(loop.corrections[-1], phase) / truth) == pytest.approx(0, abs=control.DEADBAND + 0.03)
+    # Once learned, the fleet meets the SLO all day: what it missed was while it learned.
+    assert loop.slo_minutes_missed <= learned
+
+
+def test_the_diurnal_checks_fail_a_loop_that_swings_and_one_that_only_shrinks(monkeypatch):
+    """The checks above bite. Undamped, unbounded and without a dead band, the factors chase
+    every noisy p99, so the model never stops moving within the day. A correction that only
+    ever lowers its factors cannot learn a slower prefill, and it
+    misses the SLO most of the day."""
+    with monkeypatch.context() as m:
+        m.setattr(control, "DAMPING", 1.0)
+        m.setattr(control, "MAX_STEP", 10.0)
+        m.setattr(control, "DEADBAND", 0.0)
+        assert diurnal_loop((1.25, 0.8)).converged_minute() > 60
+    step = control._step
+    monkeypatch.setattr(control, "_step", lambda factor, implied: min(factor, step(factor, implied)))
+    assert diurnal_loop((1.25, 0.8)).slo_minutes_missed > 600

@@ -128,10 +128,25 @@ MODES = (TODAY, "plan for the peak", "forecast", "forecast + correction")
 @dataclass
 class Day:
     mode: str
+    interval: int = 5  # minutes between re-plans
     asked: list[tuple[int, int]] = field(default_factory=list)  # per minute
     gpu_hours: float = 0.0
     slo_minutes_missed: int = 0
     corrections: list[Correction] = field(default_factory=list)  # per interval
+
+    def converged_minute(self) -> int:
+        """The re-plan from which every later correction stays within the dead band of the day's
+        last one: the model has learned the fleet. Before it, the counts follow what the loop is
+        still learning (a slower fleet than measured: more instances at once, whatever the load
+        does); turns there are that transient, not a loop that swings."""
+        final = self.corrections[-1]
+        first = len(self.corrections)
+        for index in range(len(self.corrections) - 1, -1, -1):
+            c = self.corrections[index]
+            if max(abs(math.log(c.prefill / final.prefill)), abs(math.log(c.decode / final.decode))) >= DEADBAND:
+                break
+            first = index
+        return first * self.interval
 
     def direction_changes(self, after: int = 0) -> int:
         """Times a pool's count turned (up after down or down after up) from minute `after` on,
@@ -173,7 +188,7 @@ def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[flo
     more capacity."""
     rng = random.Random(seed)
     rates = rates or planned_rates(trace, mode, interval, startup)
-    day = Day(mode)
+    day = Day(mode, interval)
     correction = Correction()
     itl_slo = min(slo.tpot_p99_ms, 1000 / slo.tokens_per_second_per_user)
     ready = asked = None
@@ -235,8 +250,10 @@ class DayRow:
     mode: str
     gpu_hours: float
     slo_minutes_missed: int
-    direction_changes: int  # from the trace's settling minute on
+    converged_minute: int  # Day.converged_minute
+    direction_changes: int  # from the trace's settling minute or the model's convergence, the later
     direction_changes_needed: int
+    learning_turns: int  # turns before the model converged (the whole day's, less the above)
     correction: Correction
 
 
@@ -244,7 +261,9 @@ def bench_days(fleet: FleetModel, surface: Surface, slo: SLO, inputs: Lengths, o
                traces: dict[str, tuple[list[float], int, int]],
                slowdowns: dict[str, tuple[float, float]]) -> list[DayRow]:
     """Each trace (minutes, the minute from which turns count, the turns it needs from then)
-    x fleet (slowdown) x mode, simulated."""
+    x fleet (slowdown) x mode, simulated. Turns are counted once the model has converged too
+    (a loop that swings keeps turning after that; one that learns turns at most while it
+    learns), and the turns while it learned are counted apart."""
     rows = []
     for trace_name, (trace, settled, needed) in traces.items():
         ahead = planned_rates(trace, "forecast")  # the forecast is the same for both forecasting modes
@@ -252,8 +271,11 @@ def bench_days(fleet: FleetModel, surface: Surface, slo: SLO, inputs: Lengths, o
             for mode in MODES:
                 day = simulate_loop(fleet, surface, slo, trace, inputs, outputs, mode,
                                     rates=ahead if "forecast" in mode else None, slowdown=slowdown)
-                rows.append(DayRow(trace_name, fleet_name, mode, day.gpu_hours, day.slo_minutes_missed,
-                                   day.direction_changes(settled), needed, day.corrections[-1]))
+                converged = day.converged_minute()
+                after = day.direction_changes(max(settled, converged))
+                rows.append(DayRow(trace_name, fleet_name, mode, day.gpu_hours, day.slo_minutes_missed, converged,
+                                   after, needed, max(0, day.direction_changes(settled) - after),
+                                   day.corrections[-1]))
     return rows
 
 
