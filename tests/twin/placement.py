@@ -25,8 +25,16 @@ def remove_fleet(objects: list[dict]) -> None:
                       and "/" in o["apiVersion"]]
     if cluster_scoped:
         kubectl("delete", "--ignore-not-found", "--wait=false", *cluster_scoped)
+    delete_namespaces(namespaces)
+
+
+def delete_namespaces(namespaces: list[str]) -> None:
+    """Delete namespaces and wait until the namespace controller has removed them and their
+    contents. The next test may create the same names: a namespace still Terminating refuses
+    new objects ("namespaces ... not found" from the API server) and keeps the old route and
+    its fence, which a fresh rollout then meets as another holder's."""
     if namespaces:
-        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=180s", *namespaces)
+        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=300s", *namespaces)
 
 
 def remove_render(spec, objects: list[dict]) -> None:

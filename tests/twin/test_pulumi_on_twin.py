@@ -26,6 +26,7 @@ from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.tracks import track_namespace
 from tests.engine import dev_program, engine_project, program_stack
+from tests.twin.placement import delete_namespaces
 from twin import fleet
 from twin.build import program
 from twin.cluster import kubectl
@@ -105,7 +106,6 @@ def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp
         again = stack.preview(on_output=lambda line: None, expect_no_changes=True)
         assert set(again.change_summary) == {"same"}, again.change_summary
     finally:
-        kubectl("delete", "namespace", "--ignore-not-found", "--wait=false", env_ns,
-                track_namespace(env_ns, 1), track_namespace(env_ns, 2))
+        delete_namespaces([env_ns, track_namespace(env_ns, 1), track_namespace(env_ns, 2)])
         kubectl("delete", "nodepools.karpenter.sh", "-l", f"pdstack.io/environment={spec.environment.name}",
                 "--ignore-not-found", "--wait=false")

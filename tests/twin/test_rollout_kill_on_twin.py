@@ -28,6 +28,7 @@ from infra.spec import REPO_ROOT
 from infra.tracks import track_namespace
 from tests.engine import dev_program, engine_project, program_stack
 from tests.servers import healthy_prometheus
+from tests.twin.placement import delete_namespaces
 from tests.twin.standins import controllers_status
 from twin.build import program
 from twin.cluster import kubectl
@@ -58,6 +59,8 @@ def disagreements(store: ReleaseStore, cluster: PulumiCluster) -> list[str]:
 def test_a_rollout_killed_at_its_changes_on_the_twin_is_recovered_to_agreement(dev_nodes, tmp_path, monkeypatch):
     spec = dev_nodes
     env_ns = spec.environment.namespace
+    namespaces = [env_ns, *[track_namespace(env_ns, r) for r in range(1, 8)]]
+    delete_namespaces(namespaces)  # what an earlier test of dev left, so that this one starts from nothing
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG)
     program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the rollout selects it
     kubectl_dir = str(program("kubectl").parent)
@@ -98,8 +101,7 @@ def test_a_rollout_killed_at_its_changes_on_the_twin_is_recovered_to_agreement(d
                 figures.append(f"{what} (point {point}): killed; {recovery}; 0 disagreements")
             print("\n".join(["SIGKILL row on the twin:", *figures]))
     finally:
-        namespaces = [env_ns, *[track_namespace(env_ns, r) for r in range(1, 8)]]
-        kubectl("delete", "namespace", "--ignore-not-found", "--wait=false", *namespaces)
+        delete_namespaces(namespaces)
         kubectl("delete", "nodepools.karpenter.sh", "-l", f"pdstack.io/environment={spec.environment.name}",
                 "--ignore-not-found", "--wait=false")
 
