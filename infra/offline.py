@@ -129,7 +129,7 @@ class RecordingMocks(pulumi_mocks.Mocks):
 def _cluster(args: dict) -> dict:
     name = args.get("name", "cluster")
     return {"name": name, "arn": f"arn:aws:eks:us-east-1:000000000000:cluster/{name}",
-            "endpoint": f"https://{name}.eks.example", "certificateAuthority": {"data": "bW9jaw=="},
+            "endpoint": f"https://{name}.eks.example", "certificateAuthorities": [{"data": "bW9jaw=="}],
             "vpcConfig": {"vpcId": "vpc-mock"}, "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.example/{name}"}]}]}
 
 

@@ -5,13 +5,16 @@ and the serving stacks' references against what some stack creates."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from infra.components.nodepools import role_taints
 from infra.offline import run_spec
+from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import CATALOG, controller
 from infra.platform_stack.checks import platform_problems
 from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
-from infra.platform_stack.program import Hosted, hosted_environments, platform_context
-from infra.platform_stack.spec import load_platform_spec
+from infra.platform_stack.program import Hosted, hosted_environments, platform_context, platform_objects
+from infra.platform_stack.spec import PlatformSpec, load_platform_spec
 from infra.platform_stack.taints import gpu_node_taints, tolerates
 from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
@@ -289,3 +292,96 @@ def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret()
         for namespace in track_namespaces:
             assert any(fnmatch.fnmatchcase(namespace, p) for p in patterns), (namespace, patterns)
         assert not any(fnmatch.fnmatchcase("kube-system", p) for p in patterns)
+
+
+# EKS's names for taint effects (the NodeGroup API's Taint.effect) and Kubernetes' own.
+EKS_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+
+
+def engine_pod_specs(run) -> dict[str, dict]:
+    """Role -> the engine pods' spec (workers' template; a leader's differs only in its command)."""
+    return {m["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]["pdstack.io/role"]:
+            m["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+            for m in map(unwrap, manifests(run)) if m["kind"] == "LeaderWorkerSet"}
+
+
+def assert_pods_land_on(pod: dict, labels: dict, taints: list[dict], what: str) -> None:
+    """The scheduler's rules for one node: every taint tolerated (tolerates), every nodeSelector
+    label carried, leaving out the labels the kubelet sets on every node itself."""
+    assert all(tolerates(pod.get("tolerations", []), t) for t in taints), (what, taints, pod.get("tolerations"))
+    wanted = {k: v for k, v in pod.get("nodeSelector", {}).items() if not k.startswith("kubernetes.io/")}
+    assert wanted.items() <= labels.items(), (what, wanted, labels)
+
+
+def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_land_on(monkeypatch):
+    """nodes.mode node-groups (what EKS recommends for GB200): one EKS managed node group per
+    environment and role, with the role label and taints a NodePool's nodes carry, EFA through
+    its launch template and a cluster placement group, decode from Capacity Blocks, sized for
+    the pool's maximum plus the rollout surge in whole NVLink domains. The serving stack then
+    makes no NodePool, and its engine pods tolerate the groups' taints and select their labels."""
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "prefill", "environment": "prod", "node_class": "gb200"},
+        {"role": "decode", "environment": "prod", "node_class": "gb200", "capacity_block": True}]}
+    platform_spec = PlatformSpec.model_validate(data)
+    platform = run_spec(platform_spec)
+    groups = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert sorted(groups) == ["prod-decode", "prod-prefill"]
+    prod = load_spec("stacks/prod.yaml")
+    rack = prod.hardware.supernode.gpus // prod.hardware.gpus_per_node
+    for role, group in groups.items():
+        role = role.removeprefix("prod-")
+        pool, cap = prod.deployment.pools()[role], pool_capacity(prod, role)
+        nodes = group["scalingConfig"]["desiredSize"]
+        assert group["scalingConfig"]["minSize"] == nodes == group["scalingConfig"]["maxSize"]
+        assert nodes >= (cap.max_instances + cap.surge_instances) * pool.nodes_per_instance(prod.hardware.gpus_per_node)
+        assert nodes % rack == 0 or role == "prefill", (role, nodes)  # decode claims whole domains
+        assert group["capacityType"] == ("CAPACITY_BLOCK" if role == "decode" else "ON_DEMAND")
+        assert group["instanceTypes"] == ["p6e-gb200.36xlarge"]
+    templates = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    for name, template in templates.items():
+        efa = [n for n in template["networkInterfaces"] if n["interfaceType"] in ("efa", "efa-only")]
+        assert len(efa) == 4, (name, template["networkInterfaces"])  # the node class's efa_interfaces
+        assert template["placement"]["groupName"]
+    assert len(platform.of_type("aws:ec2/placementGroup:PlacementGroup")) == 2
+
+    import infra.platform_stack.spec as platform_spec_module
+
+    monkeypatch.setattr(platform_spec_module, "load_platform_spec", lambda path: platform_spec)
+    serving = run_spec(prod)
+    assert not [r for r in serving.custom() if "karpenter" in r.type]
+    pods = engine_pod_specs(serving)
+    for name, group in groups.items():
+        taints = [{**t, "effect": EKS_TAINT_EFFECTS[t["effect"]]} for t in group["taints"]]
+        assert_pods_land_on(pods[name.removeprefix("prod-")], group["labels"], taints, name)
+
+
+def test_static_mode_patches_each_listed_node_so_its_pools_pods_land_on_it():
+    """nodes.mode static (kubeadm, on-prem): each node the inventory names gets one NodePatch with
+    its role label, the role's taints and, where given, its NVLink domain as the clique label;
+    a node without a role is left alone. The serving pods tolerate and select what is patched."""
+    spec = load_platform_spec("stacks/platform-dev.yaml")
+    spec = spec.model_copy(update={"nodes": spec.nodes.model_copy(update={"mode": "static"})})
+    dev = load_spec("stacks/dev.yaml")
+    hosts = [HostEntry(name=f"gpu-{r}-{i}", address="127.0.0.1", role=r, clique=f"rack-{i}")
+             for r in ("prefill", "decode") for i in range(2)] + [HostEntry(name="login", address="127.0.0.1")]
+    objects = platform_objects(spec, [Hosted(dev, "dev", Inventory(key_file="k", known_hosts="h", hosts=hosts))])
+    patched = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Node"}
+    assert sorted(patched) == sorted(h.name for h in hosts if h.role)
+    pods = engine_pod_specs(run_spec(dev))
+    for name, node in patched.items():
+        role = node["metadata"]["labels"]["pdstack.io/role"]
+        assert node["metadata"]["labels"]["nvidia.com/gpu.clique"] == "rack-" + name[-1]
+        assert node["spec"]["taints"] == role_taints(role)
+        assert_pods_land_on(pods[role], node["metadata"]["labels"], node["spec"]["taints"], name)
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_each_platform_stack_previews_offline(name, capsys):
+    """`pdctl preview --offline --stack platform-dev` ended in "unexpected error": the existing
+    cluster's look-up read `certificate_authority`, which pulumi-aws 7.51.1's GetClusterResult
+    (eks/get_cluster.py) does not have (it is the list `certificate_authorities`); the offline
+    stand-in answered with the old name too, so no test saw it."""
+    from infra.cli import main
+
+    assert main(["preview", "--offline", "--stack", name]) == 0, capsys.readouterr().err

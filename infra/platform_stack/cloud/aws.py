@@ -145,7 +145,8 @@ class AwsCloud(pulumi.ComponentResource):
                           opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster]))
         else:
             found = aws.eks.get_cluster_output(name=c.cluster.name)
-            kubeconfig = pulumi.Output.all(found.endpoint, found.certificate_authority.data).apply(
+            # pulumi-aws 7 (eks/get_cluster.py, GetClusterResult): a list, `certificate_authorities`.
+            kubeconfig = pulumi.Output.all(found.endpoint, found.certificate_authorities[0].data).apply(
                 lambda a: self.kubeconfig(a[0], a[1]))
             cluster_arn = found.arn
             vpc_id = found.vpc_config.vpc_id
