@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
 
 from infra.render.metrics import ENGINE_METRICS, catalogue
+from infra.validation.health import KV_CAPACITY_METRIC
 
 SGLANG = ENGINE_METRICS["sglang"]
 TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "summary": Summary}
@@ -29,11 +30,14 @@ def _base(name: str, suffix: str) -> str:
     return name.removesuffix(suffix)
 
 
-def engine_metric(registry: CollectorRegistry, name: str, **kwargs):
-    """One of the pinned SGLang's metrics with its own type and label names, label values set."""
+def engine_metric(registry: CollectorRegistry, name: str, optional: tuple[str, ...] = (), **kwargs):
+    """One of the pinned SGLang's metrics with its own type and label names (and those of its
+    optional labels named in `optional`), label values set but the optional ones'."""
     entry = catalogue("sglang")["metrics"][name]
-    metric = TYPES[entry["type"]](name, name, labelnames=entry["labels"], registry=registry, **kwargs)
-    return metric.labels(**{label: LABEL_VALUES[label] for label in entry["labels"]})
+    assert set(optional) <= set(entry["optional_labels"] or ()), (name, optional)
+    metric = TYPES[entry["type"]](name, name, labelnames=[*entry["labels"], *optional], registry=registry, **kwargs)
+    fixed = {label: LABEL_VALUES[label] for label in entry["labels"]}
+    return (lambda **extra: metric.labels(**fixed, **extra)) if optional else metric.labels(**fixed)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class Behaviour:
     kv_failures_per_tick: int = 0
     running: float = 20.0  # requests in flight on this instance (the balancer's spread is read from it)
     expert_balancedness: float = 0.95
+    kv_tokens: float = 200_000.0  # the KV pool of each scheduler (sglang:max_total_num_tokens)
+    dp_ranks: int = 1  # data-parallel attention ranks: each a scheduler with a pool of its own, labelled dp_rank
 
 
 HEALTHY = Behaviour(ttft_s=0.2, itl_s=0.015)
@@ -61,6 +67,12 @@ class EngineExporter:
         self.aborted = engine_metric(reg, SGLANG.requests_failed)
         self.kv_failed = engine_metric(reg, SGLANG.kv_transfer_failures)
         engine_metric(reg, SGLANG.running).set(behaviour.running)
+        if behaviour.dp_ranks > 1:
+            kv = engine_metric(reg, KV_CAPACITY_METRIC["sglang"], optional=("dp_rank",))
+            for rank in range(behaviour.dp_ranks):
+                kv(dp_rank=str(rank)).set(behaviour.kv_tokens)
+        else:
+            engine_metric(reg, KV_CAPACITY_METRIC["sglang"]).set(behaviour.kv_tokens)
         self.balancedness = engine_metric(reg, SGLANG.expert_balancedness)
         self._stop = threading.Event()
         self.port: int | None = None

@@ -12,6 +12,7 @@ installed package: checked below); infra/validation/loadtest.py refuses any othe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -88,10 +89,12 @@ def test_a_healthy_endpoint_passes_and_its_measured_capacity_feeds_the_planner(a
         assert run["ttft_p50_ms"] >= 200 and run["itl_p99_ms"] >= 20 and run["errors"] == 0, run
     workload = Workload.model_validate(yaml.safe_load(profile.read_text()))
     assert workload.measured.tool == f"aiperf {AIPERF_VERSION}" and workload.measured.where == url
-    # The surface: decode ITL at both levels (one decode instance), prefill alone at the scenario's
-    # prompt length and at 0.05, 0.5 and 2 times it (--profile-lengths' default).
+    # The surface: decode ITL at both levels (one decode instance) at the scenario's context and
+    # at twice its prompt (--profile-contexts' default), prefill alone at the scenario's prompt
+    # length and at 0.05, 0.5 and 2 times it (--profile-lengths' default).
     surface = workload.surface
-    assert surface.decode.batches == [1, 4] and all(itl >= 20 for itl in surface.decode.itl_ms[0])
+    assert surface.decode.batches == [1, 4] and all(itl >= 20 for row in surface.decode.itl_ms for itl in row)
+    assert len(surface.decode.contexts) == 2 and surface.kv_cache_tokens is None  # no --prometheus here
     lengths = [p.input_tokens for p in surface.prefill]
     assert len(lengths) == 4 and lengths == sorted(lengths)
     assert all(p.ttft_ms >= 200 and p.tokens_per_second == pytest.approx(p.input_tokens / p.ttft_ms * 1000, rel=1e-3)
@@ -223,6 +226,56 @@ def test_judging_and_the_profile_are_pure_functions_of_the_results():
         measured_workload(Sweep("chat", [(heavy, judge(heavy, 400, 40, 20))]), 1, 1, "w", "t")
 
 
+def test_the_decode_surface_has_a_row_for_each_context_measured_whole():
+    """The sweep again at a longer prompt is a second row of ITL by context; a sweep that did
+    not measure every batch of the first is left out (a grid has no holes); the KV cache size
+    read from the engines goes into the surface the planner caps the batch with."""
+    def result(c, prompt, itl):
+        return LoadResult("chat", c, 100, 0, 300, 300, itl, itl, 1000 / itl, 50.0 * c, 2.0 * c, prompt, prompt,
+                          200, 200)
+
+    sweep = Sweep("chat", [(r, judge(r, 400, 40, 20)) for r in (result(1, 400, 20), result(8, 400, 30))])
+    longer = [result(1, 1600, 22), result(8, 1600, 36)]
+    partial = [result(1, 3200, 25)]  # its concurrency-8 run failed
+    profile = measured_workload(sweep, 1, 2, "w", "t", contexts=[longer, partial], kv_cache_tokens=1.5e6)
+    decode = profile["surface"]["decode"]
+    assert decode == {"contexts": [500, 1700], "batches": [0.5, 4.0], "itl_ms": [[20, 30], [22, 36]]}
+    workload = Workload.model_validate(profile)
+    assert workload.surface.kv_cache_tokens == 1.5e6
+    from infra.planning.surface import Notes, itl_ms
+
+    # Between the rows the planner interpolates; it extrapolated from the first alone before.
+    assert itl_ms(workload.surface, 4.0, 1100, Notes()) == pytest.approx(33)
+
+
+def test_the_kv_cache_of_an_instance_adds_up_its_schedulers_as_each_engine_reports_them():
+    """SGLang 0.5.23 (srt/observability/metrics_collector.py: emit_constants sets
+    sglang:max_total_num_tokens on every scheduler; init_new labels it with tp_rank and, under
+    data parallelism, dp_rank): the tensor ranks of one attention group share one pool, DP ranks
+    add up. vLLM 0.33.0 (v1/metrics/loggers.py log_metrics_info: vllm:cache_config_info, one
+    series an engine, CacheConfig's fields as labels via config/cache.py metrics_info):
+    num_gpu_blocks x block_size per engine, summed; an engine that has not sized its cache
+    yet (num_gpu_blocks "None") counts nothing. The smallest instance is the pool's figure."""
+    from infra.render.metrics import GROUP_SERIES_LABEL, catalogue
+    from infra.render.flagsets import PINNED_DIR
+    from infra.validation.health import KV_CAPACITY_METRIC, kv_tokens_per_instance
+
+    group = GROUP_SERIES_LABEL
+    sglang = [({"namespace": "p", group: "0", "tp_rank": str(t)}, 400_000.0) for t in range(8)]  # pure TP
+    sglang += [({"namespace": "p", group: "1", "tp_rank": str(t), "dp_rank": str(t)}, 100_000.0) for t in range(8)]
+    assert kv_tokens_per_instance("sglang", sglang) == 400_000  # group 1: 8 DP ranks x 100k = 800k
+    vllm = [({"namespace": "p", group: "0", "pod": "a", "engine": str(e), "num_gpu_blocks": "9000",
+              "block_size": "64"}, 1.0) for e in range(4)]
+    vllm += [({"namespace": "p", group: "0", "pod": "a", "engine": "4", "num_gpu_blocks": "None",
+               "block_size": "64"}, 1.0)]
+    assert kv_tokens_per_instance("vllm", vllm) == 4 * 9000 * 64
+    assert kv_tokens_per_instance("vllm", []) is None
+    # The names are the pinned engines' (the SGLang catalogue from the wheel's source; vLLM's
+    # metric list from its wheel, infra/render/pinned/vllm-0.33.0.json).
+    assert catalogue("sglang")["metrics"][KV_CAPACITY_METRIC["sglang"]]["type"] == "gauge"
+    assert KV_CAPACITY_METRIC["vllm"] in json.loads((PINNED_DIR / "vllm-0.33.0.json").read_text())["metrics"]
+
+
 def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_manifest(tmp_path, capsys):
     """batch/v1 Job and its ConfigMap against Kubernetes 1.34's own schema (kubernetes-validate,
     strict). The key reaches the container's environment from a secretKeyRef and aiperf reads it
@@ -283,16 +336,19 @@ def test_the_in_cluster_job_is_schema_valid_pinned_and_keeps_the_key_out_of_the_
 def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheus(tmp_path):
     """Engine exporters with the pinned SGLang's metric names behind a real Prometheus: an even
     fleet passes; a hot spot (one decode instance at 40 running requests, the other at 10: 1.6x the
-    mean), poor expert balance and failed KV transfers each fail their gate."""
+    mean), poor expert balance and failed KV transfers each fail their gate. The KV cache a decode
+    instance holds is read from the same Prometheus (sglang:max_total_num_tokens, per scheduler)."""
     from contextlib import ExitStack
 
     from infra.prometheus import PrometheusAPI
-    from infra.validation.health import fleet_gates, fleet_queries
+    from infra.validation.health import fleet_gates, fleet_queries, kv_capacity_query, kv_tokens_per_instance
     from tests.engine_exporter import HEALTHY, Behaviour, EngineExporter
     from tests.servers import free_port, prometheus
 
+    # Decode instance 2 runs 4 attention-DP schedulers of 150k tokens each (its series labelled
+    # dp_rank), instance 1 one of 200k: the smaller, 200k, caps the batch.
     even = {("pdstack-a", "prefill", 1): HEALTHY, ("pdstack-a", "decode", 1): HEALTHY,
-            ("pdstack-a", "decode", 2): HEALTHY}
+            ("pdstack-a", "decode", 2): dataclasses.replace(HEALTHY, kv_tokens=150_000, dp_ranks=4)}
     skewed = {("pdstack-b", "prefill", 1): HEALTHY,
               ("pdstack-b", "decode", 1): Behaviour(0.2, 0.015, running=40, expert_balancedness=0.6,
                                                     kv_failures_per_tick=1),
@@ -318,6 +374,8 @@ def test_the_fleet_checks_read_spread_balance_and_failures_from_a_real_prometheu
                                                                   ["prefill", "decode"]).items()})}
 
         good, bad = gates("pdstack-a"), gates("pdstack-b")
+        kv_tokens = kv_tokens_per_instance("sglang", api.vector(kv_capacity_query("sglang", "pdstack-a", "decode")))
+    assert kv_tokens == 200_000
     assert all(g.passed for g in good.values()), good
     assert not bad["decode load spread"].passed and bad["decode load spread"].detail.startswith("1.60x")
     assert not bad["decode expert balancedness"].passed and not bad["KV transfer failures"].passed

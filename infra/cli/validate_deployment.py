@@ -48,6 +48,10 @@ def register(sub) -> None:
                    help="with --profile-out: prompt lengths, as shares of the scenario's, also run alone "
                         "(concurrency 1) for the prefill surface; the shortest stands for an empty prompt's cost "
                         "in the prefix-cache discount (default 0.05,0.5,2)")
+    p.add_argument("--profile-contexts", default="2",
+                   help="with --profile-out: prompt lengths, as shares of the scenario's, at which the whole sweep "
+                        "runs again, each a row of the decode surface's ITL by context (default 2; empty: the "
+                        "sweep's context only, and the planner extrapolates past it)")
     p.add_argument("--compare-url", help="run the same sweep against this endpoint too, and compare side by side")
     p.add_argument("--plot", help="write latency against load (both endpoints) as a PNG")
     p.add_argument("--render-job", help="instead of running here, write the sweep as Kubernetes Jobs to this file")
@@ -133,25 +137,43 @@ def plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
         raise InputError(f"--plot {args.plot}: {' '.join(done.stderr.split()[-30:])}")
 
 
-def prompt_length_runs(args, spec, model, scenario, shares, api_key, out: Path) -> tuple[list, list[str]]:
-    """The scenario at other prompt lengths, one prompt at a time: the prefill surface's sweep;
-    and what could not be measured (the surface is narrower then, the verdict unchanged)."""
+def other_length_runs(args, spec, model, scenario, levels: dict[float, list[int]], api_key,
+                      out: Path) -> tuple[dict[int, list], list[str]]:
+    """The scenario at other prompt lengths (share of its own -> concurrency levels): alone
+    (level 1) for the prefill surface, the whole sweep for a decode row at another context.
+    Returns the runs by prompt length, and what could not be measured (the surface is
+    narrower then, the verdict unchanged)."""
     from infra.validation.loadtest import LoadTestError
     from infra.validation.run import run_sweep
 
-    runs, missing = [], []
-    for share in shares:
+    by_length: dict[int, set[int]] = {}
+    for share, concurrencies in levels.items():
         n = max(1, round(scenario.input_tokens * share))
-        if n == scenario.input_tokens:
-            continue
+        if n != scenario.input_tokens:
+            by_length.setdefault(n, set()).update(concurrencies)
+    runs, missing = {}, []
+    for n, concurrencies in sorted(by_length.items()):
         variant = dataclasses.replace(scenario, name=f"{scenario.name}-prompt{n}", input_tokens=n)
         try:
-            runs += [r for r, _ in run_sweep(args.aiperf, args.url, model, variant, [1], args.requests, out,
-                                             args.tokenizer or spec.model.name, api_key, spec.slo,
-                                             dict(os.environ)).runs]
+            runs[n] = [r for r, _ in run_sweep(args.aiperf, args.url, model, variant, sorted(concurrencies),
+                                               args.requests, out, args.tokenizer or spec.model.name, api_key,
+                                               spec.slo, dict(os.environ)).runs]
         except LoadTestError as exc:
-            missing.append(f"prompts of {n} tokens alone: not measured ({exc})")
+            missing.append(f"prompts of {n} tokens at concurrency {','.join(map(str, sorted(concurrencies)))}: "
+                           f"not measured ({exc})")
     return runs, missing
+
+
+def shares_option(text: str, option: str) -> list[float]:
+    """A list of shares of the scenario's prompt length, each above 0 and at most 16."""
+    try:
+        shares = sorted({float(v) for v in text.split(",") if v.strip()})
+        if any(not (0 < v <= 16) for v in shares):
+            raise ValueError
+    except ValueError:
+        raise InputError(f"{option} {text}: shares of the scenario's prompt length, above 0 and at most 16 "
+                         "(e.g. 0.5,2), or empty") from None
+    return shares
 
 
 def cmd_validate_deployment(args: argparse.Namespace) -> int:
@@ -175,13 +197,8 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         except ValueError:
             raise InputError(f"--concurrency {args.concurrency}: whole numbers of 1 or more (e.g. 1,8,32), or plan "
                              "(with --workload)") from None
-    try:
-        profile_shares = sorted({float(v) for v in args.profile_lengths.split(",") if v.strip()})
-        if any(not (0 < v <= 16) for v in profile_shares):
-            raise ValueError
-    except ValueError:
-        raise InputError(f"--profile-lengths {args.profile_lengths}: shares of the scenario's prompt length, above 0 "
-                         "and at most 16 (e.g. 0.5,2), or empty") from None
+    profile_shares = shares_option(args.profile_lengths, "--profile-lengths")
+    context_shares = shares_option(args.profile_contexts, "--profile-contexts")
     if not (0 < args.scale <= 1) or args.requests < 1:
         raise InputError("--scale is a share above 0 and at most 1, --requests 1 or more. Fix: e.g. --scale 1 --requests 200")
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
@@ -238,13 +255,35 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
 
         dep = spec.deployment
         pools = dep.pools()
-        lengths, profile_notes = ([], []) if args.results else prompt_length_runs(
-            args, spec, model, scenario, profile_shares, api_key, out)
+        levels = {share: [1] for share in profile_shares}
+        for share in context_shares:
+            levels[share] = sorted({*levels.get(share, []), *concurrencies})
+        others, profile_notes = ({}, []) if args.results else other_length_runs(
+            args, spec, model, scenario, levels, api_key, out)
+        lengths = [r for runs in others.values() for r in runs if r.concurrency == 1]
+        contexts = [[r for r in runs if r.concurrency in concurrencies] for n, runs in others.items()
+                    if any(round(scenario.input_tokens * share) == n for share in context_shares)]
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-        decode_pool = pools.get("decode", pools.get("colocated"))
+        decode_role = "decode" if "decode" in pools else "colocated"
+        kv_tokens = None
+        if fleet:
+            from infra.validation.health import kv_capacity_query, kv_tokens_per_instance
+
+            kv_tokens = kv_tokens_per_instance(spec.engine.kind, prometheus.vector(kv_capacity_query(
+                spec.engine.kind, spec.environment.namespace, decode_role)))
+        profile_notes.append(f"the KV cache of a {decode_role} instance: {kv_tokens:,.0f} tokens, as its engines "
+                             "report it" if kv_tokens else
+                             f"the KV cache of a {decode_role} instance: not measured (" +
+                             ("no --prometheus" if not fleet else "its engines report no KV cache size") +
+                             "); the planner caps the batch by max running requests only")
         profile = measured_workload(result.sweep, pools.get("prefill", pools.get("colocated")).instances,
-                                    decode_pool.instances, args.url, when, lengths=lengths,
-                                    max_running_requests=decode_pool.max_running_requests)
+                                    pools[decode_role].instances, args.url, when, lengths=lengths,
+                                    contexts=contexts, max_running_requests=pools[decode_role].max_running_requests,
+                                    kv_cache_tokens=kv_tokens)
+        rows = len(profile["surface"]["decode"]["contexts"])
+        if rows < 1 + len(contexts):
+            profile_notes.append(f"decode: {1 + len(contexts) - rows} context row(s) left out: they did not measure "
+                                 "every level of the sweep")
         write_output(args.profile_out, f"# measured by pdctl validate-deployment ({spec.environment.name}); read by "
                                        "pdctl plan --workload. capacity is per instance; arrival_rate_rps is what the "
                                        "test sustained inside the SLO: set the production peak to plan for demand\n"

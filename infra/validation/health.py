@@ -1,13 +1,15 @@
 """After the load: what the engines' own metrics say about the fleet (Prometheus). Per role, the
 spread of running requests over instances (a persistent hot spot means the balancer is not
 balancing), expert balancedness (EPLB), KV transfers that failed and requests that failed or
-were aborted during the test. Pure: query text in, gates out."""
+were aborted during the test; and the KV cache one decode instance holds, for the measured
+surface. Pure: query text in, gates (or figures) out."""
 
 from __future__ import annotations
 
 import math
 
-from infra.render.metrics import ENGINE_METRICS, GROUP_SERIES_LABEL, ROLE_SERIES_LABEL, summary_mean, with_selector
+from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, RELEASE_SERIES_LABEL, ROLE_SERIES_LABEL,
+                                 summary_mean, with_selector)
 from infra.tracks import namespaces_matcher
 from infra.rollout.canary import Gate
 
@@ -51,3 +53,42 @@ def fleet_gates(values: dict[str, float]) -> list[Gate]:
         else:
             gates.append(Gate(name, seen and value == 0, f"{value:g} during the test" if seen else "no samples"))
     return gates
+
+
+# What states each engine scheduler's KV cache, per the pinned engines' source:
+# - SGLang 0.5.23 (srt/observability/metrics_collector.py, SchedulerMetricsCollector.emit_constants
+#   and init_new): every scheduler sets the gauge `sglang:max_total_num_tokens` once at start,
+#   labelled with its tp_rank and, under data parallelism, its dp_rank. The tensor-parallel ranks
+#   of one attention group hold one pool of tokens between them; each DP rank has its own.
+# - vLLM 0.33.0 (v1/metrics/loggers.py, log_metrics_info; config/cache.py, metrics_info): the
+#   gauge `vllm:cache_config_info`, one series an engine (label `engine`), set to 1, with every
+#   CacheConfig field as a label, num_gpu_blocks and block_size among them.
+KV_CAPACITY_METRIC = {"sglang": "sglang:max_total_num_tokens", "vllm": "vllm:cache_config_info"}
+INSTANCE_LABELS = ("namespace", RELEASE_SERIES_LABEL, GROUP_SERIES_LABEL)
+
+
+def kv_capacity_query(engine: str, namespace: str, role: str) -> str:
+    return with_selector(KV_CAPACITY_METRIC[engine], f'{{{namespaces_matcher(namespace)},{ROLE_SERIES_LABEL}="{role}"}}')
+
+
+def kv_tokens_per_instance(engine: str, series: list[tuple[dict[str, str], float]]) -> float | None:
+    """Tokens of KV the smallest instance of a pool holds (the one that caps its batch first),
+    from the series of `kv_capacity_query`; None if there are none. An instance is one
+    LeaderWorkerSet group of one release track; its pods' series add up as the module comment
+    above says (SGLang: the largest over tp ranks, summed over dp ranks; vLLM: num_gpu_blocks x
+    block_size, summed over the engines each pod reports)."""
+    per_instance: dict[tuple, dict[tuple, float]] = {}
+    for labels, value in series:
+        instance = tuple(labels.get(k, "") for k in INSTANCE_LABELS)
+        pools = per_instance.setdefault(instance, {})
+        if engine == "sglang":
+            key = (labels.get("dp_rank", ""),)
+            pools[key] = max(pools.get(key, 0.0), value)
+        else:
+            try:
+                tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+            except (KeyError, ValueError):
+                continue  # an engine still starting reports num_gpu_blocks=None
+            pools[(labels.get("pod", ""), labels.get("engine", ""))] = float(tokens)
+    totals = [sum(pools.values()) for pools in per_instance.values() if pools]
+    return min(totals) if totals else None

@@ -181,9 +181,32 @@ class Sweep:
         return max(ok, key=lambda r: r.concurrency) if ok else None
 
 
+def _context(runs: list[LoadResult]) -> float:
+    """Tokens a running sequence holds on average over its life: its prompt and half its output."""
+    return round(sum(r.input_tokens_mean + r.output_tokens_mean / 2 for r in runs) / len(runs), 1)
+
+
+def _decode_row(runs: list[LoadResult], decode_instances: int) -> dict[float, float]:
+    """ITL (p50) by batch, a batch being a run's concurrency per decode instance."""
+    return {round(r.concurrency / decode_instances, 3): round(r.itl_p50_ms, 2) for r in runs
+            if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0}
+
+
+def decode_grid(rows: dict[float, dict[float, float]]) -> dict:
+    """The decode surface's grid from rows of ITL by batch, one row a context. The first row
+    (the sweep's own) sets the batches; another row joins only if it has them all, and one
+    context per value."""
+    first = next(iter(rows.values()))
+    batches = sorted(first)
+    whole = {c: row for c, row in rows.items() if all(b in row for b in batches)}
+    contexts = sorted(whole)
+    return {"contexts": contexts, "batches": batches, "itl_ms": [[whole[c][b] for b in batches] for c in contexts]}
+
+
 def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: int, where: str, when: str,
                       headroom: float = 0.2, lengths: list[LoadResult] | tuple = (),
-                      max_running_requests: int | None = None) -> dict:
+                      contexts: list[list[LoadResult]] | tuple = (), max_running_requests: int | None = None,
+                      kv_cache_tokens: float | None = None) -> dict:
     """The workload profile `pdctl plan --workload` reads, from a sweep: the traffic shape seen,
     and the surface one instance of each pool showed (infra/planning/surface.py), with where and
     when it was measured:
@@ -191,10 +214,14 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
       (the sweep's own and `lengths`, the same scenario at other prompt lengths), and the prompt
       tokens/s that makes (one prompt at a time, the planner's model); with no run at
       concurrency 1, the sweep's lightest run stands in (its TTFT holds some queueing: errs up);
-    - decode, by batch: ITL (p50, the typical step; the planner adds the batch's spread) at each
-      concurrency per decode instance, at the context the scenario's sequences hold on average
-      (input + output / 2); one context, so the planner extrapolates past it, and says so;
-    - the engine's max running requests from the spec. The KV cache's size is not measured here."""
+    - decode, by context and batch: ITL (p50, the typical step; the planner adds the batch's
+      spread) at each concurrency per decode instance, at the context the sequences hold on
+      average (input + output / 2): the sweep's row, and one row for each of `contexts` (the same
+      sweep at other prompt lengths) that measured every batch the sweep did (a grid has no
+      holes); past the longest the planner extrapolates, and says so;
+    - the engine's max running requests from the spec, and the KV cache one decode instance
+      holds, in tokens, as its engines report it (`kv_cache_tokens`, from Prometheus: see
+      infra/validation/health.py kv_tokens_per_instance), or none if that was not read."""
     best = sweep.best_within_slo()
     if best is None:
         raise LoadTestError(f"{sweep.scenario}: no run met the SLO, so no capacity can be stated. Fix: the "
@@ -204,17 +231,18 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
         [min(runs, key=lambda r: r.concurrency)]
     prefill = {round(r.input_tokens_mean, 1): r.ttft_p50_ms for r in alone
                if math.isfinite(r.input_tokens_mean) and math.isfinite(r.ttft_p50_ms) and r.input_tokens_mean > 0}
-    decode = sorted((round(r.concurrency / decode_instances, 3), round(r.itl_p50_ms, 2)) for r in runs
-                    if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0)
+    decode = _decode_row(runs, decode_instances)
     if not prefill or not decode:
         raise LoadTestError(f"{sweep.scenario}: aiperf reported no TTFT or ITL, so no surface can be stated. Fix: "
                             "a streaming endpoint (TTFT and ITL are measured per chunk)")
     surface = {
         "prefill": [{"input_tokens": n, "ttft_ms": round(t, 2), "tokens_per_second": round(n / t * 1000, 1)}
                     for n, t in sorted(prefill.items())],
-        "decode": {"contexts": [round(best.input_tokens_mean + best.output_tokens_mean / 2, 1)],
-                   "batches": [b for b, _ in decode], "itl_ms": [[itl for _, itl in decode]]},
+        "decode": decode_grid({_context([best]): decode,
+                               **{_context(other): _decode_row(other, decode_instances) for other in contexts if other}}),
     }
+    if kv_cache_tokens:
+        surface["kv_cache_tokens"] = round(kv_cache_tokens)
     if max_running_requests:
         surface["max_running_requests"] = max_running_requests
     return {
