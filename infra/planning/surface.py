@@ -88,8 +88,9 @@ class Surface(Strict):
 
     prefill: list[PrefillPoint] = Field(min_length=1, description="per prefill instance, by prompt length")
     decode: DecodeSurface = Field(description="per decode instance: ITL by context and batch")
-    kv_cache_tokens: float | None = Field(None, gt=0, description="tokens of KV one decode instance holds "
-                                          "(KV cache bytes of the pool / the model's KV bytes per token)")
+    kv_cache_tokens: float | None = Field(None, gt=0, description="tokens of KV one decode instance holds, as "
+                                          "its engines report it (validate-deployment --prometheus), or the "
+                                          "instance's KV cache bytes over the model's KV bytes per token")
     max_running_requests: int | None = Field(None, gt=0, description="the decode engine's cap on sequences")
     degenerate: bool = Field(False, description="made from one capacity figure: the same figure at every length")
 
@@ -99,12 +100,6 @@ class Surface(Strict):
         if any(b <= a for a, b in zip(lengths, lengths[1:])):
             raise ValueError("prefill points must rise in input_tokens. Fix: sort them, one per length")
         return self
-
-
-def kv_cache_tokens(kv_cache_bytes: float, kv_bytes_per_token: float) -> float:
-    """Tokens of KV an instance holds: its KV cache over the model's KV bytes per token
-    (DeepSeek-V3's MLA in FP8: 61 layers x (512 + 64) bytes = 35,136 bytes per token)."""
-    return kv_cache_bytes / kv_bytes_per_token
 
 
 # ---------------------------------------------------------------- length distributions
