@@ -194,12 +194,7 @@ def test_an_env_var_the_engine_does_not_read_is_refused():
         flagset("sglang").require_env({"SGLANG_DISAGG_TIMEOUT": "30"}, "test")
 
 
-@pytest.mark.parametrize("table", [
-    "sglang-0.5.23.json", "sglang-router-0.3.2.json",
-    pytest.param("vllm-0.33.0.json", marks=pytest.mark.xfail(
-        strict=True, reason="made before scripts/extract_engine_flags.py recorded its origin; regenerate it in "
-                            "the scratch virtualenv (the script's docstring) and drop this mark")),
-])
+@pytest.mark.parametrize("table", ["sglang-0.5.23.json", "sglang-router-0.3.2.json", "vllm-0.33.0.json"])
 def test_each_flag_table_names_the_wheel_and_files_it_was_read_from(table):
     """scripts/extract_engine_flags.py records the PyPI package and version it imported, the
     wheel's sha256 (pip's direct_url.json, installed from the downloaded wheel) and every file
