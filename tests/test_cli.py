@@ -187,3 +187,29 @@ def test_a_reader_that_goes_away_ends_nothing_half_way(tmp_path):
     assert code == 0 and "Traceback" not in err, err
     store = ReleaseStore("dev", releases)
     assert store.traffic() == {1: 100} and store.status(1) == "good" and store.operation() is None
+
+
+def test_an_interrupt_a_library_wrapped_is_still_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while pydantic-core builds a model's serializer comes back as its SchemaError,
+    "... KeyboardInterrupt:" in its text and nothing chained: pdctl printed "unexpected error:
+    SchemaError ... KeyboardInterrupt" (found by the Ctrl-C test above under pytest-xdist's
+    timing). It is an interrupt: one line, exit 130. A SchemaError of any other kind stays an
+    unexpected error."""
+    from pydantic_core import SchemaError
+
+    from infra.cli import main, validate
+
+    def interrupted(args):
+        raise SchemaError("Error building `model` serializer:\n  SchemaError: Field `role`:\n  KeyboardInterrupt: ")
+
+    monkeypatch.setattr(validate, "cmd_validate", interrupted)
+    capsys.readouterr()
+    assert main(["validate"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+    def broken(args):
+        raise SchemaError("Error building `model` serializer: something else")
+
+    monkeypatch.setattr(validate, "cmd_validate", broken)
+    assert main(["validate"]) == 1
+    assert "unexpected error: SchemaError" in capsys.readouterr().err

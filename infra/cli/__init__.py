@@ -36,6 +36,30 @@ def _open_standard_fds() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
+def caused_by_interrupt(exc: BaseException | None) -> bool:
+    """A Ctrl-C that reached pdctl inside a library that turned it into an error of its own.
+    pydantic-core, building a model's serializer when the signal arrives, reports it as a
+    SchemaError whose text ends in "KeyboardInterrupt:" and chains nothing (seen by
+    tests/test_cli.py's Ctrl-C test under another timing); other wrappers chain it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        if type(exc).__module__.startswith("pydantic_core") and "KeyboardInterrupt" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _say_interrupted() -> int:
+    try:
+        os.write(2, b"interrupted\n")
+    except OSError:
+        pass
+    return EXIT_INTERRUPTED
+
+
 def _interrupt_python_could_not_raise(unraisable) -> None:
     """A Ctrl-C that lands while Python runs a callback of its own (a weakref's, such as the one
     importlib's module locks use, or a finalizer) cannot be raised: Python prints "Exception
@@ -49,11 +73,7 @@ def _interrupt_python_could_not_raise(unraisable) -> None:
                 stream.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-        try:
-            os.write(2, b"interrupted\n")
-        except OSError:
-            pass
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(_say_interrupted())
     sys.__unraisablehook__(unraisable)
 
 
@@ -66,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(argv)
     except KeyboardInterrupt:  # while pdctl starts (imports, parsing), before run's own boundary
-        try:
-            os.write(2, b"interrupted\n")
-        except OSError:
-            pass
-        return EXIT_INTERRUPTED
+        return _say_interrupted()
+    except Exception as exc:  # a model class built during the imports, the signal wrapped (caused_by_interrupt)
+        if not caused_by_interrupt(exc):
+            raise
+        return _say_interrupted()

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 from rich.markup import escape
 
-from infra.cli import (EXIT_INTERRUPTED, canary, cost, diff, eplb, plan, policy, preflight, preview, releases, render,
-                       rollout, validate, validate_deployment)
+from infra.cli import (EXIT_INTERRUPTED, canary, caused_by_interrupt, cost, diff, eplb, plan, policy, preflight,
+                       preview, releases, render, rollout, validate, validate_deployment)
 from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, err_console
 from infra.inputs import InputError
 from infra.spec import SpecError
@@ -125,6 +125,9 @@ def _run(argv: list[str] | None) -> int:
         err_console.print("interrupted")
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the boundary: no traceback reaches a user without --debug
+        if caused_by_interrupt(exc):
+            err_console.print("interrupted")
+            return EXIT_INTERRUPTED
         if args.debug:
             raise
         err_console.print(f"[red]unexpected error: {type(exc).__name__}: {escape(str(exc))}[/red] "
