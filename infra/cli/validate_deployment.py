@@ -137,22 +137,24 @@ def plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
         raise InputError(f"--plot {args.plot}: {' '.join(done.stderr.split()[-30:])}")
 
 
-def other_length_runs(args, spec, model, scenario, levels: dict[float, list[int]], api_key,
+def prompt_length(scenario, share: float) -> int:
+    """Tokens of the scenario's prompt at a share of its own length."""
+    return max(1, round(scenario.input_tokens * share))
+
+
+def other_length_runs(args, spec, model, scenario, levels: dict[int, set[int]], api_key,
                       out: Path) -> tuple[dict[int, list], list[str]]:
-    """The scenario at other prompt lengths (share of its own -> concurrency levels): alone
-    (level 1) for the prefill surface, the whole sweep for a decode row at another context.
-    Returns the runs by prompt length, and what could not be measured (the surface is
-    narrower then, the verdict unchanged)."""
+    """The scenario at other prompt lengths (tokens -> concurrency levels): alone (level 1) for
+    the prefill surface, the whole sweep for a decode row at another context. Returns the runs
+    by prompt length, and what could not be measured (the surface is narrower then, the
+    verdict unchanged)."""
     from infra.validation.loadtest import LoadTestError
     from infra.validation.run import run_sweep
 
-    by_length: dict[int, set[int]] = {}
-    for share, concurrencies in levels.items():
-        n = max(1, round(scenario.input_tokens * share))
-        if n != scenario.input_tokens:
-            by_length.setdefault(n, set()).update(concurrencies)
     runs, missing = {}, []
-    for n, concurrencies in sorted(by_length.items()):
+    for n, concurrencies in sorted(levels.items()):
+        if n == scenario.input_tokens:
+            continue  # the sweep itself
         variant = dataclasses.replace(scenario, name=f"{scenario.name}-prompt{n}", input_tokens=n)
         try:
             runs[n] = [r for r, _ in run_sweep(args.aiperf, args.url, model, variant, sorted(concurrencies),
@@ -255,14 +257,17 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
 
         dep = spec.deployment
         pools = dep.pools()
-        levels = {share: [1] for share in profile_shares}
-        for share in context_shares:
-            levels[share] = sorted({*levels.get(share, []), *concurrencies})
+        context_lengths = {prompt_length(scenario, share) for share in context_shares}
+        levels: dict[int, set[int]] = {}
+        for share in profile_shares:
+            levels.setdefault(prompt_length(scenario, share), set()).add(1)
+        for n in context_lengths:
+            levels.setdefault(n, set()).update(concurrencies)
         others, profile_notes = ({}, []) if args.results else other_length_runs(
             args, spec, model, scenario, levels, api_key, out)
         lengths = [r for runs in others.values() for r in runs if r.concurrency == 1]
         contexts = [[r for r in runs if r.concurrency in concurrencies] for n, runs in others.items()
-                    if any(round(scenario.input_tokens * share) == n for share in context_shares)]
+                    if n in context_lengths]
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
         decode_role = "decode" if "decode" in pools else "colocated"
         kv_tokens = None

@@ -17,6 +17,11 @@ MAX_LOAD_SPREAD = 1.5  # busiest instance's running requests over the mean, aver
 MIN_EXPERT_BALANCEDNESS = 0.8  # SGLang's eplb_balancedness: mean over max GPU load of experts, 1 is even
 
 
+def role_selector(namespace: str, role: str) -> str:
+    """The series of one pool, in the environment's namespace and every release track's."""
+    return f'{{{namespaces_matcher(namespace)},{ROLE_SERIES_LABEL}="{role}"}}'
+
+
 def fleet_queries(engine: str, namespace: str, window: str, roles: list[str],
                   balancedness_roles: list[str] = ()) -> dict[str, str]:
     """`balancedness_roles`: pools whose engines export expert balancedness
@@ -24,7 +29,7 @@ def fleet_queries(engine: str, namespace: str, window: str, roles: list[str],
     m = ENGINE_METRICS[engine]
     queries = {}
     for role in roles:
-        sel = f'{{{namespaces_matcher(namespace)},{ROLE_SERIES_LABEL}="{role}"}}'
+        sel = role_selector(namespace, role)
         # An instance's load is its group's: every node of an SGLang group exports its own
         # schedulers' running requests.
         running = f"sum by (namespace, {GROUP_SERIES_LABEL}) (avg_over_time({with_selector(m.running, sel)}[{window}]))"
@@ -68,7 +73,7 @@ INSTANCE_LABELS = ("namespace", RELEASE_SERIES_LABEL, GROUP_SERIES_LABEL)
 
 
 def kv_capacity_query(engine: str, namespace: str, role: str) -> str:
-    return with_selector(KV_CAPACITY_METRIC[engine], f'{{{namespaces_matcher(namespace)},{ROLE_SERIES_LABEL}="{role}"}}')
+    return with_selector(KV_CAPACITY_METRIC[engine], role_selector(namespace, role))
 
 
 def kv_tokens_per_instance(engine: str, series: list[tuple[dict[str, str], float]]) -> float | None:
