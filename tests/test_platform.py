@@ -294,7 +294,9 @@ def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret()
         assert not any(fnmatch.fnmatchcase("kube-system", p) for p in patterns)
 
 
-# EKS's names for taint effects (the NodeGroup API's Taint.effect) and Kubernetes' own.
+# EKS's names for taint effects and the Kubernetes effects EKS writes on the nodes for them: the
+# valid values are pulumi-aws 7.51.1's (eks/_inputs.py, NodeGroupTaintArgs.effect); the mapping is
+# EKS's (User Guide, "Recipe: Prevent pods from being scheduled on specific nodes"), not checked here.
 EKS_TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
 
