@@ -4,17 +4,20 @@ and the serving stacks' references against what some stack creates."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from infra.components.nodepools import role_taints
 from infra.offline import run_spec
 from infra.planning.capacity import pool_capacity
-from infra.platform_stack.catalog import CATALOG, controller
-from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.catalog import CATALOG, controller, installed
+from infra.platform_stack.charts import prepared_chart
+from infra.platform_stack.checks import controller_problems, platform_problems
 from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
 from infra.platform_stack.program import Hosted, hosted_environments, platform_context, platform_objects
-from infra.platform_stack.spec import PlatformSpec, load_platform_spec
+from infra.platform_stack.spec import OnPremSpec, PlatformSpec, load_platform_spec
 from infra.platform_stack.taints import gpu_node_taints, tolerates
 from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
@@ -387,3 +390,98 @@ def test_each_platform_stack_previews_offline(name, capsys):
     from infra.cli import main
 
     assert main(["preview", "--offline", "--stack", name]) == 0, capsys.readouterr().err
+
+
+def onprem_twin_spec(**controllers) -> PlatformSpec:
+    """dev's cluster as an existing one (cloud: none), its controllers' values as given."""
+    spec = load_platform_spec("stacks/platform-dev.yaml")
+    return spec.model_copy(update={"cloud": OnPremSpec(),
+                                   "controllers": spec.controllers.model_copy(update=controllers)})
+
+
+def test_keda_and_the_metrics_adapter_are_installed_only_for_the_scaler_a_hosted_stack_uses():
+    dev = load_spec("stacks/dev.yaml")
+    spec = load_platform_spec("stacks/platform-dev.yaml")
+    hpa = dev.model_copy(update={"deployment": dev.deployment.model_copy(update={
+        "autoscaling": dev.deployment.autoscaling.model_copy(update={"scaler": "hpa"})})})
+    fixed = dev.model_copy(update={"deployment": dev.deployment.model_copy(update={
+        "autoscaling": dev.deployment.autoscaling.model_copy(update={"enabled": False})})})
+
+    def rows(serving):
+        return {r.name for r in installed(platform_context(spec, serving))} & {"keda", "prometheus-adapter"}
+
+    assert rows([dev]) == {"keda"}
+    assert rows([hpa]) == {"prometheus-adapter"}
+    assert rows([dev, hpa]) == {"keda", "prometheus-adapter"}
+    assert rows([fixed]) == set()
+
+
+def test_charts_from_pinned_modules_refuse_a_row_whose_chart_no_module_carries():
+    """chart_source: pinned-modules renders each chart from its source in a pinned module; a row
+    whose chart is only in a registry (KEDA's, the DRA driver's) must be the user's, said so."""
+    dev = load_spec("stacks/dev.yaml")
+    spec = onprem_twin_spec(chart_source="pinned-modules")
+    problems = controller_problems(platform_context(spec, [dev]))
+    assert sorted(p.split("but ")[1].split("'s chart")[0] for p in problems) == [
+        "aws-efa-k8s-device-plugin", "keda", "nvidia-dra-driver-gpu"]  # dev's fabric is EFA
+    assert all("Fix: install it yourself" in p and "controllers.user_installed" in p for p in problems)
+
+    spec = onprem_twin_spec(chart_source="pinned-modules",
+                            user_installed=["aws-efa-k8s-device-plugin", "keda", "nvidia-dra-driver-gpu"])
+    assert controller_problems(platform_context(spec, [dev])) == []
+    assert controller_problems(platform_context(onprem_twin_spec(user_installed=["kedaa"]), [dev])) == [
+        "controllers.user_installed: 'kedaa' is no controller of the catalog. Fix: one of "
+        + ", ".join(r.name for r in CATALOG)]
+
+
+def test_a_user_installed_row_gets_neither_chart_nor_crds():
+    dev = load_spec("stacks/dev.yaml")
+    spec = onprem_twin_spec(user_installed=["lws"])
+    objects = platform_objects(spec, [Hosted(dev, "dev", None)])
+    crds = {o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"}
+    assert "leaderworkersets.leaderworkerset.x-k8s.io" not in crds
+    assert "gateways.gateway.networking.k8s.io" in crds
+    assert not any(o["kind"] == "Namespace" and o["metadata"]["name"] == "lws-system" for o in objects)
+
+
+def test_a_chart_from_its_module_is_stamped_as_its_release_and_made_once(tmp_path):
+    """The source's Chart.yaml carries a placeholder version (cert-manager v0.0.0, Envoy Gateway
+    v0.0.0-latest) and Envoy Gateway's values are a template whose ${...} its release fills: the
+    prepared copy has the pinned version, the row's appVersion and values whose placeholders are
+    null, so the chart's own default image (docker.io/envoyproxy/gateway:<Chart.Version>) applies."""
+    for row in CATALOG:
+        if not row.values_source:
+            continue
+        folder = prepared_chart(row, tmp_path)
+        meta = yaml.safe_load((folder / "Chart.yaml").read_text())
+        origin = json.loads((folder / "ORIGIN.json").read_text())
+        assert (meta["version"], meta["appVersion"]) == (origin["version"], row.version), row.name
+        assert origin["module"] == row.values_source.module and origin["path"] == row.values_source.path
+        assert (folder / "values.yaml").is_file() and (folder / "templates").is_dir(), row.name
+        assert not list(tmp_path.glob(f".{row.name}-*")), "a work folder was left behind"
+    envoy = controller("envoy-gateway")
+    values = yaml.safe_load((prepared_chart(envoy, tmp_path) / "values.yaml").read_text())
+    assert values["global"]["images"]["envoyGateway"]["image"] is None
+    assert "${" not in (prepared_chart(envoy, tmp_path) / "values.yaml").read_text()
+    folder = prepared_chart(envoy, tmp_path)
+    (folder / "marker").write_text("")
+    assert (prepared_chart(envoy, tmp_path) / "marker").exists()  # made once per version
+    (folder / "ORIGIN.json").write_text("{}")  # another origin: made again
+    assert not (prepared_chart(envoy, tmp_path) / "marker").exists()
+
+
+def test_platform_crds_are_kept_when_the_stack_deletes_them(monkeypatch):
+    """Deleting a CRD deletes every object of its kind, fleets included: Pulumi keeps it."""
+    from infra.platform_stack.components import base
+
+    seen, register = {}, base.register_manifest
+
+    def recording(name, manifest, opts):
+        seen.setdefault(manifest["kind"], opts.retain_on_delete)
+        return register(name, manifest, opts)
+
+    monkeypatch.setattr(base, "register_manifest", recording)
+    dev = load_spec("stacks/dev.yaml")
+    platform_objects(onprem_twin_spec(), [Hosted(dev, "dev", None)])
+    assert seen["CustomResourceDefinition"] is True
+    assert seen["Namespace"] is False

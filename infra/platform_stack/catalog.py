@@ -58,6 +58,7 @@ class PlatformContext:
     spec: PlatformSpec
     gpu_tolerations: tuple[dict, ...]
     fabrics: frozenset[str]  # efa | infiniband | roce, over the hosted environments
+    scalers: frozenset[str] = frozenset({"keda"})  # keda | hpa, over the hosted environments that autoscale
     karpenter_gates: dict[str, bool] = field(default_factory=dict)
 
 
@@ -139,6 +140,7 @@ CATALOG: tuple[Controller, ...] = (
         "keda", "2.20.2", "keda", "ScaledObjects on each pool's LeaderWorkerSet",
         chart=Chart("https://kedacore.github.io/charts", "keda", "2.20.2"),
         values=lambda ctx: {"crds": {"install": False}},
+        enabled=lambda ctx: "keda" in ctx.scalers,
         unchecked="KEDA's chart lives in kedacore/charts, which is no Go module; github.com/kedacore/keda/v2 "
                   "(pinned) carries only its CRDs",
         crds=tuple(Source(KEDA, f"config/crd/bases/{n}.yaml") for n in (
@@ -165,7 +167,8 @@ CATALOG: tuple[Controller, ...] = (
         chart=Chart("https://prometheus-community.github.io/helm-charts", "prometheus-adapter", "4.11.0"),
         values=lambda ctx: {"prometheus": {"url": f"http://prometheus-operated.{ctx.spec.monitoring_namespace}.svc",
                                            "port": 9090}},
-        unchecked=_PROXY_REFUSES.format("sigs.k8s.io/prometheus-adapter")),
+        unchecked=_PROXY_REFUSES.format("sigs.k8s.io/prometheus-adapter"),
+        enabled=lambda ctx: "hpa" in ctx.scalers),
     Controller(
         "gpu-operator", "v25.3.4", "gpu-operator", "device plugin, GPU feature discovery (clique labels), "
                                                    "dcgm-exporter",
@@ -196,6 +199,12 @@ CATALOG: tuple[Controller, ...] = (
         gpu_toleration_paths=("operator.tolerations",),
         enabled=lambda ctx: bool(ctx.fabrics & {"infiniband", "roce"})),
 )
+
+
+def installed(ctx: PlatformContext) -> list[Controller]:
+    """The rows this platform installs: those its hosted environments need, less those the
+    cluster already has (`controllers.user_installed`)."""
+    return [row for row in CATALOG if row.enabled(ctx) and row.name not in ctx.spec.controllers.user_installed]
 
 
 def controller(name: str) -> Controller:

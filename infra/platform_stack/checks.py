@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from infra.planning.capacity import pool_capacity
+from infra.platform_stack.catalog import CATALOG, PlatformContext, installed
 from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
@@ -52,4 +53,19 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
             for role in s.deployment.pools():
                 if (env, role) not in groups:
                     problems.append(f"nodes.node_groups: no group for {env}'s {role} pool. Fix: add one")
+    return problems
+
+
+def controller_problems(ctx: PlatformContext) -> list[str]:
+    """`controllers.user_installed` names catalog rows, and with `chart_source: pinned-modules`
+    every row this platform installs has its chart in a pinned module."""
+    controllers = ctx.spec.controllers
+    names = [row.name for row in CATALOG]
+    problems = [f"controllers.user_installed: {name!r} is no controller of the catalog. Fix: one of {', '.join(names)}"
+                for name in controllers.user_installed if name not in names]
+    if controllers.chart_source == "pinned-modules":
+        problems += [f"controllers.chart_source: pinned-modules, but {row.name}'s chart is in no pinned module "
+                     f"({row.unchecked}). Fix: install it yourself (e.g. from your own mirror) and list it in "
+                     f"controllers.user_installed, or use chart_source: registry"
+                     for row in installed(ctx) if row.chart and row.values_source is None]
     return problems

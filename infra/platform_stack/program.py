@@ -11,13 +11,13 @@ import pulumi
 
 from infra.components.k8s import logical_name
 from infra.planning.capacity import pool_capacity
-from infra.platform_stack.catalog import CATALOG, PlatformContext, controller
+from infra.platform_stack.catalog import PlatformContext, controller, installed
 from infra.platform_stack.cloud import build_cloud
 from infra.platform_stack.components.controllers import ControllerInstall
 from infra.platform_stack.components.gateway import GatewayPlatform
 from infra.platform_stack.components.nodes import StaticNodes
 from infra.platform_stack.components.observability import Observability, prometheus_url
-from infra.platform_stack.checks import platform_problems
+from infra.platform_stack.checks import controller_problems, platform_problems
 from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
 from infra.platform_stack.taints import gpu_node_taints, tolerations_for
 from infra.rollout.preflight import Inventory, load_inventory
@@ -49,25 +49,29 @@ def platform_context(spec: PlatformSpec, serving: list[StackSpec]) -> PlatformCo
     return PlatformContext(
         spec=spec, gpu_tolerations=tuple(tolerations_for(gpu_node_taints(serving))),
         fabrics=frozenset(s.hardware.fabric.kind for s in serving if s.hardware.fabric),
+        scalers=frozenset(s.deployment.autoscaling.scaler for s in serving if s.deployment.autoscaling.enabled),
         karpenter_gates={"staticCapacity": static, "reservedCapacity": reserved})
 
 
 def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> dict[str, pulumi.ComponentResource]:
     hosted = hosted_environments(spec) if hosted is None else hosted
-    problems = platform_problems(spec, hosted)
+    serving = [h.spec for h in hosted]
+    ctx = platform_context(spec, serving)
+    problems = platform_problems(spec, hosted) + controller_problems(ctx)
     if problems:
         raise PlatformSpecError(problems)
-    serving = [h.spec for h in hosted]
     cloud = build_cloud(spec, serving)
-    ctx = platform_context(spec, serving)
     k8s_opts = pulumi.ResourceOptions(providers=[cloud.kubernetes] if cloud.kubernetes else None)
     namespaces: dict[str, pulumi.Resource] = {}
-    installs = {row.name: ControllerInstall(row, ctx, namespaces, k8s_opts) for row in CATALOG if row.enabled(ctx)}
+    installs = {row.name: ControllerInstall(row, ctx, namespaces, k8s_opts) for row in installed(ctx)}
     layers: dict[str, pulumi.ComponentResource] = dict(installs)
+
+    def after(row: str) -> list[pulumi.Resource]:  # a user-installed row is there before the stack runs
+        return installs[row].ready() if row in installs else []
+
     layers["gateway"] = GatewayPlatform("gateway", spec, ENVOY_GATEWAY_NAMESPACE, cloud.gateway_service_annotations,
-                                        installs["envoy-gateway"].ready(), k8s_opts)
-    layers["observability"] = Observability("observability", spec, serving, installs["prometheus-operator"].ready(),
-                                            k8s_opts)
+                                        after("envoy-gateway"), k8s_opts)
+    layers["observability"] = Observability("observability", spec, serving, after("prometheus-operator"), k8s_opts)
     node_classes = [m for hook in cloud.after_controllers for m in hook(installs)]
     if spec.nodes.mode == "static":
         layers["nodes"] = StaticNodes("nodes", [(h.spec, h.inventory) for h in hosted if h.inventory], k8s_opts)

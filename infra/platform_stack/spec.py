@@ -179,6 +179,14 @@ class ControllerValues(Strict):
     gpu_driver_preinstalled: bool = Field(True, description="The AMI carries the NVIDIA driver (EKS accelerated AMIs "
                                                             "do): the GPU operator installs no driver.")
     cert_manager_replicas: PositiveInt = 2
+    chart_source: Literal["registry", "pinned-modules"] = Field(
+        "registry", description="registry: each chart as its project publishes it (catalog.py's repository and "
+                                "version); pinned-modules: rendered from the chart's source in the Go module "
+                                "pinned in twin/*/go.mod, prepared as its release does (infra/platform_stack/"
+                                "charts.py), for clusters that reach no chart registry (air-gapped, the twin).")
+    user_installed: list[str] = Field(
+        [], description="Catalog rows the cluster already has (installed by you, e.g. from your own mirror): "
+                        "pdstack installs neither their chart nor their CRDs.")
 
 
 class PlatformSpec(Strict):

@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra.platform_stack.catalog import Controller, PlatformContext, Source
+from infra.platform_stack.charts import prepared_chart
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.modules import module_file
 
@@ -63,6 +64,18 @@ def manifest_documents(source: Source, namespace: str) -> list[dict]:
     return out
 
 
+def chart_location(row: Controller, chart_source: str) -> dict:
+    """helm.v4.Chart's chart arguments: the published chart, or its source prepared from the
+    pinned module (infra/platform_stack/charts.py; infra/platform_stack/checks.py refuses a row
+    without one)."""
+    if chart_source == "pinned-modules":
+        return {"chart": str(prepared_chart(row))}
+    c = row.chart
+    if c.repo.startswith("oci://"):
+        return {"chart": f"{c.repo}/{c.name}", "version": c.version}
+    return {"chart": c.name, "version": c.version, "repository_opts": k8s.helm.v4.RepositoryOptsArgs(repo=c.repo)}
+
+
 class ControllerInstall(PlatformLayer):
     layer = "controllers"
 
@@ -86,13 +99,8 @@ class ControllerInstall(PlatformLayer):
             self.crds += crds
             self.resources = [self.add(d, first + crds) for d in docs if d["kind"] != "CustomResourceDefinition"]
         if row.chart:
-            c = row.chart
-            oci = c.repo.startswith("oci://")
             self.chart = k8s.helm.v4.Chart(
-                row.name,
-                chart=f"{c.repo}/{c.name}" if oci else c.name,
-                version=c.version,
-                repository_opts=None if oci else k8s.helm.v4.RepositoryOptsArgs(repo=c.repo),
+                row.name, **chart_location(row, ctx.spec.controllers.chart_source),
                 namespace=row.namespace,
                 values=self.values,
                 skip_crds=True,
