@@ -90,8 +90,10 @@ class EngineProject:
         settings_file.write_text(yaml.safe_dump(settings))
 
 
-def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path | None = None) -> EngineProject:
-    """Environment and project for the real engine; the CLI and its plugins found on PATH only."""
+def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path | None = None,
+                   platform_stand_in_stack: bool = True) -> EngineProject:
+    """Environment and project for the real engine; the CLI and its plugins found on PATH only.
+    `platform_stand_in_stack`: make the stand-in platform stack the serving stack reads."""
     require_engine()
     work_dir = tmp_path / "project"
     work_dir.mkdir()
@@ -114,7 +116,8 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
     }.items():
         monkeypatch.setenv(name, value)
     project = EngineProject(work_dir, stack, kubeconfig)
-    platform_stand_in(project)
+    if platform_stand_in_stack:
+        platform_stand_in(project)
     return project
 
 

@@ -1,0 +1,152 @@
+"""The platform stack's Kubernetes part, applied for real on the cluster twin.
+
+The test runs `pulumi up` of a platform spec for an existing cluster (`cloud: none`, the on-prem
+path) that hosts dev. Its charts are rendered from their sources in the pinned modules
+(`controllers.chart_source: pinned-modules`, infra/platform_stack/charts.py) by the Helm inside
+the real pulumi-kubernetes provider (helm.v4.Chart, hooks disabled: pkg/provider/helm/v4/chart.go
+at the pinned provider sets `DisableHooks = true`). Every object goes to the real API server
+through the provider's server-side apply. The real DaemonSet controller and scheduler then place
+the GPU DaemonSets onto dev's tainted GPU nodes.
+
+What stands in:
+- kwok runs every controller's pods, so no image runs and no operator makes the DaemonSets it
+  makes at run time. The GPU operator's device plugin, GFD and dcgm-exporter come from its
+  ClusterPolicy and are not seen here. NFD's worker is rendered by the chart, and is seen.
+- Rows the twin provides or cannot install are `user_installed`:
+  - lws: the twin runs the real controller, its webhooks on loopback;
+  - keda, the DRA driver and the EFA plugin: their charts are in no module the proxy serves,
+    and the kwok nodes carry the GPU and EFA capacity the plugins would publish.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.platform_stack.catalog import controller
+from infra.platform_stack.program import build_platform
+from infra.platform_stack.spec import OnPremSpec, load_platform_spec
+from infra.rollout.pulumi_cluster import PROJECT
+from infra.spec import REPO_ROOT
+from tests.engine import engine_project
+from tests.twin.conftest import FIGURES
+from tests.twin.placement import delete_namespaces
+from twin import fleet
+from twin.cluster import kubectl
+from twin.nodes import TWIN_LABEL
+from twin.paths import KUBECONFIG
+
+STACK = "platform-twin"
+USER_INSTALLED = ["lws", "keda", "nvidia-dra-driver-gpu", "aws-efa-k8s-device-plugin"]
+NFD_WORKER = "gpu-operator-node-feature-discovery-worker"  # the gpu-operator release's NFD subchart
+
+
+def twin_platform_spec():
+    """platform-dev's spec, for dev's cluster taken as an existing one: no AWS part."""
+    spec = load_platform_spec(REPO_ROOT / "stacks" / "platform-dev.yaml")
+    return spec.model_copy(update={
+        "name": STACK, "cloud": OnPremSpec(),
+        "controllers": spec.controllers.model_copy(update={"chart_source": "pinned-modules",
+                                                           "user_installed": USER_INSTALLED})})
+
+
+def gpu_nodes(env: str) -> set[str]:
+    return {n["metadata"]["name"] for n in fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}")
+            if n["spec"].get("taints")}
+
+
+def get_one(kind: str, namespace: str, name: str) -> dict:
+    return json.loads(kubectl("get", kind, "-n", namespace, name, "-o", "json").stdout)
+
+
+def daemonset_pods_by_node(namespace: str, name: str) -> dict[str, str]:
+    """node -> pod, for the bound pods of one DaemonSet."""
+    out = {}
+    for pod in fleet.get("pods", "-n", namespace):
+        owners = pod["metadata"].get("ownerReferences") or []
+        if any(o["kind"] == "DaemonSet" and o["name"] == name for o in owners) and pod["spec"].get("nodeName"):
+            out[pod["spec"]["nodeName"]] = pod["metadata"]["name"]
+    return out
+
+
+def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the_tainted_nodes(
+        dev_nodes, tmp_path, monkeypatch):
+    """`pulumi up` creates every object of the platform stack on the real API server, the charts'
+    included; the NFD worker DaemonSet gets a pod bound on every one of dev's tainted GPU nodes;
+    the same DaemonSet without the platform's tolerations gets none there (the test bites); and
+    `pulumi destroy` removes the stack but keeps its CRDs, and the objects of their kinds."""
+    from pulumi import automation as auto
+
+    env = dev_nodes.environment.name
+    project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG, platform_stand_in_stack=False)
+    # The state file is written once, at the end, instead of after every step: with the CRDs'
+    # schemas in it (megabytes), the steps' checkpoints took two thirds of the run (305 s against
+    # 117 s here). What this test judges is the cluster, not the state's crash safety, which the
+    # rollout's SIGKILL row on the twin tests with checkpoints on.
+    monkeypatch.setenv("PULUMI_SKIP_CHECKPOINTS", "true")
+    spec = twin_platform_spec()
+    stack = auto.create_or_select_stack(stack_name=STACK, project_name=PROJECT, program=lambda: build_platform(spec),
+                                        opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
+    stack.set_config("pdstack:specFile", auto.ConfigValue("stacks/platform-dev.yaml"))  # Pulumi.yaml asks for it
+    log: list[str] = []
+    destroyed = False
+    namespaces = sorted({controller(n).namespace for n in ("cert-manager", "envoy-gateway", "gpu-operator",
+                                                           "prometheus-operator")} | {spec.monitoring_namespace})
+    try:
+        result = stack.up(on_output=log.append, color="never")
+        assert result.summary.result == "succeeded", "\n".join(log[-40:])
+        resources = stack.export_stack().deployment["resources"]
+        objects = [r for r in resources if r["type"].startswith("kubernetes:")
+                   and not r["type"].startswith(("kubernetes:helm.sh", "pulumi:providers"))]
+        kinds = {r["type"].split(":")[-1] for r in objects}
+        assert {"CustomResourceDefinition", "Deployment", "DaemonSet", "GatewayClass", "Prometheus"} <= kinds, kinds
+        from_charts = [r for r in objects if "kubernetes:helm.sh/v4:Chart" in r.get("parent", "")]
+        assert from_charts, "no chart rendered an object"
+
+        gpu = gpu_nodes(env)
+        assert gpu, "dev_nodes made no GPU node"
+        ns = controller("gpu-operator").namespace
+        on_nodes = fleet.wait_for("the NFD worker on every GPU node",
+                                  lambda: gpu <= set(daemonset_pods_by_node(ns, NFD_WORKER)) and
+                                  daemonset_pods_by_node(ns, NFD_WORKER))
+        missing = gpu - set(on_nodes or {})
+        if missing:
+            pending = [q["metadata"]["name"] for q in fleet.get("pods", "-n", ns) if not q["spec"].get("nodeName")]
+            pytest.fail(f"no {NFD_WORKER} pod on {sorted(missing)}; pending: " + "; ".join(
+                f"{name}: {fleet.scheduler_events(ns, name)}" for name in pending))
+
+        # The bite: the same DaemonSet without the platform's tolerations is kept off every
+        # tainted node by the DaemonSet controller, and goes to the untainted ones only.
+        worker = get_one("daemonset", ns, NFD_WORKER)
+        bite = {"twin.pdstack.io/bite": "untolerated"}
+        untolerated = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                       "metadata": {"name": f"{NFD_WORKER}-untolerated", "namespace": ns},
+                       "spec": {"selector": {"matchLabels": bite}, "template": {
+                           "metadata": {"labels": bite},
+                           "spec": {**worker["spec"]["template"]["spec"], "tolerations": []}}}}
+        assert fleet.apply_each_pass([untolerated]).rejected == {}
+        untainted = {n["metadata"]["name"] for n in fleet.get("nodes") if not n["spec"].get("taints")}
+        status = fleet.wait_for("the untolerated DaemonSet's pods", lambda: (lambda s: s if s.get(
+            "numberReady") == len(untainted) else None)(get_one("daemonset", ns, f"{NFD_WORKER}-untolerated")["status"]))
+        placed = daemonset_pods_by_node(ns, untolerated["metadata"]["name"])
+        assert status and status["desiredNumberScheduled"] == len(untainted), status
+        assert set(placed) == untainted and not set(placed) & gpu, sorted(placed)
+        kubectl("delete", "daemonset", "-n", ns, untolerated["metadata"]["name"])
+
+        FIGURES.append(f"{STACK} (pulumi up, charts from pinned modules): objects applied {len(objects)} "
+                       f"({len(from_charts)} rendered by charts), rejected 0; {NFD_WORKER}: pods on "
+                       f"{len(gpu & set(on_nodes))}/{len(gpu)} tainted GPU nodes; without tolerations: 0/{len(gpu)}")
+
+        stack.destroy(on_output=log.append, color="never")
+        destroyed = True
+        crds = {c["metadata"]["name"] for c in fleet.get("crd")}
+        assert {"clusterpolicies.nvidia.com", "gateways.gateway.networking.k8s.io", "prometheuses.monitoring.coreos.com",
+                "certificates.cert-manager.io"} <= crds, "a CRD went with the stack"
+        assert not fleet.get("deployment", "-n", controller("cert-manager").namespace)
+    finally:
+        if not destroyed:
+            try:
+                stack.destroy(on_output=log.append, color="never")
+            except Exception:  # noqa: BLE001 - the namespaces below still go; the test has failed already
+                delete_namespaces(namespaces)
