@@ -25,7 +25,7 @@ import jsonpatch
 import yaml
 
 from twin.build import go_env
-from twin.paths import ROOT, TWIN_SRC
+from twin.paths import ROOT, RUN_DIR, TWIN_SRC
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,28 @@ def apply_twin_crds(kubectl) -> None:
 
 def kwok_stages() -> list[Path]:
     """kwok's own stages at its pinned version: nodes initialise (capacity becomes allocatable,
-    Ready) and keep a heartbeat; pods go Running and Ready, complete, and are deleted."""
+    Ready) and keep a heartbeat; pods go Running and Ready, and complete. A pod being deleted is
+    first taken to a terminal phase, as a kubelet does (twin/stages/pod-terminate-on-delete.yaml,
+    the twin's own), and then deleted by kwok's pod-delete stage, narrowed to terminal pods so
+    the two never race for the same pod."""
     mod = module("controllers", "sigs.k8s.io/kwok")
-    return [mod.file(f"kustomize/stage/{p}") for p in (
+    stages = [mod.file(f"kustomize/stage/{p}") for p in (
         "node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
-        "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml")]
+        "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml")]
+    return [*stages, TWIN_SRC / "stages" / "pod-terminate-on-delete.yaml", _terminal_pod_delete(mod)]
+
+
+def _terminal_pod_delete(mod: Module) -> Path:
+    """kwok's pod/fast/pod-delete.yaml with one condition added: the pod is in a terminal phase."""
+    relative = "kustomize/stage/pod/fast/pod-delete.yaml"
+    stage = yaml.safe_load(mod.file(relative).read_text())
+    stage["spec"]["selector"]["matchExpressions"].append(
+        {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]})
+    origin = mod.origin(relative)
+    out = RUN_DIR / "kwok-pod-delete-terminal.yaml"
+    out.write_text(f"# {origin['module']}@{origin['version']}/{relative}, narrowed to terminal pods (twin/crds.py)\n"
+                   + yaml.safe_dump(stage, sort_keys=False))
+    return out
 
 
 def lws_webhook_configurations(port: int, ca_pem: bytes) -> list[dict]:
