@@ -485,3 +485,19 @@ def test_platform_crds_are_kept_when_the_stack_deletes_them(monkeypatch):
     platform_objects(onprem_twin_spec(), [Hosted(dev, "dev", None)])
     assert seen["CustomResourceDefinition"] is True
     assert seen["Namespace"] is False
+
+
+def test_parsed_module_files_are_kept_per_version_and_a_broken_copy_is_parsed_again(tmp_path, monkeypatch):
+    from infra.platform_stack.components import controllers
+
+    monkeypatch.setattr(controllers, "DOCUMENTS_CACHE", tmp_path)
+    source = controller("lws").crds[0]
+    controllers.documents.cache_clear()
+    parsed = controllers.documents(source.module, source.path)
+    kept = next(tmp_path.rglob("*.json"))
+    assert "sigs.k8s.io/lws@v0.9.0/" in kept.as_posix() and json.loads(kept.read_text()) == list(parsed)
+    kept.write_text('[{"kind": "Trunc')  # a copy cut short
+    controllers.documents.cache_clear()
+    assert controllers.documents(source.module, source.path) == parsed
+    assert json.loads(kept.read_text()) == list(parsed)
+    controllers.documents.cache_clear()

@@ -78,7 +78,7 @@ def pin(module: str) -> Pin:
     return Pin(module, version, folder)
 
 
-def _escape(path: str) -> str:
+def escape_module_path(path: str) -> str:
     """Go's module cache spells upper-case letters as !lower (golang.org/x/mod/module EscapePath)."""
     return re.sub(r"[A-Z]", lambda m: "!" + m.group(0).lower(), path)
 
@@ -98,7 +98,7 @@ def _mod_cache() -> Path:
 def module_dir(module: str) -> Path:
     """The unpacked module at its pinned version; downloaded (and go.sum-verified) if missing."""
     p = pin(module)
-    folder = _mod_cache() / f"{_escape(p.module)}@{p.version}"
+    folder = _mod_cache() / f"{escape_module_path(p.module)}@{p.version}"
     if folder.is_dir():
         return folder
     if not shutil.which("go"):

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
+import os
+import tempfile
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -21,7 +24,9 @@ import yaml
 from infra.platform_stack.catalog import Controller, PlatformContext, Source
 from infra.platform_stack.charts import prepared_chart
 from infra.platform_stack.components.base import PlatformLayer
-from infra.platform_stack.modules import module_file
+from infra.platform_stack.modules import REPO_ROOT, escape_module_path, module_file, pin
+
+DOCUMENTS_CACHE = REPO_ROOT / ".pdstack" / "cache" / "module-documents"
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML's safe loader (libyaml's where built), reading a bare `=` (YAML 1.1's value key,
@@ -35,9 +40,26 @@ _CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBindin
 
 @functools.cache
 def documents(module: str, path: str) -> tuple[dict, ...]:
-    """The YAML documents of a file in a pinned module, parsed once per process."""
+    """The YAML documents of a file in a pinned module, parsed once per process, and once per
+    module version on this machine: building Python objects from megabytes of CRD schema took
+    5 of platform-prod's 12 s of offline preview, and JSON reads the same objects in a fraction
+    of that. A module's files never change at a version (go.sum checks the zip), so the parsed
+    copy under .pdstack/cache/ is keyed by module, version and path."""
+    cached = DOCUMENTS_CACHE / f"{escape_module_path(module)}@{pin(module).version}" / f"{path}.json"  # Go's layout
+    try:
+        return tuple(json.loads(cached.read_text()))
+    except (OSError, ValueError):
+        pass
     text = module_file(module, path).read_text()
-    return tuple(d for d in yaml.load_all(text, Loader=_Loader) if d)
+    docs = tuple(d for d in yaml.load_all(text, Loader=_Loader) if d)
+    try:  # written whole or not at all: a temporary file renamed into place
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=cached.parent, suffix=".tmp", delete=False) as out:
+            json.dump(docs, out)
+        os.replace(out.name, cached)
+    except (OSError, TypeError):  # a read-only checkout, or a value JSON cannot hold: parse each time
+        pass
+    return docs
 
 
 def _published(doc: dict) -> dict:
