@@ -14,13 +14,12 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
-import tempfile
 
 import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from infra.inputs import write_output
 from infra.platform_stack.catalog import Controller, PlatformContext, Source
 from infra.platform_stack.charts import prepared_chart
 from infra.platform_stack.components.base import PlatformLayer
@@ -52,11 +51,10 @@ def documents(module: str, path: str) -> tuple[dict, ...]:
         pass
     text = module_file(module, path).read_text()
     docs = tuple(d for d in yaml.load_all(text, Loader=_Loader) if d)
-    try:  # written whole or not at all: a temporary file renamed into place
+    try:
+        text = json.dumps(docs)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=cached.parent, suffix=".tmp", delete=False) as out:
-            json.dump(docs, out)
-        os.replace(out.name, cached)
+        write_output(cached, text)  # whole or not at all
     except (OSError, TypeError):  # a read-only checkout, or a value JSON cannot hold: parse each time
         pass
     return docs
