@@ -22,7 +22,7 @@ from infra.platform_stack.taints import gpu_node_taints, tolerates
 from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
 from infra.rollout.preflight import HostEntry, Inventory
-from infra.spec import SpecError
+from infra.spec import REPO_ROOT, SpecError
 from infra.spec_checks import load_spec, parse_spec
 
 PLATFORMS = ["platform-prod", "platform-dev"]
@@ -393,8 +393,9 @@ def test_each_platform_stack_previews_offline(name, capsys):
 
 
 def onprem_twin_spec(**controllers) -> PlatformSpec:
-    """dev's cluster as an existing one (cloud: none), its controllers' values as given."""
-    spec = load_platform_spec("stacks/platform-dev.yaml")
+    """dev's cluster as an existing one (cloud: none), its controllers' values as given (also the
+    platform tests/twin/test_platform_on_twin.py applies)."""
+    spec = load_platform_spec(REPO_ROOT / "stacks" / "platform-dev.yaml")
     return spec.model_copy(update={"cloud": OnPremSpec(),
                                    "controllers": spec.controllers.model_copy(update=controllers)})
 

@@ -26,10 +26,9 @@ import pytest
 
 from infra.platform_stack.catalog import controller
 from infra.platform_stack.program import build_platform
-from infra.platform_stack.spec import OnPremSpec, load_platform_spec
 from infra.rollout.pulumi_cluster import PROJECT
-from infra.spec import REPO_ROOT
 from tests.engine import engine_project
+from tests.test_platform import onprem_twin_spec
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import delete_namespaces
 from twin import fleet
@@ -44,11 +43,8 @@ NFD_WORKER = "gpu-operator-node-feature-discovery-worker"  # the gpu-operator re
 
 def twin_platform_spec():
     """platform-dev's spec, for dev's cluster taken as an existing one: no AWS part."""
-    spec = load_platform_spec(REPO_ROOT / "stacks" / "platform-dev.yaml")
-    return spec.model_copy(update={
-        "name": STACK, "cloud": OnPremSpec(),
-        "controllers": spec.controllers.model_copy(update={"chart_source": "pinned-modules",
-                                                           "user_installed": USER_INSTALLED})})
+    spec = onprem_twin_spec(chart_source="pinned-modules", user_installed=USER_INSTALLED)
+    return spec.model_copy(update={"name": STACK})
 
 
 def gpu_nodes(env: str) -> set[str]:
