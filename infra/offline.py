@@ -8,14 +8,17 @@ for in-process fakes; the program itself is unchanged, so what is recorded here 
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.stack import run_pulumi_func
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from infra.spec import StackSpec
 
@@ -185,10 +188,64 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev",
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
     pulumi.runtime.settings.SETTINGS.outputs.clear()
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=True, monitor=monitor)
-    _sync_await(run_pulumi_func(program))
+    _run_until_done_or_interrupted(program)
     # Registrations arrive in whatever order the program's outputs resolve, which differs from
     # run to run; sorted by URN, previews and renders are byte-identical and can be diffed.
     return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn))
+
+
+def _run_until_done_or_interrupted(program) -> None:
+    """Run `program` as Pulumi's language host does (`run_pulumi_func`), except that a Ctrl-C
+    ends the run with KeyboardInterrupt.
+
+    Pulumi catches whatever the program's body raises, KeyboardInterrupt included, and then
+    waits for every registration the program started before it re-raises (pulumi/runtime/
+    stack.py `run_pulumi_func`, `except BaseException`). A Ctrl-C that lands inside a resource's
+    constructor, after its URN's future is made and before its registration is queued
+    (pulumi/runtime/resource.py `register_resource`, across the slow `_get_stack_trace`), leaves
+    a future nobody will resolve; its children wait on it, and so that wait never ends
+    (`pdctl preview --offline` hung after a Ctrl-C in CI). So the body's interrupt also cancels
+    the run, and every task still pending is cancelled and run to its end, as `asyncio.run`
+    does, leaving no "Task was destroyed but it is pending" behind."""
+    loop = _ensure_event_loop()
+    interrupted = False
+
+    def program_or_interrupt():
+        nonlocal interrupted
+        try:
+            return program()
+        except KeyboardInterrupt:
+            interrupted = True
+            run.cancel()  # run_pulumi_func's wait for the registrations ends at its first await
+            raise
+
+    run = asyncio.ensure_future(run_pulumi_func(program_or_interrupt), loop=loop)
+    try:
+        _sync_await(run)
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        _cancel_pending_tasks(loop)
+        raise KeyboardInterrupt from None
+    except KeyboardInterrupt:  # raised in a task's step: Task re-raises it out of the loop
+        _cancel_pending_tasks(loop)
+        raise
+
+
+def _cancel_pending_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what an interrupted run left pending and let it end. The run also leaves
+    coroutines it made but never started (an Output's `future()`, `is_known()`); they are
+    collected here, with Python's "never awaited" warning silenced, since that is what
+    stopping a program half way means, not a fault to report."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        del pending  # the tasks hold the last references to those coroutines
+        gc.collect()
 
 
 def run_spec(spec, project: str = "pdstack", tracks=None) -> OfflineRun:

@@ -151,6 +151,39 @@ def test_ctrl_c_while_pdctl_starts_or_runs_is_one_line_and_exit_130(command):
     assert 130 in codes, codes
 
 
+_INTERRUPT_IN_A_CONSTRUCTOR = """
+import sys
+import pulumi.runtime.resource as resource
+from infra.cli import main
+
+calls, stack_trace = 0, resource._get_stack_trace
+
+def ctrl_c_on_the_nth_call():
+    global calls
+    calls += 1
+    if calls == int(sys.argv[1]):
+        raise KeyboardInterrupt
+    return stack_trace()
+
+resource._get_stack_trace = ctrl_c_on_the_nth_call
+sys.exit(main(["preview", "--offline"]))
+"""
+
+
+@pytest.mark.parametrize("nth", [1, 3, 20, 40, 57])
+def test_ctrl_c_inside_a_resource_constructor_ends_the_preview(nth):
+    """A Ctrl-C that lands in a resource's constructor, between its URN's future and its
+    registration (pulumi/runtime/resource.py register_resource, pulumi 3.272.0 pinned in
+    pyproject: `_get_stack_trace` is the slow step there), is caught by Pulumi's
+    run_pulumi_func, which then waits for registrations that can never finish: `pdctl preview
+    --offline` hung until CI's timeout (the Ctrl-C test above, under load). Here the interrupt
+    is put at that exact point of dev's program, at its first, early, middle and last (57th of
+    58) constructor: one line, exit 130, nothing else."""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_A_CONSTRUCTOR, str(nth)], capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stderr) == (130, "interrupted\n"), done.stderr[-2000:]
+
+
 def test_a_closed_stdout_is_no_traceback_and_no_file_gets_the_output(tmp_path):
     """`pdctl validate >&-`: Python leaves sys.stdout None, and the next file pdctl opens would
     get descriptor 1. The command runs with its output dropped; render's manifests hold only
