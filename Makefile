@@ -47,10 +47,8 @@ twin-down:
 preview: setup
 	$(VENV)/bin/pdctl preview --offline --stack dev
 
-# Everything but the twin's tests runs on every core, a test file to a worker (-n auto --dist
-# loadfile: a module's fixtures stay in one process); then the twin's tests, in one process,
-# since they share one twin: they start it (or reuse one `make twin-up` started) and stop what
-# they started.
+# The twin's tests, in one process since they share one twin (they start it, or reuse one
+# `make twin-up` started, and stop what they started), and beside them everything else on every
+# core, a test file to a worker: see scripts/run_tests.py for why side by side.
 test: setup system-deps loadtest-tool engine twin-build
-	$(PY) -m pytest -n auto --dist loadfile --ignore=tests/twin
-	$(PY) -m pytest tests/twin
+	$(PY) scripts/run_tests.py

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 from dataclasses import dataclass
 
@@ -129,15 +130,18 @@ def test_every_readme_command_is_listed_here_and_every_listed_one_is_in_readme()
 def test_what_runs_the_commands_not_run_here():
     """Each command of RUN_ELSEWHERE is run by what its reason names: CI's script calls `make
     test`, the Makefile's twin targets call `python -m twin`, and `make test` runs pytest over
-    the folder that holds the fault matrix (on every core), then over tests/twin."""
+    the folder that holds the fault matrix (on every core) and, beside it, over tests/twin
+    (scripts/run_tests.py)."""
     import tomllib
 
     assert re.search(r"^make test$", (REPO_ROOT / ".ci/run").read_text(), re.M)
     makefile = (REPO_ROOT / "Makefile").read_text()
     for verb in ("up", "down", "build"):
         assert re.search(rf"^twin-{verb}:.*\n\t\$\(PY\) -m twin {verb}$", makefile, re.M), verb
-    assert re.search(r"^test:.*\btwin-build\b.*\n\t\$\(PY\) -m pytest -n auto --dist loadfile --ignore=tests/twin\n"
-                     r"\t\$\(PY\) -m pytest tests/twin$", makefile, re.M)
+    assert re.search(r"^test:.*\btwin-build\b.*\n\t\$\(PY\) scripts/run_tests.py$", makefile, re.M)
+    runner = runpy.run_path(str(REPO_ROOT / "scripts/run_tests.py"))
+    assert runner["TWIN_TESTS"][1:] == ["-m", "pytest", "tests/twin"]
+    assert runner["OTHER_TESTS"][-7:] == ["-m", "pytest", "-n", "auto", "--dist", "loadfile", "--ignore=tests/twin"]
     testpaths = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert testpaths == ["tests"]
     assert (REPO_ROOT / "tests/twin").is_dir() and (REPO_ROOT / "tests/test_fault_matrix.py").is_file()

@@ -22,13 +22,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Annotated, Callable
+from typing import TYPE_CHECKING, Literal, Annotated, Callable
 
-import paramiko
 from pydantic import Field
 
 from infra.inputs import Strict, load_model
 from infra.spec import StackSpec
+
+if TYPE_CHECKING:
+    import paramiko
 
 # paramiko's transport thread logs a failed handshake with its traceback; with no handler
 # configured, Python would print that to stderr. The failure is reported in the table instead.
@@ -260,6 +262,10 @@ def run_command(client: paramiko.SSHClient, command: str, timeout: float) -> tup
 
 
 def connect(inv: Inventory, host: HostEntry) -> paramiko.SSHClient:
+    # paramiko (with cryptography) is imported where a host is reached, not with the module:
+    # every program that reads an inventory (the platform stack, cost) imports this one.
+    import paramiko
+
     client = paramiko.SSHClient()
     client.load_host_keys(inv.known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -273,6 +279,8 @@ def connect(inv: Inventory, host: HostEntry) -> paramiko.SSHClient:
 
 
 def connect_error(exc: Exception) -> str:
+    import paramiko
+
     if isinstance(exc, paramiko.BadHostKeyException):
         return "host key does not match known_hosts (possible impostor; fix known_hosts only after checking the node)"
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
