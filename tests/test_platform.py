@@ -5,6 +5,7 @@ and the serving stacks' references against what some stack creates."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -469,6 +470,34 @@ def test_a_chart_from_its_module_is_stamped_as_its_release_and_made_once(tmp_pat
     assert (prepared_chart(envoy, tmp_path) / "marker").exists()  # made once per version
     (folder / "ORIGIN.json").write_text("{}")  # another origin: made again
     assert not (prepared_chart(envoy, tmp_path) / "marker").exists()
+
+
+def test_a_chart_copy_that_fails_or_was_killed_half_way_leaves_no_work_folder(tmp_path, monkeypatch):
+    """A copy that fails (here: the disk refuses the stamp) removes its work folder and leaves no
+    chart; one a killed run left (its pid in the folder's name, that process gone) is removed by
+    the next copy of that row; a running copy's (a live pid) is left alone."""
+    import subprocess
+
+    from infra.platform_stack import charts
+
+    envoy = controller("envoy-gateway")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    abandoned = tmp_path / f".{envoy.name}-{dead.pid}-x1"
+    running = tmp_path / f".{envoy.name}-{os.getpid()}-x2"
+    for folder in (abandoned, running):
+        (folder / "chart").mkdir(parents=True)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(charts, "_stamp", disk_full)
+    with pytest.raises(OSError):
+        prepared_chart(envoy, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name]
+    monkeypatch.undo()
+    assert (prepared_chart(envoy, tmp_path) / "ORIGIN.json").is_file()
+    assert sorted(p.name for p in tmp_path.glob(".*")) == [running.name]
 
 
 def test_platform_crds_are_kept_when_the_stack_deletes_them(monkeypatch):

@@ -53,28 +53,40 @@ def prepared_chart(row: Controller, charts_dir: Path = CHARTS_DIR) -> Path:
     if stamp.is_file() and json.loads(stamp.read_text()) == origin:
         return target
     charts_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{row.name}-", dir=charts_dir))
-    chart = work / "chart"
-    shutil.copytree(module_dir(row.values_source.module) / row.values_source.path, chart,
-                    copy_function=shutil.copyfile)
-    # The module cache is read-only and copytree copies a folder's mode: make the copy writable,
-    # or it could not be stamped, nor removed later.
-    for folder, _, _ in os.walk(chart):
-        os.chmod(folder, 0o755)
-    _stamp(chart / "Chart.yaml", version=origin["version"], app_version=row.version)
-    template = chart / "values.tmpl.yaml"
-    if template.is_file() and not (chart / "values.yaml").exists():
-        (chart / "values.yaml").write_text(_PLACEHOLDER.sub("null", template.read_text()))
-    (chart / "ORIGIN.json").write_text(json.dumps(origin, indent=1, sort_keys=True) + "\n")
-    if target.exists():
-        shutil.rmtree(target)  # a copy of another version's origin, or one without its stamp
+    _remove_abandoned_work(charts_dir, row.name)
+    work = Path(tempfile.mkdtemp(prefix=f".{row.name}-{os.getpid()}-", dir=charts_dir))
     try:
-        os.rename(chart, target)
-    except OSError:
-        if not (target / "ORIGIN.json").is_file():  # not another run that finished first
-            raise
-    shutil.rmtree(work, ignore_errors=True)
+        chart = work / "chart"
+        shutil.copytree(module_dir(row.values_source.module) / row.values_source.path, chart,
+                        copy_function=shutil.copyfile)
+        # The module cache is read-only and copytree copies a folder's mode: make the copy
+        # writable, or it could not be stamped, nor removed later.
+        for folder, _, _ in os.walk(chart):
+            os.chmod(folder, 0o755)
+        _stamp(chart / "Chart.yaml", version=origin["version"], app_version=row.version)
+        template = chart / "values.tmpl.yaml"
+        if template.is_file() and not (chart / "values.yaml").exists():
+            (chart / "values.yaml").write_text(_PLACEHOLDER.sub("null", template.read_text()))
+        (chart / "ORIGIN.json").write_text(json.dumps(origin, indent=1, sort_keys=True) + "\n")
+        if target.exists():
+            shutil.rmtree(target)  # a copy of another version's origin, or one without its stamp
+        try:
+            os.rename(chart, target)
+        except OSError:
+            if not (target / "ORIGIN.json").is_file():  # not another run that finished first
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _remove_abandoned_work(charts_dir: Path, row_name: str) -> None:
+    """The work folders of runs that were killed half way (`.<row>-<pid>-*`, whose process is
+    gone): litter, never a chart anyone reads, since only a whole one is renamed into place."""
+    for work in charts_dir.glob(f".{row_name}-*-*"):
+        pid = work.name[len(row_name) + 2:].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _stamp(chart_yaml: Path, version: str, app_version: str) -> None:
