@@ -49,6 +49,10 @@ def load_spec(path: str | Path) -> StackSpec:
         data = load_yaml_mapping(path, "spec")
     except InputError as exc:
         raise SpecError([str(exc)]) from None
+    if data.get("kind") == "platform":  # else every field of a serving spec would be "missing"
+        raise SpecError([f"{path} is a platform stack's spec (kind: platform); this command takes a serving "
+                         "stack's. Fix: name a serving stack (e.g. --stack dev), or preview the platform with "
+                         f"`pdctl preview --offline --spec {path}`"])
     return parse_spec(data)
 
 

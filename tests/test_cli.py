@@ -31,6 +31,17 @@ def test_validate_bad_file_exits_nonzero_names_field_and_writes_nothing(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("command", [["validate"], ["render", "--out", "out"], ["policy"]])
+def test_a_platform_spec_given_to_a_serving_command_is_named_as_such(tmp_path, command):
+    """A platform stack's spec where a serving stack's is expected: one line that says what the
+    file is and what to run instead, not twenty "required field is missing"; nothing written."""
+    result = pdctl(*command, "--stack", "platform-prod", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "platform-prod.yaml is a platform stack's spec (kind: platform)" in result.stderr
+    assert "pdctl preview --offline --spec" in result.stderr and "required field" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_render_bad_spec_writes_nothing(tmp_path):
     data = stack_data("dev")
     data["deployment"]["pd_ratio"] = "3:1"
