@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,8 +113,13 @@ class RecordingMocks(pulumi_mocks.Mocks):
 
     def __init__(self, stack_outputs: dict[str, dict] | None = None):
         self.stack_outputs = stack_outputs or {}
+        # The inputs of the registration this thread is making (Pulumi's mock monitor runs each
+        # in an executor thread), so RecordingMonitor need not deserialize them a second time:
+        # for the platform's CRDs that is megabytes of schema.
+        self.inputs_seen = threading.local()
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+        self.inputs_seen.value = args.inputs
         state = dict(args.inputs)
         if args.typ.startswith("random:index/random"):
             state["result"] = fake_secret(args.name)
@@ -153,14 +159,14 @@ _CALLS = {
 class RecordingMonitor(pulumi_mocks.MockMonitor):
     """The stock mock monitor, also keeping each registration's type, parent and inputs."""
 
-    def __init__(self, mocks: pulumi_mocks.Mocks):
+    def __init__(self, mocks: RecordingMocks):
         super().__init__(mocks)
         self.recorded: list[RegisteredResource] = []
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            inputs = pulumi.runtime.rpc.deserialize_properties(request.object, keep_internal=True)
+            inputs = self.mocks.inputs_seen.value  # as the stock monitor deserialized them for new_resource
             self.recorded.append(
                 RegisteredResource(
                     type=request.type,
