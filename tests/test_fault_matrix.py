@@ -27,17 +27,19 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import pytest
+
 from infra.rollout.cluster import load_simulated
 from infra.rollout.objectstore import BucketStore
 from infra.rollout.releases import ReleaseStore
 from infra.spec import REPO_ROOT
+from tests.forked_pdctl import ForkedPdctl, PdctlServer
 from tests.servers import cuttable_proxy, healthy_prometheus
 
 BUCKET = "pdstack-fault-matrix"
@@ -113,17 +115,29 @@ class Site:
             subprocess.run(["umount", "-l", str(self.mount)], capture_output=True)
 
 
-def pdctl_command(site: Site, *args: str) -> list[str]:
-    return [sys.executable, "-m", "infra.cli", *args, "--stack", "dev", "--sim", str(site.cluster_file),
-            "--releases", site.url]
+@pytest.fixture(scope="module", autouse=True)
+def forks():
+    """Every pdctl process of this module is forked from one that has imported pdctl already
+    (tests/forked_pdctl.py): a real process of its own, killed and stopped at its fault points
+    like any other, without a second of imports each, hundreds of times over."""
+    global _forks
+    with PdctlServer() as _forks:
+        yield _forks
+    _forks = None
+
+
+_forks: PdctlServer | None = None
+
+
+def pdctl_argv(site: Site, *args: str) -> list[str]:
+    return [*args, "--stack", "dev", "--sim", str(site.cluster_file), "--releases", site.url]
 
 
 def pdctl(site: Site, *args: str, fault_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(pdctl_command(site, *args), cwd=REPO_ROOT, env={**site.env(), **(fault_env or {})},
-                          capture_output=True, text=True, timeout=300)
+    return _forks.run(pdctl_argv(site, *args), env={**site.env(), **(fault_env or {})}, cwd=REPO_ROOT, timeout=300)
 
 
-def _stopped_or_gone(proc: subprocess.Popen) -> None:
+def _stopped_or_gone(proc: ForkedPdctl) -> None:
     """Wait until `proc` has stopped itself (state T in /proc) or exited."""
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
@@ -138,8 +152,7 @@ def stopped_then_taken_over(site: Site, prometheus: str, n: int) -> list[str]:
     `rollout --abort --force`; the rollout is continued (SIGCONT) and runs to its end. Returns
     what went wrong with the two commands (their disagreements are inconsistencies()')."""
     env = {**site.env(), "PDSTACK_FAULT_AT": str(n), "PDSTACK_FAULT_STOP": "1"}
-    paused = subprocess.Popen(pdctl_command(site, *rollout_args(prometheus, "50,100")), cwd=REPO_ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    paused = _forks.start(pdctl_argv(site, *rollout_args(prometheus, "50,100")), env=env, cwd=REPO_ROOT)
     try:
         _stopped_or_gone(paused)
         takeover = pdctl(site, "rollout", "--abort", "--force")
@@ -206,8 +219,9 @@ def inconsistencies(site: Site) -> list[str]:
 
 def points_to_fault(count: int, fault: str, row: int) -> list[int]:
     """SIGKILL and stop/takeover at every point. The faults that break a dependency at every
-    third point, each row offset from the others (CI's 15-minute budget; each faulted run is a
-    fresh process, ~2.5 s on two cores); PDSTACK_FULL_MATRIX=1 runs every row at every point."""
+    third point, each row offset from the others (CI's 20-minute budget: the whole matrix took
+    134 s here with forked processes, each row at every point would add about 55 s);
+    PDSTACK_FULL_MATRIX=1 runs every row at every point."""
     if fault in ("sigkill", "stop+takeover") or os.environ.get("PDSTACK_FULL_MATRIX") == "1":
         return list(range(1, count + 1))
     return list(range(1 + row % 3, count + 1, 3))
