@@ -104,6 +104,14 @@ def test_version_names_the_installed_package(capsys):
 PDCTL = Path(sys.executable).with_name("pdctl")  # the console script pip made: `pdctl = infra.cli:main`
 
 
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """SIGINT's default action in the child, as a terminal's foreground job has it. A test run
+    started in the background of a script (`make test &`, a job without job control) inherits
+    SIGINT ignored, and Python then leaves it ignored: pdctl would never see the Ctrl-C this
+    test sends (seen: every run exited 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _pdctl_is_importing(pid: int) -> bool:
     """pdctl's own imports have begun: the first extension module is mapped. Before that the
     interpreter runs its own start-up (site, .pth files), which no program's code can guard."""
@@ -148,7 +156,7 @@ def test_ctrl_c_while_pdctl_starts_or_runs_is_one_line_and_exit_130(command):
     for _ in range(3):
         for delay in (0, 0.01, 0.03, 0.1, 0.3, 1.0):
             proc = subprocess.Popen([str(PDCTL), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+                                    text=True, preexec_fn=_ctrl_c_as_a_terminal_sends_it)
             while proc.poll() is None and not _pdctl_is_importing(proc.pid):
                 time.sleep(0.001)
             time.sleep(delay)
