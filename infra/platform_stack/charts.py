@@ -32,6 +32,7 @@ import yaml
 
 from infra.platform_stack.catalog import Controller
 from infra.platform_stack.modules import REPO_ROOT, module_dir, pin
+from infra.rollout.faultpoints import process_alive
 
 CHARTS_DIR = REPO_ROOT / ".pdstack" / "charts"
 _PLACEHOLDER = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -85,7 +86,7 @@ def _remove_abandoned_work(charts_dir: Path, row_name: str) -> None:
     gone): litter, never a chart anyone reads, since only a whole one is renamed into place."""
     for work in charts_dir.glob(f".{row_name}-*-*"):
         pid = work.name[len(row_name) + 2:].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(work, ignore_errors=True)
 
 
