@@ -77,8 +77,29 @@ def _interrupt_python_could_not_raise(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+# Python's cycle collector, as a short-lived command needs it. By default a collection starts
+# every 700 new container objects, and each third of those looks at everything older too: a
+# preview (megabytes of CRD schema as dicts, Pulumi's outputs, pydantic's models) spent a third
+# of its time there, and the interpreter's exit, which collects again as it unloads every
+# module, another fifth: gc.freeze, once the last atexit handler has run, leaves what is still
+# alive out of those (it is freed as modules unload all the same; only cycles among it are left
+# to the process's end). mypy sets a threshold of this size in its own main for the same
+# reason. Memory did not grow (peak RSS of platform-prod's preview: 263 MB either way).
+GC_THRESHOLD = (50_000, 10, 10)
+
+
+def _tune_collector() -> None:
+    import atexit  # here, not at the top: importing this package loads nothing but itself
+    import gc
+
+    if gc.get_threshold() != GC_THRESHOLD:  # once per process (tests call main many times)
+        gc.set_threshold(*GC_THRESHOLD)
+        atexit.register(gc.freeze)  # registered first, so it runs last
+
+
 def main(argv: list[str] | None = None) -> int:
     """The entry point (`pdctl = infra.cli:main`): the commands' boundary is `infra.cli.run.run`."""
+    _tune_collector()
     try:
         sys.unraisablehook = _interrupt_python_could_not_raise
         _open_standard_fds()
