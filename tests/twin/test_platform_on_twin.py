@@ -30,8 +30,8 @@ from infra.rollout.pulumi_cluster import PROJECT
 from tests.engine import engine_project
 from tests.test_platform import onprem_twin_spec
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import delete_namespaces
-from twin import fleet
+from tests.twin.placement import assert_every_pod_bound, delete_namespaces, remove_render
+from twin import dra, fleet
 from twin.cluster import kubectl
 from twin.nodes import TWIN_LABEL
 from twin.paths import KUBECONFIG
@@ -70,8 +70,9 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
         dev_nodes, tmp_path, monkeypatch):
     """`pulumi up` creates every object of the platform stack on the real API server, the charts'
     included; the NFD worker DaemonSet gets a pod bound on every one of dev's tainted GPU nodes;
-    the same DaemonSet without the platform's tolerations gets none there (the test bites); and
-    `pulumi destroy` removes the stack but keeps its CRDs."""
+    the same DaemonSet without the platform's tolerations gets none there (the test bites); dev's
+    serving stack then applies on that cluster with every pod bound to a GPU node of its pool; and
+    `pulumi destroy` removes the platform stack but keeps its CRDs."""
     from pulumi import automation as auto
 
     env = dev_nodes.environment.name
@@ -138,6 +139,20 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
                        f"({len(from_charts)} rendered by charts), rejected 0; {NFD_WORKER}: pods on "
                        f"{len(gpu & set(on_nodes))}/{len(gpu)} tainted GPU nodes; without tolerations: "
                        f"{len(placed & gpu)}/{len(gpu)}")
+
+        # Then the serving stack on the cluster the platform made ready: dev as `pdctl render`
+        # writes it, every object accepted and every pod bound within the GPU nodes' GPUs and
+        # EFA devices (the kwok nodes carry what the device plugins would publish; twin/dra.py
+        # stands in for the DRA driver's slices).
+        serving = fleet.render("dev", tmp_path / "dev-render")
+        try:
+            applied = fleet.apply_each_pass(serving)
+            assert applied.rejected == {}, "\n".join(f"{k}: {v}" for k, v in applied.rejected.items())
+            assert fleet.apply_each_pass(dra.stand_in(serving, fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}"))
+                                         ).rejected == {}
+            assert_every_pod_bound(dev_nodes, serving, applied, f"dev on {STACK}")
+        finally:
+            remove_render(dev_nodes, serving)
 
         stack.destroy(on_output=log.append, color="never")
         destroyed = True
