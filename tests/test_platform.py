@@ -531,3 +531,48 @@ def test_parsed_module_files_are_kept_per_version_and_a_broken_copy_is_parsed_ag
     assert controllers.documents(source.module, source.path) == parsed
     assert json.loads(kept.read_text()) == list(parsed)
     controllers.documents.cache_clear()
+
+
+def test_what_a_new_cluster_needs_from_iam_and_tags(prod_runs):
+    """Three things a fresh account would trip on at its first `pulumi up`:
+    - Karpenter makes each node class's instance profile: the create is allowed by the tags in the
+      request (a profile that does not exist yet has no aws:ResourceTag to match), with the tags
+      karpenter-provider-aws v1.14.1 sets (pkg/apis/v1/ec2nodeclass.go InstanceProfileTags);
+    - the security group EKS makes for the new cluster carries the discovery tag the node classes
+      select security groups by (without it nodes would get the EFA group only, which reaches no
+      control plane);
+    - CI's Pod Identity actions are scoped by ARN to this cluster and its associations, not by a tag
+      no resource carries."""
+    import fnmatch
+
+    platform, _ = prod_runs
+    spec = load_platform_spec("stacks/platform-prod.yaml")
+    name = spec.cloud.cluster.name
+
+    def statements(policy_name):
+        (found,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == policy_name]
+        return json.loads(unwrap(found.inputs)["policy"])["Statement"]
+
+    def allowing(policy_name, action):
+        return [st for st in statements(policy_name)
+                if any(fnmatch.fnmatchcase(action, a) for a in ([st["Action"]] if isinstance(st["Action"], str)
+                                                                 else st["Action"]))]
+
+    (create,) = allowing("karpenter-controller", "iam:CreateInstanceProfile")
+    keys = [k for test in create["Condition"].values() for k in test]
+    assert keys and all(k.startswith("aws:RequestTag/") for k in keys), keys
+    assert create["Condition"]["StringEquals"][f"aws:RequestTag/kubernetes.io/cluster/{name}"] == "owned"
+    assert "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass" in create["Condition"]["StringLike"]
+    for action in ("iam:AddRoleToInstanceProfile", "iam:DeleteInstanceProfile", "iam:GetInstanceProfile"):
+        assert allowing("karpenter-controller", action), action
+
+    (tag,) = platform.of_type("aws:ec2/tag:Tag")
+    assert (tag.inputs["key"], tag.inputs["value"]) == ("karpenter.sh/discovery", spec.cloud.cluster.discovery())
+    node_class = ec2_node_class(spec, spec.cloud.node_classes[0], "decode", "node-role", "sg-efa")
+    assert {"tags": {"karpenter.sh/discovery": spec.cloud.cluster.discovery()}} in node_class["spec"][
+        "securityGroupSelectorTerms"]
+
+    (ci_create,) = allowing("ci", "eks:CreatePodIdentityAssociation")
+    assert ci_create["Resource"] == f"arn:aws:eks:{spec.cloud.region}:*:cluster/{name}" and "Condition" not in ci_create
+    (ci_delete,) = allowing("ci", "eks:DeletePodIdentityAssociation")
+    assert ci_delete["Resource"] == f"arn:aws:eks:{spec.cloud.region}:*:podidentityassociation/{name}/*"

@@ -101,6 +101,34 @@ def ec2_node_class(spec: PlatformSpec, family: NodeClassSpec, role: str, node_ro
             "metadata": {"name": f"{family.name}-{role}", "labels": {"pdstack.io/role": role}}, "spec": node_spec}
 
 
+def instance_profile_statements(cluster: str, region: str) -> list[dict]:
+    """What Karpenter's controller needs to make, tag, fill and delete the instance profile of each
+    EC2NodeClass, scoped to the profiles it makes for this cluster.
+
+    It creates each profile with the tags EC2NodeClass.InstanceProfileTags lists
+    (karpenter-provider-aws v1.14.1 pkg/apis/v1/ec2nodeclass.go: `kubernetes.io/cluster/<name>:
+    owned`, `eks:eks-cluster-name`, `karpenter.k8s.aws/ec2nodeclass: <class>`,
+    `topology.kubernetes.io/region`). A create is judged by the tags in the request
+    (aws:RequestTag; a resource that does not exist yet has no aws:ResourceTag), everything after
+    by the profile's own tags: the shape of the controller policy in the module's
+    test/cloudformation/iam_cloudformation.yaml, narrowed to this cluster and region."""
+    owned = f"kubernetes.io/cluster/{cluster}"
+    request = {"StringEquals": {f"aws:RequestTag/{owned}": "owned", "aws:RequestTag/topology.kubernetes.io/region": region},
+               "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}
+    existing = {"StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+                "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}
+    return [
+        {"Effect": "Allow", "Action": "iam:CreateInstanceProfile", "Resource": "*", "Condition": request},
+        {"Effect": "Allow", "Action": "iam:TagInstanceProfile", "Resource": "*", "Condition": {
+            "StringEquals": {**request["StringEquals"], **existing["StringEquals"]},
+            "StringLike": {**request["StringLike"], **existing["StringLike"]}}},
+        {"Effect": "Allow", "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                                       "iam:DeleteInstanceProfile"], "Resource": "*", "Condition": existing},
+        {"Effect": "Allow", "Action": ["iam:GetInstanceProfile", "iam:ListInstanceProfiles"],
+         "Resource": "arn:aws:iam::*:instance-profile/*"},
+    ]
+
+
 def node_classes_needed(spec: PlatformSpec, hosted: list[StackSpec]) -> list[tuple[NodeClassSpec, str]]:
     """(family, role) for every pool of every hosted environment, by the family its spec names."""
     families = {f.name: f for f in spec.cloud.node_classes}
@@ -143,6 +171,12 @@ class AwsCloud(pulumi.ComponentResource):
             oidc_arn, oidc_issuer = cluster.oidc_provider_arn, cluster.oidc_issuer
             aws.eks.Addon("eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
                           opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster]))
+            # The node classes find their security groups by the discovery tag (ec2_node_class): the
+            # security group EKS makes for a new cluster (control plane <-> nodes) must carry it,
+            # and nothing else would tag it, since it does not exist before this `pulumi up`.
+            aws.ec2.Tag("cluster-security-group-discovery",
+                        resource_id=cluster.eks_cluster.vpc_config.cluster_security_group_id,
+                        key="karpenter.sh/discovery", value=c.cluster.discovery(), opts=child)
         else:
             found = aws.eks.get_cluster_output(name=c.cluster.name)
             # pulumi-aws 7 (eks/get_cluster.py, GetClusterResult): a list, `certificate_authorities`.
@@ -267,10 +301,14 @@ class AwsCloud(pulumi.ComponentResource):
                 {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{store}/*"},
                 {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{store}"},
                 {"Effect": "Allow", "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], "Resource": a[0]},
+                # By ARN: the cluster, and the associations in it (the serving stack makes one per
+                # release track's namespace). A tag condition would need a tag nothing sets.
                 {"Effect": "Allow", "Action": ["eks:DescribeCluster", "eks:CreatePodIdentityAssociation",
-                                               "eks:DescribePodIdentityAssociation", "eks:DeletePodIdentityAssociation",
                                                "eks:ListPodIdentityAssociations"],
-                 "Resource": "*", "Condition": {"StringEquals": {"aws:ResourceTag/pdstack.io/cluster": c.cluster.name}}},
+                 "Resource": f"arn:aws:eks:{c.region}:*:cluster/{c.cluster.name}"},
+                {"Effect": "Allow", "Action": ["eks:DescribePodIdentityAssociation", "eks:DeletePodIdentityAssociation",
+                                               "eks:UpdatePodIdentityAssociation"],
+                 "Resource": f"arn:aws:eks:{c.region}:*:podidentityassociation/{c.cluster.name}/*"},
                 {"Effect": "Allow", "Action": "iam:PassRole", "Resource": a[1]})), opts=child)
         aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=child)
         aws.eks.AccessPolicyAssociation("ci", cluster_name=c.cluster.name, principal_arn=ci.arn,
@@ -302,11 +340,7 @@ class AwsCloud(pulumi.ComponentResource):
              "Resource": "*", "Condition": region_cond},
             {"Effect": "Allow", "Action": "iam:PassRole", "Resource": arn,
              "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
-            {"Effect": "Allow", "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile",
-                                           "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
-                                           "iam:DeleteInstanceProfile", "iam:GetInstanceProfile"],
-             "Resource": "*", "Condition": {"StringEquals": {
-                 f"aws:ResourceTag/kubernetes.io/cluster/{c.cluster.name}": "owned"}}},
+            *instance_profile_statements(c.cluster.name, c.region),
             {"Effect": "Allow", "Action": "eks:DescribeCluster",
              "Resource": f"arn:aws:eks:{c.region}:*:cluster/{c.cluster.name}"})), opts=child)
         aws.eks.PodIdentityAssociation("karpenter", cluster_name=c.cluster.name, namespace=KARPENTER_NAMESPACE,
