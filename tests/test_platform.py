@@ -225,6 +225,25 @@ def test_platform_passes_bucket_iam_and_credential_rules(prod_runs):
     assert [v for v in evaluate_offline(serving) if v.rule in rules] == []
 
 
+@pytest.mark.parametrize("stack", ["platform-prod", "platform-dev"])
+def test_the_whole_policy_pack_passes_each_platform_stack(stack):
+    """`pulumi preview --policy-pack policy` of a platform stack is not blocked: every rule, not a
+    chosen few. A controller's own pods (prometheus-operator's bundle.yaml names its image by
+    release tag and has no readiness probe) are judged as their project publishes them; an image
+    with no release at all is still refused (the bite)."""
+    from infra.policy.rules import Resource, evaluate, evaluate_offline
+
+    run = run_spec(load_platform_spec(f"stacks/{stack}.yaml"))
+    assert evaluate_offline(run) == []
+    resources = [Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()]
+    (operator,) = [r for r in resources if r.props.get("metadata", {}).get("name") == "prometheus-operator"
+                   and r.type.endswith(":Deployment")]
+    container = operator.props["spec"]["template"]["spec"]["containers"][0]
+    for unpinned in ("quay.io/prometheus-operator/prometheus-operator", "quay.io/prometheus-operator/x:latest"):
+        container["image"] = unpinned
+        assert [v.rule for v in evaluate(resources)] == ["images-pinned-by-digest"], unpinned
+
+
 def test_karpenter_gates_follow_the_pools():
     ctx = context("platform-prod")  # GB200 decode: static pools on reserved capacity
     values = controller("karpenter").values(ctx)

@@ -86,11 +86,23 @@ def _gpus(container: dict) -> bool:
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
+_VERSION_TAG = re.compile(r":v?[0-9][^:/@]*$")  # a release's tag: v0.93.0, 1.14.1, 25.3.4-ubi9
+
+
 def images_by_digest(res: Resource) -> list[str]:
+    """pdstack's own workloads name their images by digest. A platform controller's come from its
+    project's published chart or manifests at the pinned version, which name them by that release's
+    tag (prometheus-operator's bundle.yaml: `...:v0.93.0`); pinning those by digest needs the
+    registry, so they must name a release tag at least (no `latest`, no bare name)."""
     problems = []
     for where, _, pod in pod_templates(res):
         for c in containers(pod):
             image = c.get("image", "")
+            if not serving(res):
+                if not (_DIGEST.search(image) or _VERSION_TAG.search(image)):
+                    problems.append(f"{res.ref()} {where}/{c.get('name')}: platform image {image!r} names no release. "
+                                    "Fix: the release's version tag or name@sha256:<digest>, in the row's values")
+                continue
             if not _DIGEST.search(image):
                 problems.append(f"{res.ref()} {where}/{c.get('name')}: image {image!r} is not pinned by digest. "
                                 "Fix: name@sha256:<digest>, in the stack spec's images (images.engines.<kind>.image for engines)")
@@ -199,7 +211,10 @@ def rbac_least_privilege(res: Resource) -> list[str]:
 
 
 def readiness_probes(res: Resource) -> list[str]:
-    """Containers that serve have a readiness probe (LWS workers behind a leader serve nothing)."""
+    """Containers that serve have a readiness probe (LWS workers behind a leader serve nothing).
+    A platform controller's pods are as its project publishes them (`serving`)."""
+    if not serving(res):
+        return []
     templates = list(pod_templates(res))
     has_leader = any(where == "leaderTemplate" for where, _, _ in templates)
     return [f"{res.ref()} {where}/{c.get('name')}: no readinessProbe; traffic may reach it before it serves"
@@ -423,7 +438,8 @@ def no_static_credentials(resources: list[Resource]) -> list[str]:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("images-pinned-by-digest", "Container images are pinned by digest.", "mandatory", images_by_digest),
+    Rule("images-pinned-by-digest", "Serving images are pinned by digest; platform images by a release at least.",
+         "mandatory", images_by_digest),
     Rule("no-plaintext-secrets", "No secret, API key or token in plain text outside a Secret.", "mandatory",
          no_plaintext_secrets),
     Rule("gpu-workloads-placed", "GPU pods have limits, select their role's pool and tolerate its taint.",
