@@ -197,6 +197,42 @@ def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_
         == ["pdstack-prod"]
 
 
+@pytest.mark.parametrize("serving_stack", ["prod", "dev"])
+def test_every_custom_resource_kind_a_serving_stack_makes_has_its_crd_from_the_platform(serving_stack):
+    """A kind with no built-in schema at the stack's Kubernetes version (kubernetes-validate's) is a
+    custom resource: its CRD must come from the platform stack that hosts the environment, as a
+    CRD it registers or from a chart that installs its own (a row's `chart_crds`). ComputeDomain
+    was in none: the DRA driver's chart ran with skipCrds and no module carries the CRD."""
+    from infra.platform_stack.catalog import controller as row_named
+    from infra.render.manifests import _validator
+
+    spec = load_spec(f"stacks/{serving_stack}.yaml")
+    platform_spec = load_platform_spec(REPO_ROOT / spec.platform.spec)
+    platform = run_spec(platform_spec)
+    kinds = {(m["apiVersion"].split("/")[0], m["kind"]) for m in map(unwrap, manifests(run_spec(spec)))
+             if "/" in m["apiVersion"] and _validator(m["kind"], m["apiVersion"], spec.environment.kubernetes_version)
+             is None}
+    crds = {(d["spec"]["group"], d["spec"]["names"]["kind"]) for d in map(unwrap, manifests(platform))
+            if d["kind"] == "CustomResourceDefinition"}
+    charted = {r.name for r in platform.of_type("kubernetes:helm.sh/v4:Chart") if not r.inputs.get("skipCrds")}
+    from_charts = {gk for name in charted for gk in row_named(name).chart_crds}
+    assert kinds and kinds - crds - from_charts == set(), sorted(kinds - crds - from_charts)
+    if any(kind == "ComputeDomain" for _, kind in kinds):
+        assert ("resource.nvidia.com", "ComputeDomain") in from_charts
+
+
+def test_a_crd_a_chart_installs_is_kept_when_the_stack_deletes_it():
+    import pulumi
+
+    from infra.platform_stack.components.controllers import CRD_TYPE, retain_crds
+
+    def transformed(type_):
+        return retain_crds(pulumi.ResourceTransformArgs(True, type_, "x", {}, pulumi.ResourceOptions()))
+
+    assert transformed(CRD_TYPE).opts.retain_on_delete is True
+    assert transformed("kubernetes:apps/v1:DaemonSet") is None
+
+
 def test_platform_preview_lists_what_a_fresh_account_needs(prod_runs):
     platform, _ = prod_runs
     types = {r.type for r in platform.custom()}
@@ -207,7 +243,9 @@ def test_platform_preview_lists_what_a_fresh_account_needs(prod_runs):
                    "kubernetes:monitoring.coreos.com/v1:Prometheus"):
         assert needed in types, needed
     charts = {r.inputs.get("chart") for r in platform.of_type("kubernetes:helm.sh/v4:Chart")}
-    assert all(r.inputs.get("skipCrds") for r in platform.of_type("kubernetes:helm.sh/v4:Chart"))
+    with_own_crds = {row.chart.name for row in CATALOG if row.chart and row.chart_crds}
+    assert all(r.inputs.get("skipCrds") == (r.inputs["chart"].rsplit("/", 1)[-1] not in with_own_crds)
+               for r in platform.of_type("kubernetes:helm.sh/v4:Chart"))
     assert "oci://public.ecr.aws/karpenter/karpenter" in charts
     crds = {unwrap(m)["metadata"]["name"] for m in manifests(platform) if unwrap(m)["kind"] == "CustomResourceDefinition"}
     assert {"leaderworkersets.leaderworkerset.x-k8s.io", "scaledobjects.keda.sh", "inferencepools.inference.networking.k8s.io",

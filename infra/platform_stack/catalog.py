@@ -77,6 +77,9 @@ class Controller:
     values_source: Source | None = None  # the chart folder in a pinned module: values.yaml, values.schema.json
     unchecked: str | None = None  # why the values are not checked, when values_source is None
     crds: tuple[Source, ...] = ()
+    # (group, kind) of CRDs only the chart carries (in its crds/ folder; no pinned module has them):
+    # the chart installs those itself, kept on delete like the rest (components/controllers.py).
+    chart_crds: tuple[tuple[str, str], ...] = ()
     gpu_toleration_paths: tuple[str, ...] = ()  # dotted values paths: tolerations of GPU-node DaemonSets
     enabled: Callable[[PlatformContext], bool] = lambda ctx: True
 
@@ -175,6 +178,7 @@ CATALOG: tuple[Controller, ...] = (
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "gpu-operator", "v25.3.4"),
         values=gpu_operator_values, values_source=Source(GPU_OPERATOR, "deployments/gpu-operator"),
         crds=(Source(GPU_OPERATOR, "deployments/gpu-operator/crds/nvidia.com_clusterpolicies.yaml"),
+              Source(GPU_OPERATOR, "deployments/gpu-operator/crds/nvidia.com_nvidiadrivers.yaml"),
               Source(GPU_OPERATOR, "deployments/gpu-operator/charts/node-feature-discovery/crds/nfd-api-crds.yaml")),
         gpu_toleration_paths=("daemonsets.tolerations", "node-feature-discovery.worker.tolerations")),
     Controller(
@@ -184,6 +188,8 @@ CATALOG: tuple[Controller, ...] = (
         values=lambda ctx: {"resources": {"gpus": {"enabled": False}},
                             "kubeletPlugin": {"tolerations": _tolerations(ctx)}},
         unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
+        # deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_computedomains.yaml at v25.12.0
+        chart_crds=(("resource.nvidia.com", "ComputeDomain"),),
         gpu_toleration_paths=("kubeletPlugin.tolerations",)),
     Controller(
         "aws-efa-k8s-device-plugin", "v0.5.6", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",

@@ -96,6 +96,18 @@ def chart_location(row: Controller, chart_source: str) -> dict:
     return {"chart": c.name, "version": c.version, "repository_opts": k8s.helm.v4.RepositoryOptsArgs(repo=c.repo)}
 
 
+CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+
+
+def retain_crds(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+    """A CRD a chart renders (a row's `chart_crds`) is kept when the stack deletes it, as the CRDs
+    the stack registers itself are (PlatformLayer.add says why)."""
+    if args.type_ != CRD_TYPE:
+        return None
+    return pulumi.ResourceTransformResult(args.props, pulumi.ResourceOptions.merge(
+        args.opts, pulumi.ResourceOptions(retain_on_delete=True)))
+
+
 class ControllerInstall(PlatformLayer):
     layer = "controllers"
 
@@ -123,8 +135,9 @@ class ControllerInstall(PlatformLayer):
                 row.name, **chart_location(row, ctx.spec.controllers.chart_source),
                 namespace=row.namespace,
                 values=self.values,
-                skip_crds=True,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=first + self.crds))
+                skip_crds=not row.chart_crds,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=first + self.crds,
+                                            transforms=[retain_crds] if row.chart_crds else None))
             self.resources.append(self.chart)
         self.register_outputs({"version": row.version})
 
