@@ -242,6 +242,17 @@ def test_platform_preview_lists_what_a_fresh_account_needs(prod_runs):
                    "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", "kubernetes:gateway.networking.k8s.io/v1:GatewayClass",
                    "kubernetes:monitoring.coreos.com/v1:Prometheus"):
         assert needed in types, needed
+    # Before anything else can run on a new cluster: nodes without GPUs (untainted: the controllers
+    # tolerate no GPU pool's taint, and Karpenter cannot start the node it runs on), and the EBS
+    # CSI driver with a default StorageClass for Prometheus's volume claims.
+    groups = {r.name: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert "taints" not in groups["system"] and groups["system"]["scalingConfig"]["minSize"] >= 2
+    addons = {r.inputs["addonName"]: r.inputs for r in platform.of_type("aws:eks/addon:Addon")}
+    assert addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
+    (storage,) = [unwrap(m) for m in manifests(platform) if unwrap(m)["kind"] == "StorageClass"]
+    assert storage["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
+    prometheus = [unwrap(m) for m in manifests(platform) if unwrap(m)["kind"] == "Prometheus"]
+    assert "storageClassName" not in prometheus[0]["spec"]["storage"]["volumeClaimTemplate"]["spec"]  # the default
     charts = {r.inputs.get("chart") for r in platform.of_type("kubernetes:helm.sh/v4:Chart")}
     with_own_crds = {row.chart.name for row in CATALOG if row.chart and row.chart_crds}
     assert all(r.inputs.get("skipCrds") == (r.inputs["chart"].rsplit("/", 1)[-1] not in with_own_crds)
@@ -388,7 +399,8 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
         {"role": "decode", "environment": "prod", "node_class": "gb200", "capacity_block": True}]}
     platform_spec = PlatformSpec.model_validate(data)
     platform = run_spec(platform_spec)
-    groups = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")}
+    groups = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")
+              if r.name != "system"}  # the CPU nodes a new cluster gets in every mode
     assert sorted(groups) == ["prod-decode", "prod-prefill"]
     prod = load_spec("stacks/prod.yaml")
     rack = prod.hardware.supernode.gpus // prod.hardware.gpus_per_node

@@ -35,6 +35,7 @@ KIND_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): k8s.apiextensions.v1.CustomResourceDefinition,
+    ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
 }
 
 

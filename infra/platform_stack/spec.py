@@ -51,9 +51,20 @@ class HostedEnvironment(Strict):
                                                     "(the same file `pdctl preflight` reads).")
 
 
+class SystemNodesSpec(Strict):
+    """create: the managed node group every pod without a GPU runs on."""
+
+    instance_types: list[str] = Field(["m7i.2xlarge"], min_length=1, description="CPU instance types.")
+    count: int = Field(3, ge=2, description="Nodes (two at least: the controllers run two replicas each).")
+
+
 class ClusterSpec(Strict):
     mode: Literal["create", "existing"] = Field(
         "create", description="create: an EKS cluster made by this stack; existing: one found by name.")
+    system_nodes: SystemNodesSpec = Field(
+        SystemNodesSpec(), description="create: an untainted managed node group for what needs no GPU (Karpenter, "
+                                       "CoreDNS, the controllers, Envoy, Prometheus, the routers and pickers). "
+                                       "Karpenter cannot start the node it runs on.")
     name: str
     _name = field_validator("name")(_check(_DNS_LABEL, "is not a cluster name (a DNS label). Fix: e.g. pdstack-prod"))
     vpc_id: str | None = Field(None, description="create: the VPC; its private subnets host the nodes.")

@@ -16,6 +16,7 @@ from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.planning.capacity import pool_capacity
 from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
 from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
 from infra.spec import StackSpec
@@ -214,6 +215,8 @@ class AwsCloud(pulumi.ComponentResource):
         if c.ci:
             exports.update(self.ci_identities())
         exports.update(self.karpenter_identities(cluster_arn))
+        if c.cluster.mode == "create":
+            self.system_nodes_and_storage(cluster, cluster_arn)
 
         # --- fabric and node classes --------------------------------------------------------
         efa_sg = None
@@ -347,6 +350,32 @@ class AwsCloud(pulumi.ComponentResource):
                                        service_account=KARPENTER_SA, role_arn=controller.arn, opts=child)
         return {"node_role_arn": node.arn, "karpenter_role_arn": controller.arn}
 
+    def system_nodes_and_storage(self, cluster, cluster_arn) -> None:
+        """What a new cluster lacks before anything else can run: nodes without GPUs (the cluster
+        is made with no default node group, and Karpenter cannot start the node it runs on), the
+        EBS CSI driver (not built into EKS since 1.23) and a default StorageClass, so Prometheus's
+        volume claims bind. An existing cluster has its own: README lists them as the user's."""
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self, depends_on=[cluster])
+        system = c.cluster.system_nodes
+        role = aws.iam.Role("system-node", name=f"{c.cluster.name}-system-node", assume_role_policy=policy(
+            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}),
+            managed_policy_arns=[f"arn:aws:iam::aws:policy/{p}" for p in (
+                "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly")], opts=child)
+        # A managed node group's role gets its access entry from EKS itself (the Karpenter node
+        # role's is made above, since no node group names it).
+        aws.eks.NodeGroup(
+            "system", cluster_name=c.cluster.name, node_role_arn=role.arn, subnet_ids=c.cluster.private_subnet_ids,
+            instance_types=list(system.instance_types), capacity_type="ON_DEMAND",
+            scaling_config={"min_size": system.count, "max_size": system.count, "desired_size": system.count},
+            labels={naming.ROLE_LABEL: "system"}, opts=child)
+        ebs = aws.iam.Role("ebs-csi", name=f"{c.cluster.name}-ebs-csi", assume_role_policy=cluster_arn.apply(
+            pod_identity_trust), managed_policy_arns=["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"],
+            opts=child)
+        aws.eks.Addon("aws-ebs-csi-driver", cluster_name=c.cluster.name, addon_name="aws-ebs-csi-driver",
+                      pod_identity_associations=[{"role_arn": ebs.arn, "service_account": "ebs-csi-controller-sa"}],
+                      opts=child)
+        ClusterStorage("storage", pulumi.ResourceOptions(parent=self, providers=[self.provider]))
+
     def check_instance_store(self, itype: str) -> None:
         """At `pulumi up`, DescribeInstanceTypes must agree with the table the spec check used."""
         expected = INSTANCE_STORE_GB.get(itype)
@@ -401,3 +430,18 @@ class AwsCloud(pulumi.ComponentResource):
                 labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
                 taints=[{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in role_taints(group.role)],
                 launch_template={"id": template.id, "version": template.latest_version.apply(str)}, opts=child)
+
+
+class ClusterStorage(PlatformLayer):
+    """The default StorageClass of a cluster this stack made: encrypted gp3 through the EBS CSI
+    driver, bound where the pod lands (a volume lives in one availability zone)."""
+
+    layer = "cloud"
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions):
+        super().__init__(name, opts)
+        self.add({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {
+            "name": "gp3", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "ebs.csi.aws.com", "parameters": {"type": "gp3", "encrypted": "true"},
+            "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete", "allowVolumeExpansion": True})
+        self.register_outputs({})
