@@ -99,3 +99,24 @@ def test_the_gateway_reaches_what_it_routes_to(implementation):
     (router,) = [s for s in run.by_kind("Service") if s["metadata"]["name"] == naming.ROUTER]
     router_port = next(p["port"] for p in router["spec"]["ports"] if p["name"] == "http")
     assert connection_allowed(policies(run), envoy, pod(ns, **ROUTER), router_port)
+
+
+def test_engines_reach_the_pod_identity_agent_for_their_weights_credentials():
+    """Under EKS Pod Identity the AWS SDK in the weights fetch takes its credentials from the agent
+    on the node's link-local address, port 80 (AWS_CONTAINER_CREDENTIALS_FULL_URI,
+    docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html); default-deny egress let
+    the engines reach the bucket's port 443 only, so they would have had no credentials. Only
+    the engines (what reads weights) may, and only where the spec uses Pod Identity."""
+    run = shipped_run("prod")
+    ns = "pdstack-prod"
+    agent_v4, agent_v6 = Endpoint(None, address="169.254.170.23"), Endpoint(None, address="fd00:ec2::23")
+    for role in ("prefill", "decode"):
+        engine = pod(ns, **{naming.ROLE_LABEL: role})
+        assert connection_allowed(policies(run), engine, agent_v4, 80)
+        assert connection_allowed(policies(run), engine, agent_v6, 80)
+        assert not connection_allowed(policies(run), engine, Endpoint(None, address="169.254.169.254"), 80)
+    assert not connection_allowed(policies(run), pod(ns, **ROUTER), agent_v4, 80)
+    data = stack_data("prod")
+    data["model"]["weights"]["access"] = "irsa"  # STS over 443, which the bucket's rule already lets through
+    irsa = policies(run_spec(parse_spec(data)))
+    assert not connection_allowed(irsa, pod(ns, **{naming.ROLE_LABEL: "decode"}), agent_v4, 80)

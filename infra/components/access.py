@@ -49,6 +49,18 @@ def gateway_to_engines(ctx: LayerContext) -> list[dict]:
                                    "ports": [{"protocol": "TCP", "port": ENGINE_PORT[ctx.spec.engine.kind]}]}]}}]
 
 
+# The EKS Pod Identity agent, on every node's link-local addresses, port 80: where the AWS SDK in
+# a pod gets its credentials (AWS_CONTAINER_CREDENTIALS_FULL_URI, docs.aws.amazon.com/eks/latest/
+# userguide/pod-id-how-it-works.html). Under default-deny egress the weights fetch would get none.
+POD_IDENTITY_AGENT = ({"cidr": "169.254.170.23/32"}, {"cidr": "fd00:ec2::23/128"})
+
+
+def pod_identity_agent_egress(spec) -> list[dict]:
+    if spec.model.weights.access_mode() != "pod-identity":
+        return []
+    return [{"to": [{"ipBlock": block} for block in POD_IDENTITY_AGENT], "ports": [{"protocol": "TCP", "port": 80}]}]
+
+
 def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
     spec = ctx.spec
     meta = lambda name: ctx.metadata(name, "access")  # noqa: E731
@@ -68,7 +80,8 @@ def network_policies(ctx: LayerContext, router_port: int) -> list[dict]:
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("allow-weights-egress"),
          "spec": {"podSelector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "Exists"}]},
                   "policyTypes": ["Egress"],
-                  "egress": [{"ports": [{"protocol": "TCP", "port": weights_port}]}]}},
+                  "egress": [{"ports": [{"protocol": "TCP", "port": weights_port}]},
+                             *pod_identity_agent_egress(spec)]}},
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("allow-gateway-to-router"),
          "spec": {"podSelector": {"matchLabels": ROUTER_LABELS}, "policyTypes": ["Ingress"],
                   "ingress": [{
