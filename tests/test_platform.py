@@ -245,6 +245,8 @@ def test_platform_preview_lists_what_a_fresh_account_needs(prod_runs):
     # Before anything else can run on a new cluster: nodes without GPUs (untainted: the controllers
     # tolerate no GPU pool's taint, and Karpenter cannot start the node it runs on), and the EBS
     # CSI driver with a default StorageClass for Prometheus's volume claims.
+    (cluster,) = platform.of_type("eks:index:Cluster")
+    assert cluster.inputs["vpcCniOptions"]["enableNetworkPolicy"] is True  # else the NetworkPolicies do nothing
     groups = {r.name: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")}
     assert "taints" not in groups["system"] and groups["system"]["scalingConfig"]["minSize"] >= 2
     addons = {r.inputs["addonName"]: r.inputs for r in platform.of_type("aws:eks/addon:Addon")}

@@ -165,7 +165,10 @@ class AwsCloud(pulumi.ComponentResource):
                 private_subnet_ids=c.cluster.private_subnet_ids, version=spec.kubernetes_version,
                 endpoint_private_access=True, endpoint_public_access=c.cluster.endpoint_public_access,
                 authentication_mode="API", create_oidc_provider=c.weights_access == "irsa",
-                skip_default_node_group=True, opts=child)
+                skip_default_node_group=True,
+                # The serving stacks' NetworkPolicies (default deny, then what each hop needs) are
+                # enforced only when the VPC CNI's network policy agent is on; it is off by default.
+                vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True), opts=child)
             kubeconfig = cluster.kubeconfig_json
             cluster_arn = cluster.eks_cluster.arn
             vpc_id = pulumi.Output.from_input(c.cluster.vpc_id)
