@@ -647,3 +647,18 @@ def test_what_a_new_cluster_needs_from_iam_and_tags(prod_runs):
     assert ci_create["Resource"] == f"arn:aws:eks:{spec.cloud.region}:*:cluster/{name}" and "Condition" not in ci_create
     (ci_delete,) = allowing("ci", "eks:DeletePodIdentityAssociation")
     assert ci_delete["Resource"] == f"arn:aws:eks:{spec.cloud.region}:*:podidentityassociation/{name}/*"
+
+
+def test_dcgm_exporters_monitor_is_one_the_platforms_prometheus_selects():
+    """The DCGM_* series (dashboards, `pdctl cost`) come from dcgm-exporter, whose ServiceMonitor
+    the GPU operator makes with the chart's dcgmExporter.serviceMonitor.additionalLabels
+    (deployments/gpu-operator/values.yaml at the pinned module): without the labels the
+    Prometheus selects monitors by, it was never scraped."""
+    from infra.platform_stack.catalog import gpu_operator_values
+
+    for stack in ("platform-prod", "platform-dev"):
+        ctx = context(stack)
+        (prometheus,) = [o for o in platform_objects(ctx.spec) if o["kind"] == "Prometheus"]
+        wanted = prometheus["spec"]["serviceMonitorSelector"]["matchLabels"]
+        monitor = gpu_operator_values(ctx)["dcgmExporter"]["serviceMonitor"]
+        assert monitor["enabled"] and wanted and wanted.items() <= monitor["additionalLabels"].items()

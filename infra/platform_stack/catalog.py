@@ -111,7 +111,11 @@ def gpu_operator_values(ctx: PlatformContext) -> dict:
         "toolkit": {"enabled": not preinstalled},
         "daemonsets": {"tolerations": _tolerations(ctx)},
         "gfd": {"enabled": True},  # publishes nvidia.com/gpu.clique, which NVLink placement selects on
-        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": True}},
+        # The operator makes dcgm-exporter's ServiceMonitor from these (ClusterPolicy); it carries the
+        # labels the platform's Prometheus selects monitors by, or the DCGM_* series the dashboards
+        # and `pdctl cost` read would never be scraped.
+        "dcgmExporter": {"enabled": True, "serviceMonitor": {
+            "enabled": True, "additionalLabels": dict(ctx.spec.prometheus_selector)}},
         "node-feature-discovery": {"worker": {"tolerations": _tolerations(ctx)}},
     }
 
