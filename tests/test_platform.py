@@ -662,3 +662,18 @@ def test_dcgm_exporters_monitor_is_one_the_platforms_prometheus_selects():
         wanted = prometheus["spec"]["serviceMonitorSelector"]["matchLabels"]
         monitor = gpu_operator_values(ctx)["dcgmExporter"]["serviceMonitor"]
         assert monitor["enabled"] and wanted and wanted.items() <= monitor["additionalLabels"].items()
+
+
+def test_node_groups_need_subnets_and_aws():
+    """A managed node group is made in listed subnets: an existing cluster's spec listed none, and
+    every group would have been created with an empty subnet list (refused by EKS at `pulumi up`)."""
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "prefill", "environment": "prod", "node_class": "gb200"},
+        {"role": "decode", "environment": "prod", "node_class": "gb200"}]}
+    data["cloud"]["cluster"] = {"mode": "existing", "name": "pdstack-prod"}
+    spec = PlatformSpec.model_validate(data)
+    problems = platform_problems(spec, hosted_environments(spec))
+    assert any(p.startswith("cloud.cluster.private_subnet_ids:") for p in problems), problems
+    data["cloud"]["cluster"]["private_subnet_ids"] = ["subnet-0a1b2c3d4e5f60701"]
+    assert platform_problems(PlatformSpec.model_validate(data), hosted_environments(spec)) == []

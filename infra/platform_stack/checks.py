@@ -25,6 +25,13 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
     """`hosted`: infra/platform_stack/program.py Hosted (spec, stack, inventory) of each environment."""
     problems = []
     families = {f.name for f in platform.cloud.node_classes} if platform.cloud.provider == "aws" else set()
+    if platform.nodes.mode == "node-groups":
+        if platform.cloud.provider != "aws":
+            problems.append("nodes.mode: node-groups are EKS managed node groups (cloud.provider: aws). Fix: karpenter "
+                            "or static")
+        elif not platform.cloud.cluster.private_subnet_ids:
+            problems.append("cloud.cluster.private_subnet_ids: node-groups mode places its groups in these subnets, and "
+                            "none are listed (an existing cluster's too). Fix: list the nodes' private subnets")
     for h in hosted:
         s: StackSpec = h.spec
         env = s.environment.name

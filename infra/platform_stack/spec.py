@@ -68,7 +68,8 @@ class ClusterSpec(Strict):
     name: str
     _name = field_validator("name")(_check(_DNS_LABEL, "is not a cluster name (a DNS label). Fix: e.g. pdstack-prod"))
     vpc_id: str | None = Field(None, description="create: the VPC; its private subnets host the nodes.")
-    private_subnet_ids: list[str] = Field([], description="create: subnets of the control plane and nodes.")
+    private_subnet_ids: list[str] = Field([], description="Subnets of the nodes (create: the control plane's too); "
+                                                          "node-groups mode needs them in both modes.")
     endpoint_public_access: bool = Field(False, description="create: a public API endpoint (else private only).")
     discovery_tag: str | None = Field(None, description="Value of karpenter.sh/discovery on the subnets and "
                                                         "security groups node classes select; default the name.")
