@@ -395,6 +395,10 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
     its launch template and a cluster placement group, decode from Capacity Blocks, sized for
     the pool's maximum plus the rollout surge in whole NVLink domains. The serving stack then
     makes no NodePool, and its engine pods tolerate the groups' taints and select their labels."""
+    import base64
+
+    import botocore.session
+
     data = yaml.safe_load(open("stacks/platform-prod.yaml"))
     data["nodes"] = {"mode": "node-groups", "node_groups": [
         {"role": "prefill", "environment": "prod", "node_class": "gb200"},
@@ -420,6 +424,12 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
         efa = [n for n in template["networkInterfaces"] if n["interfaceType"] in ("efa", "efa-only")]
         assert len(efa) == 4, (name, template["networkInterfaces"])  # the node class's efa_interfaces
         assert template["placement"]["groupName"]
+        # the cluster's security group beside EFA's on every interface: listed groups replace the default
+        assert all(len(n["securityGroups"]) == 2 for n in template["networkInterfaces"]), name
+        assert "strategy: RAID0" in base64.b64decode(template["userData"]).decode()  # the weight cache's array
+    # Grace is arm64: the accelerated AL2023 AMI for it, a value the pinned botocore's EKS model lists
+    ami_types = botocore.session.get_session().get_service_model("eks").shape_for("AMITypes").enum
+    assert {g["amiType"] for g in groups.values()} == {"AL2023_ARM_64_NVIDIA"} and "AL2023_ARM_64_NVIDIA" in ami_types
     assert len(platform.of_type("aws:ec2/placementGroup:PlacementGroup")) == 2
 
     import infra.platform_stack.spec as platform_spec_module

@@ -130,6 +130,30 @@ def instance_profile_statements(cluster: str, region: str) -> list[dict]:
     ]
 
 
+def raid0_user_data() -> str:
+    """A managed node group's user data (base64 MIME) asking nodeadm to join the instance stores
+    as one RAID0 array at /mnt/k8s-disks/0, where the weight cache lives: what Karpenter's
+    instanceStorePolicy RAID0 does for the node classes (NodeConfig spec.instance.localStorage,
+    awslabs/amazon-eks-ami nodeadm; EKS merges its own NodeConfig part after this one)."""
+    import base64
+
+    return base64.b64encode("\r\n".join([
+        "MIME-Version: 1.0", 'Content-Type: multipart/mixed; boundary="PDSTACK"', "", "--PDSTACK",
+        "Content-Type: application/node.eks.aws", "", "apiVersion: node.eks.aws/v1alpha1", "kind: NodeConfig",
+        "spec:", "  instance:", "    localStorage:", "      strategy: RAID0", "", "--PDSTACK--", ""]).encode()).decode()
+
+
+def accelerated_ami_type(instance_types: list[str]) -> str:
+    """The EKS-optimized accelerated AL2023 AMI for the group's architecture: Graviton and Grace
+    families (c7g, g5g, p6e-gb200) are arm64, the rest x86_64. A managed node group without one
+    gets EKS's default, a standard AMI with no NVIDIA driver."""
+    import re
+
+    family = instance_types[0].split(".")[0]
+    arm = re.fullmatch(r"[a-z]+\d+[a-z]*g[a-z]*", family) or re.search(r"-g[bh]\d+", family)
+    return "AL2023_ARM_64_NVIDIA" if arm else "AL2023_x86_64_NVIDIA"
+
+
 def node_classes_needed(spec: PlatformSpec, hosted: list[StackSpec]) -> list[tuple[NodeClassSpec, str]]:
     """(family, role) for every pool of every hosted environment, by the family its spec names."""
     families = {f.name: f for f in spec.cloud.node_classes}
@@ -171,6 +195,7 @@ class AwsCloud(pulumi.ComponentResource):
                 vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True), opts=child)
             kubeconfig = cluster.kubeconfig_json
             cluster_arn = cluster.eks_cluster.arn
+            self.cluster_security_group = cluster.eks_cluster.vpc_config.cluster_security_group_id
             vpc_id = pulumi.Output.from_input(c.cluster.vpc_id)
             oidc_arn, oidc_issuer = cluster.oidc_provider_arn, cluster.oidc_issuer
             aws.eks.Addon("eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
@@ -188,6 +213,7 @@ class AwsCloud(pulumi.ComponentResource):
                 lambda a: self.kubeconfig(a[0], a[1]))
             cluster_arn = found.arn
             vpc_id = found.vpc_config.vpc_id
+            self.cluster_security_group = found.vpc_config.cluster_security_group_id
             oidc_issuer = found.identities[0].oidcs[0].issuer
             oidc_arn = (aws.iam.get_open_id_connect_provider_output(url=oidc_issuer).arn
                         if c.weights_access == "irsa" else None)
@@ -416,17 +442,21 @@ class AwsCloud(pulumi.ComponentResource):
             nodes = group_nodes(serving, group.role)
             name = f"{group.environment}-{group.role}"
             placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=child) if group.placement_group else None)
+            # Interfaces a launch template lists get only the security groups listed here: the
+            # cluster's (control plane <-> nodes) as well as EFA's, or the nodes never join.
+            groups = [self.cluster_security_group] + ([self.efa_security_group] if self.efa_security_group else [])
             template = aws.ec2.LaunchTemplate(
                 name, network_interfaces=[
                     {"network_card_index": n["networkCardIndex"], "device_index": n["deviceIndex"],
                      "interface_type": "efa" if n["interfaceType"] == "efa-only" and n["networkCardIndex"] == 0
-                     else n["interfaceType"],
-                     **({"security_groups": [self.efa_security_group]} if self.efa_security_group else {})}
+                     else n["interfaceType"], "security_groups": groups}
                     for n in efa_network_interfaces(family.efa_interfaces)] or None,
                 placement={"group_name": placement.name} if placement else None,
+                user_data=raid0_user_data() if family.instance_store_raid0 else None,
                 metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1}, opts=child)
             aws.eks.NodeGroup(
                 name, cluster_name=c.cluster.name, node_role_arn=self.node_role.arn,
+                ami_type=accelerated_ami_type(family.instance_types),
                 subnet_ids=c.cluster.private_subnet_ids, instance_types=list(family.instance_types),
                 capacity_type="CAPACITY_BLOCK" if group.capacity_block else "ON_DEMAND",
                 scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
