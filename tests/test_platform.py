@@ -687,3 +687,21 @@ def test_node_groups_need_subnets_and_aws():
     assert any(p.startswith("cloud.cluster.private_subnet_ids:") for p in problems), problems
     data["cloud"]["cluster"]["private_subnet_ids"] = ["subnet-0a1b2c3d4e5f60701"]
     assert platform_problems(PlatformSpec.model_validate(data), hosted_environments(spec)) == []
+
+
+def test_a_custom_resource_is_checked_against_the_crd_its_own_stack_installs():
+    """GatewayClass and Prometheus have no vendored schema, and were listed as unchecked; the
+    platform stack registers their CRDs (from the pinned modules), so they are checked against
+    exactly those, unknown fields refused. The bite: a misspelt field is an error."""
+    from infra.render.manifests import validate_manifests
+
+    spec = load_platform_spec("stacks/platform-prod.yaml")
+    items = [unwrap(m) for m in manifests(run_spec(spec))]
+    report = validate_manifests(items, spec.kubernetes_version)
+    assert report.ok and not report.unchecked_kinds, (report.errors, report.unchecked_kinds)
+    assert report.custom_checked["Prometheus (CRD prometheuses.monitoring.coreos.com of this stack)"] == 1
+    assert report.custom_checked["GatewayClass (CRD gatewayclasses.gateway.networking.k8s.io of this stack)"] == 1
+    (prometheus,) = [m for m in items if m["kind"] == "Prometheus"]
+    prometheus["spec"]["retentionPeriod"] = "15d"  # the field is `retention`
+    errors = validate_manifests(items, spec.kubernetes_version).errors
+    assert len(errors) == 1 and "Prometheus/" in errors[0] and "retentionPeriod" in errors[0], errors

@@ -42,6 +42,8 @@ class CRDSchema:
         and version; the path is in crds/index.json."""
         if "module" in self.origin:
             return f"{self.origin['module']} {self.origin['version']}"
+        if "crd" in self.origin:
+            return f"CRD {self.origin['crd']} of this stack"
         return f"{self.origin['repository'].removeprefix('github:')} {self.origin['tag']}"
 
 
@@ -98,13 +100,35 @@ def crd_schema(api_version: str, kind: str) -> CRDSchema | None:
     if not group or not path.is_file():
         return None
     record = json.loads(path.read_text())
-    schema = strict_json_schema(record["schema"])
+    return _checked_against(record["schema"], group, kind, version, record["origin"])
+
+
+def _checked_against(openapi: dict, group: str, kind: str, version: str, origin: dict) -> CRDSchema:
+    schema = strict_json_schema(openapi)
     # The root's metadata is ObjectMeta, which the CRD leaves open; apiVersion and kind are fixed.
     schema["properties"]["metadata"] = {"type": "object"}
-    schema["properties"]["apiVersion"] = {"const": api_version}
+    schema["properties"]["apiVersion"] = {"const": f"{group}/{version}"}
     schema["properties"]["kind"] = {"const": kind}
-    return CRDSchema(group, kind, version, record["origin"],
-                     jsonschema.validators.Draft202012Validator(schema), _count_cel(record["schema"]))
+    return CRDSchema(group, kind, version, origin, jsonschema.validators.Draft202012Validator(schema),
+                     _count_cel(openapi))
+
+
+def schemas_in(manifests: list[dict]) -> dict[tuple[str, str], CRDSchema]:
+    """(apiVersion, kind) -> schema, for the CRDs among `manifests` themselves: a custom resource
+    whose CRD the same stack registers (the platform stack's GatewayClass, Prometheus) is checked
+    against exactly the CRD it installs, served versions only."""
+    found = {}
+    for crd in manifests:
+        if crd.get("kind") != "CustomResourceDefinition" or not crd.get("apiVersion", "").startswith("apiextensions"):
+            continue
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"].get("versions") or []:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if version.get("served") and schema:
+                origin = {"crd": crd["metadata"]["name"]}
+                found[(f"{group}/{version['name']}", kind)] = _checked_against(schema, group, kind, version["name"],
+                                                                                 origin)
+    return found
 
 
 def vendored_crds() -> list[dict]:

@@ -20,7 +20,7 @@ from kubernetes_validate import utils as kv_utils
 
 from infra.inputs import InputError, write_output
 from infra.offline import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
-from infra.render.crd_schemas import crd_schema
+from infra.render.crd_schemas import crd_schema, schemas_in
 
 
 def redact(value: Any) -> Any:
@@ -107,11 +107,15 @@ def validate_manifests(items: list[dict], kubernetes_version: str) -> Validation
     report = ValidationReport()
     assert kubernetes_validate  # the schemas ship with this package
     items = [*items, *(t for m in items for t in embedded_pod_templates(unwrap(m)))]
+    in_stack = None  # the stack's own CRDs, read when a kind has no vendored schema
     for manifest in items:
         plain = unwrap(manifest)
         validator = _validator(plain["kind"], plain["apiVersion"], kubernetes_version)
         name = f"{plain['kind']}/{plain['metadata']['name']}"
         custom = crd_schema(plain["apiVersion"], plain["kind"]) if validator is None else None
+        if validator is None and custom is None:
+            in_stack = schemas_in([unwrap(m) for m in items]) if in_stack is None else in_stack
+            custom = in_stack.get((plain["apiVersion"], plain["kind"]))
         if custom is not None:
             validator = custom.validator
             key = f"{plain['kind']} ({custom.source})"
