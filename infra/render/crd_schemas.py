@@ -113,22 +113,21 @@ def _checked_against(openapi: dict, group: str, kind: str, version: str, origin:
                      _count_cel(openapi))
 
 
-def schemas_in(manifests: list[dict]) -> dict[tuple[str, str], CRDSchema]:
-    """(apiVersion, kind) -> schema, for the CRDs among `manifests` themselves: a custom resource
-    whose CRD the same stack registers (the platform stack's GatewayClass, Prometheus) is checked
-    against exactly the CRD it installs, served versions only."""
-    found = {}
+def schema_in(manifests: list[dict], api_version: str, kind: str) -> CRDSchema | None:
+    """The schema of `kind` at `api_version` from a CRD among `manifests` themselves, or None: a
+    custom resource whose CRD the same stack registers (the platform stack's GatewayClass,
+    Prometheus) is checked against exactly the CRD it installs, a served version only. Only that
+    CRD is converted (the stack holds megabytes of others)."""
+    group, _, version = api_version.rpartition("/")
     for crd in manifests:
-        if crd.get("kind") != "CustomResourceDefinition" or not crd.get("apiVersion", "").startswith("apiextensions"):
+        if (crd.get("kind") != "CustomResourceDefinition" or crd["spec"].get("group") != group
+                or crd["spec"]["names"]["kind"] != kind):
             continue
-        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
-        for version in crd["spec"].get("versions") or []:
-            schema = (version.get("schema") or {}).get("openAPIV3Schema")
-            if version.get("served") and schema:
-                origin = {"crd": crd["metadata"]["name"]}
-                found[(f"{group}/{version['name']}", kind)] = _checked_against(schema, group, kind, version["name"],
-                                                                                 origin)
-    return found
+        for served in crd["spec"].get("versions") or []:
+            schema = (served.get("schema") or {}).get("openAPIV3Schema")
+            if served["name"] == version and served.get("served") and schema:
+                return _checked_against(schema, group, kind, version, {"crd": crd["metadata"]["name"]})
+    return None
 
 
 def vendored_crds() -> list[dict]:

@@ -20,7 +20,7 @@ from kubernetes_validate import utils as kv_utils
 
 from infra.inputs import InputError, write_output
 from infra.offline import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
-from infra.render.crd_schemas import crd_schema, schemas_in
+from infra.render.crd_schemas import crd_schema, schema_in
 
 
 def redact(value: Any) -> Any:
@@ -106,16 +106,18 @@ def validate_manifests(items: list[dict], kubernetes_version: str) -> Validation
     """Check every built-in kind (and pod templates inside CRDs) against that release's schemas."""
     report = ValidationReport()
     assert kubernetes_validate  # the schemas ship with this package
-    items = [*items, *(t for m in items for t in embedded_pod_templates(unwrap(m)))]
-    in_stack = None  # the stack's own CRDs, read when a kind has no vendored schema
-    for manifest in items:
-        plain = unwrap(manifest)
+    plains = [unwrap(m) for m in items]
+    plains += [t for m in plains for t in embedded_pod_templates(m)]
+    in_stack: dict = {}  # (apiVersion, kind) -> the schema from a CRD the stack itself registers
+    for plain in plains:
         validator = _validator(plain["kind"], plain["apiVersion"], kubernetes_version)
         name = f"{plain['kind']}/{plain['metadata']['name']}"
         custom = crd_schema(plain["apiVersion"], plain["kind"]) if validator is None else None
         if validator is None and custom is None:
-            in_stack = schemas_in([unwrap(m) for m in items]) if in_stack is None else in_stack
-            custom = in_stack.get((plain["apiVersion"], plain["kind"]))
+            key = (plain["apiVersion"], plain["kind"])
+            if key not in in_stack:
+                in_stack[key] = schema_in(plains, *key)
+            custom = in_stack[key]
         if custom is not None:
             validator = custom.validator
             key = f"{plain['kind']} ({custom.source})"
