@@ -705,3 +705,20 @@ def test_a_custom_resource_is_checked_against_the_crd_its_own_stack_installs():
     prometheus["spec"]["retentionPeriod"] = "15d"  # the field is `retention`
     errors = validate_manifests(items, spec.kubernetes_version).errors
     assert len(errors) == 1 and "Prometheus/" in errors[0] and "retentionPeriod" in errors[0], errors
+
+
+def test_a_chart_value_its_chart_does_not_know_stops_the_preview(monkeypatch):
+    """The charts' own checks run with the platform's other checks (every preview and `pulumi up`),
+    not only in this file: a value cert-manager v1.21.2's chart does not have is refused."""
+    import dataclasses
+
+    import infra.platform_stack.checks as checks
+
+    ctx = context("platform-prod")
+    assert controller_problems(ctx) == []
+    rows = tuple(dataclasses.replace(row, values=lambda ctx: {"replicaCounts": 2}) if row.name == "cert-manager"
+                 else row for row in CATALOG)
+    monkeypatch.setattr(checks, "installed", lambda ctx: [r for r in rows if r.enabled(ctx)])
+    problems = controller_problems(ctx)
+    # both verdicts: the key is not in its values.yaml, and its values.schema.json refuses it
+    assert problems and all("cert-manager" in p and "replicaCounts" in p for p in problems), problems

@@ -75,4 +75,11 @@ def controller_problems(ctx: PlatformContext) -> list[str]:
                      f"({row.unchecked}). Fix: install it yourself (e.g. from your own mirror) and list it in "
                      f"controllers.user_installed, or use chart_source: registry"
                      for row in installed(ctx) if row.chart and row.values_source is None]
+    # Each chart's own verdict on the values the spec gives it (its values.yaml keys, its
+    # values.schema.json), at every preview and `pulumi up`, not only in the tests: Helm would
+    # drop an unknown key without a word.
+    from infra.platform_stack.values import values_problems
+
+    problems += [f"controllers: {p}" for row in installed(ctx) if row.chart and row.values_source
+                 for p in values_problems(row.name, row.values(ctx))]
     return problems
