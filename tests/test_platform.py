@@ -141,11 +141,14 @@ def prod_runs():
     return platform, serving
 
 
-# Objects the serving stack refers to that no stack creates: what README names as the user's.
-USER_PROVIDED = {
-    ("Secret", "llm-prod-tls"),  # the certificate (README: cert-manager Certificate or the user's)
-    ("Namespace", "envoy-gateway-system"),  # made by the Envoy Gateway chart at install (namespace.yaml)
-}
+def user_provided(spec) -> set[tuple[str, str]]:
+    """Objects the serving stack refers to that no stack creates: what README's "Objects that stay
+    the user's" names, found through the spec fields it names."""
+    found = {("Secret", spec.access.tls_secret_name),  # cert-manager Certificate against your issuer, or yours
+             ("Namespace", "envoy-gateway-system")}  # made by the Envoy Gateway chart at install (namespace.yaml)
+    if spec.model.weights.access_mode() == "secret":  # a store outside AWS
+        found.add(("Secret", spec.model.weights.credentials_secret))
+    return found
 
 
 def references(manifest: dict) -> set[tuple[str, str]]:
@@ -184,17 +187,32 @@ def references(manifest: dict) -> set[tuple[str, str]]:
     return {f for f in found if f[1]}
 
 
-def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_runs):
-    platform, serving = prod_runs
+def unresolved(platform, serving, spec) -> tuple[list, set]:
+    """What `serving` refers to that neither stack makes nor README names as the user's, and
+    everything it refers to."""
     made = {(m["kind"], m["metadata"]["name"]) for run in (platform, serving) for m in map(unwrap, manifests(run))}
     wanted = set().union(*(references(unwrap(m)) for m in manifests(serving)))
-    missing = sorted(w for w in wanted - made - USER_PROVIDED)
+    return sorted(wanted - made - user_provided(spec)), wanted
+
+
+def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_runs):
+    platform, serving = prod_runs
+    missing, wanted = unresolved(platform, serving, load_spec("stacks/prod.yaml"))
     assert missing == [], missing
     assert ("GatewayClass", "envoy-gateway") in wanted and ("EC2NodeClass", "gb200-decode") in wanted
     # the weights fetch reads no Secret: its role comes through Pod Identity, one association per namespace
     assert not any(k == "Secret" and "weights" in n for k, n in wanted)
     assert [r.inputs["namespace"] for r in serving.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")] \
         == ["pdstack-prod"]
+
+
+def test_dev_refers_to_nothing_but_what_its_platform_makes_and_readme_names():
+    """dev on an existing cluster with weights in an S3-compatible store (access: secret): its
+    credentials Secret is the user's, as README says; nothing else is missing."""
+    spec = load_spec("stacks/dev.yaml")
+    missing, wanted = unresolved(run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec)), run_spec(spec), spec)
+    assert missing == [], missing
+    assert ("Secret", spec.model.weights.credentials_secret) in wanted
 
 
 @pytest.mark.parametrize("serving_stack", ["prod", "dev"])
