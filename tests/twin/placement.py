@@ -37,12 +37,14 @@ def delete_namespaces(namespaces: list[str]) -> None:
         kubectl("delete", "namespace", "--ignore-not-found", "--timeout=300s", *namespaces)
 
 
-def remove_render(spec, objects: list[dict]) -> None:
-    """Everything an applied render left: its objects, the DRA stand-in's, its stack's nodes."""
+def remove_render(spec, objects: list[dict], nodes: bool = True) -> None:
+    """Everything an applied render left: its objects, the DRA stand-in's, its stack's nodes
+    (unless `nodes` is False: the test still looks at them)."""
     remove_fleet(objects)
     for kind in ("resourceslices", "deviceclasses"):
         kubectl("delete", kind, "-l", "twin.pdstack.io/stands-in-for", "--ignore-not-found")
-    kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
+    if nodes:
+        kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
 def pods_in(namespaces: set[str]) -> list[dict]:
