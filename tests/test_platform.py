@@ -425,19 +425,27 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
     platform = run_spec(platform_spec)
     groups = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")
               if r.name != "system"}  # the CPU nodes a new cluster gets in every mode
-    assert sorted(groups) == ["prod-decode", "prod-prefill"]
+    blocks = platform_spec.cloud.node_classes[0].capacity_reservations.by_role["decode"]
+    assert sorted(groups) == [f"prod-decode-{i}" for i in range(len(blocks))] + ["prod-prefill"]  # a group a block
     prod = load_spec("stacks/prod.yaml")
     rack = prod.hardware.supernode.gpus // prod.hardware.gpus_per_node
-    for role, group in groups.items():
-        role = role.removeprefix("prod-")
+    role_of = {name: name.removeprefix("prod-").split("-")[0] for name in groups}
+    for role in ("prefill", "decode"):
         pool, cap = prod.deployment.pools()[role], pool_capacity(prod, role)
-        nodes = group["scalingConfig"]["desiredSize"]
-        assert group["scalingConfig"]["minSize"] == nodes == group["scalingConfig"]["maxSize"]
+        mine = [g for name, g in groups.items() if role_of[name] == role]
+        nodes = sum(g["scalingConfig"]["desiredSize"] for g in mine)
+        assert all(g["scalingConfig"]["minSize"] == g["scalingConfig"]["desiredSize"] == g["scalingConfig"]["maxSize"]
+                   for g in mine)
         assert nodes >= (cap.max_instances + cap.surge_instances) * pool.nodes_per_instance(prod.hardware.gpus_per_node)
-        assert nodes % rack == 0 or role == "prefill", (role, nodes)  # decode claims whole domains
-        assert group["capacityType"] == ("CAPACITY_BLOCK" if role == "decode" else "ON_DEMAND")
-        assert group["instanceTypes"] == ["p6e-gb200.36xlarge"]
+        assert all(g["scalingConfig"]["desiredSize"] % rack == 0 for g in mine) or role == "prefill"  # whole domains
+        assert {g["capacityType"] for g in mine} == {"CAPACITY_BLOCK" if role == "decode" else "ON_DEMAND"}
+        assert all(g["instanceTypes"] == ["p6e-gb200.36xlarge"] for g in mine)
     templates = {r.urn.rsplit("::", 1)[-1]: r.inputs for r in platform.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    # each decode group's instances come from its own block, on the capacity-block market
+    assert [(t["instanceMarketOptions"]["marketType"], t["capacityReservationSpecification"][
+        "capacityReservationTarget"]["capacityReservationId"]) for n, t in sorted(templates.items())
+        if n.startswith("prod-decode")] == [("capacity-block", b) for b in blocks]
+    assert "instanceMarketOptions" not in templates["prod-prefill"]
     for name, template in templates.items():
         efa = [n for n in template["networkInterfaces"] if n["interfaceType"] in ("efa", "efa-only")]
         assert len(efa) == 4, (name, template["networkInterfaces"])  # the node class's efa_interfaces
@@ -458,7 +466,7 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
     pods = engine_pod_specs(serving)
     for name, group in groups.items():
         taints = [{**t, "effect": EKS_TAINT_EFFECTS[t["effect"]]} for t in group["taints"]]
-        assert_pods_land_on(pods[name.removeprefix("prod-")], group["labels"], taints, name)
+        assert_pods_land_on(pods[role_of[name]], group["labels"], taints, name)
 
 
 def test_static_mode_patches_each_listed_node_so_its_pools_pods_land_on_it():
@@ -740,3 +748,17 @@ def test_a_chart_value_its_chart_does_not_know_stops_the_preview(monkeypatch):
     problems = controller_problems(ctx)
     # both verdicts: the key is not in its values.yaml, and its values.schema.json refuses it
     assert problems and all("cert-manager" in p and "replicaCounts" in p for p in problems), problems
+
+
+def test_capacity_block_groups_need_blocks_that_hold_the_pool_evenly():
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "prefill", "environment": "prod", "node_class": "gb200", "capacity_block": True},
+        {"role": "decode", "environment": "prod", "node_class": "gb200", "capacity_block": True}]}
+    data["cloud"]["node_classes"][0]["capacity_reservations"]["by_role"] = {
+        "decode": ["cr-0a1b2c3d4e5f60702", "cr-0a1b2c3d4e5f60703"]}  # 54 decode nodes (3 racks) over 2 blocks
+    spec = PlatformSpec.model_validate(data)
+    problems = platform_problems(spec, hosted_environments(spec))
+    assert len(problems) == 2, problems
+    assert "lists no capacity reservation for prefill" in problems[0]
+    assert "54 nodes do not split evenly in whole NVLink domains of 18 nodes over 2" in problems[1]

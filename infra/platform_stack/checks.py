@@ -60,6 +60,29 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
             for role in s.deployment.pools():
                 if (env, role) not in groups:
                     problems.append(f"nodes.node_groups: no group for {env}'s {role} pool. Fix: add one")
+            problems += capacity_block_problems(platform, s)
+    return problems
+
+
+def capacity_block_problems(platform: PlatformSpec, s: StackSpec) -> list[str]:
+    """A group on Capacity Blocks is one managed group per block of its role (a launch template
+    targets one reservation): the role needs blocks, and its nodes must split evenly over them."""
+    problems = []
+    families = {f.name: f for f in platform.cloud.node_classes}
+    for g in platform.nodes.node_groups:
+        if g.environment != s.environment.name or not g.capacity_block or g.node_class not in families:
+            continue
+        blocks = families[g.node_class].capacity_reservations.by_role.get(g.role, [])
+        need = nodes_needed(s, g.role)
+        rack = s.hardware.supernode.gpus // s.hardware.gpus_per_node if s.hardware.supernode else 0
+        if not blocks:
+            problems.append(f"nodes.node_groups[{g.environment} {g.role}]: capacity_block, but node class {g.node_class} "
+                            f"lists no capacity reservation for {g.role}. Fix: list the blocks' ids (cr-...) in its "
+                            f"capacity_reservations.by_role.{g.role}")
+        elif need % len(blocks) or rack and (need // len(blocks)) % rack:
+            whole = f" in whole NVLink domains of {rack} nodes" if rack else ""
+            problems.append(f"nodes.node_groups[{g.environment} {g.role}]: {need} nodes do not split evenly{whole} over "
+                            f"{len(blocks)} Capacity Blocks (one group each). Fix: list blocks that hold them so")
     return problems
 
 

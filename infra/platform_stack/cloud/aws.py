@@ -432,37 +432,53 @@ class AwsCloud(pulumi.ComponentResource):
         return made
 
     def node_groups(self) -> None:
-        """nodes.mode node-groups: one EKS managed node group per environment and role, labelled and
-        tainted as a NodePool's nodes are, sized for the pool's maximum plus the rollout surge."""
-        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
+        """nodes.mode node-groups: EKS managed node groups per environment and role, labelled and
+        tainted as a NodePool's nodes are, sized for the pool's maximum plus the rollout surge.
+        A role on Capacity Blocks gets one group per block: a launch template targets one
+        reservation (capacity-block market), so each block's nodes come from it
+        (checks.py refuses a role whose nodes do not split evenly over its blocks)."""
+        c = self.spec.cloud
         families = {f.name: f for f in c.node_classes}
         by_env = {s.environment.name: s for s in self.hosted}
         for group in self.spec.nodes.node_groups:
-            serving, family = by_env[group.environment], families[group.node_class]
-            nodes = group_nodes(serving, group.role)
+            family = families[group.node_class]
+            nodes = group_nodes(by_env[group.environment], group.role)
             name = f"{group.environment}-{group.role}"
-            placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=child) if group.placement_group else None)
-            # Interfaces a launch template lists get only the security groups listed here: the
-            # cluster's (control plane <-> nodes) as well as EFA's, or the nodes never join.
-            groups = [self.cluster_security_group] + ([self.efa_security_group] if self.efa_security_group else [])
-            template = aws.ec2.LaunchTemplate(
-                name, network_interfaces=[
-                    {"network_card_index": n["networkCardIndex"], "device_index": n["deviceIndex"],
-                     "interface_type": "efa" if n["interfaceType"] == "efa-only" and n["networkCardIndex"] == 0
-                     else n["interfaceType"], "security_groups": groups}
-                    for n in efa_network_interfaces(family.efa_interfaces)] or None,
-                placement={"group_name": placement.name} if placement else None,
-                user_data=raid0_user_data() if family.instance_store_raid0 else None,
-                metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1}, opts=child)
-            aws.eks.NodeGroup(
-                name, cluster_name=c.cluster.name, node_role_arn=self.node_role.arn,
-                ami_type=accelerated_ami_type(family.instance_types),
-                subnet_ids=c.cluster.private_subnet_ids, instance_types=list(family.instance_types),
-                capacity_type="CAPACITY_BLOCK" if group.capacity_block else "ON_DEMAND",
-                scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
-                labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
-                taints=[{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in role_taints(group.role)],
-                launch_template={"id": template.id, "version": template.latest_version.apply(str)}, opts=child)
+            placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=pulumi.ResourceOptions(parent=self))
+                         if group.placement_group else None)
+            if not group.capacity_block:
+                self.node_group(name, group, family, nodes, placement, None)
+                continue
+            blocks = family.capacity_reservations.by_role[group.role]
+            for i, block in enumerate(blocks):
+                self.node_group(f"{name}-{i}", group, family, nodes // len(blocks), placement, block)
+
+    def node_group(self, name: str, group, family: NodeClassSpec, nodes: int, placement, block: str | None) -> None:
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
+        # Interfaces a launch template lists get only the security groups listed here: the
+        # cluster's (control plane <-> nodes) as well as EFA's, or the nodes never join.
+        groups = [self.cluster_security_group] + ([self.efa_security_group] if self.efa_security_group else [])
+        template = aws.ec2.LaunchTemplate(
+            name, network_interfaces=[
+                {"network_card_index": n["networkCardIndex"], "device_index": n["deviceIndex"],
+                 "interface_type": "efa" if n["interfaceType"] == "efa-only" and n["networkCardIndex"] == 0
+                 else n["interfaceType"], "security_groups": groups}
+                for n in efa_network_interfaces(family.efa_interfaces)] or None,
+            placement={"group_name": placement.name} if placement else None,
+            instance_market_options={"market_type": "capacity-block"} if block else None,
+            capacity_reservation_specification=(
+                {"capacity_reservation_target": {"capacity_reservation_id": block}} if block else None),
+            user_data=raid0_user_data() if family.instance_store_raid0 else None,
+            metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1}, opts=child)
+        aws.eks.NodeGroup(
+            name, cluster_name=c.cluster.name, node_role_arn=self.node_role.arn,
+            ami_type=accelerated_ami_type(family.instance_types),
+            subnet_ids=c.cluster.private_subnet_ids, instance_types=list(family.instance_types),
+            capacity_type="CAPACITY_BLOCK" if block else "ON_DEMAND",
+            scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
+            labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
+            taints=[{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in role_taints(group.role)],
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)}, opts=child)
 
 
 class ClusterStorage(PlatformLayer):
