@@ -1,12 +1,13 @@
 """The platform stack's Kubernetes part, applied for real on the cluster twin.
 
 The test runs `pulumi up` of a platform spec for an existing cluster (`cloud: none`, the on-prem
-path) that hosts dev. Its charts are rendered from their sources in the pinned modules
+path, in static node mode) that hosts dev: dev's nodes come as an operator's kubeadm nodes do,
+with no pool label or taint, and the platform's NodePatches make them dev's pools. Its charts are rendered from their sources in the pinned modules
 (`controllers.chart_source: pinned-modules`, infra/platform_stack/charts.py) by the Helm inside
 the real pulumi-kubernetes provider (helm.v4.Chart, hooks disabled: pkg/provider/helm/v4/chart.go
 at the pinned provider sets `DisableHooks = true`). Every object goes to the real API server
 through the provider's server-side apply. The real DaemonSet controller and scheduler then place
-the GPU DaemonSets onto dev's tainted GPU nodes.
+the GPU DaemonSets onto the GPU nodes the platform has just tainted.
 
 What stands in:
 - kwok runs every controller's pods, so no image runs and no operator makes the DaemonSets it
@@ -20,20 +21,25 @@ What stands in:
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 
 from infra.platform_stack.catalog import controller
-from infra.platform_stack.program import build_platform
+from infra import naming
+from infra.platform_stack.program import Hosted, build_platform
+from infra.rollout.preflight import HostEntry, Inventory
 from infra.rollout.pulumi_cluster import PROJECT
 from tests.engine import engine_project
 from tests.test_platform import onprem_twin_spec
 from tests.twin.conftest import FIGURES
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
 from tests.twin.placement import assert_every_pod_bound, delete_namespaces, remove_render
 from twin import dra, fleet
 from twin.cluster import kubectl
-from twin.nodes import TWIN_LABEL
+from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.paths import KUBECONFIG
 
 STACK = "platform-twin"
@@ -42,9 +48,28 @@ NFD_WORKER = "gpu-operator-node-feature-discovery-worker"  # the gpu-operator re
 
 
 def twin_platform_spec():
-    """platform-dev's spec, for dev's cluster taken as an existing one: no AWS part."""
+    """platform-dev's spec, for dev's cluster taken as an existing one (no AWS part) whose GPU
+    nodes the inventory names (static node mode)."""
     spec = onprem_twin_spec(chart_source="pinned-modules", user_installed=USER_INSTALLED)
-    return spec.model_copy(update={"name": STACK})
+    return spec.model_copy(update={"name": STACK, "nodes": spec.nodes.model_copy(update={"mode": "static"})})
+
+
+def as_the_operator_has_them(spec, nodes: list[dict]) -> tuple[list[dict], list[HostEntry]]:
+    """dev's twin nodes without what its pools put on them (role and environment labels, the
+    clique label, the taints), and the inventory naming each GPU node's role and NVLink domain
+    (what the operator writes in stacks/inventory/<env>.yaml)."""
+    clique_label = spec.hardware.supernode.topology_label if spec.hardware.supernode else "nvidia.com/gpu.clique"
+    bare, hosts = [], []
+    for node in copy.deepcopy(nodes):
+        labels = node["metadata"]["labels"]
+        if labels.get(naming.ROLE_LABEL):
+            hosts.append(HostEntry(name=node["metadata"]["name"], address="127.0.0.1", role=labels[naming.ROLE_LABEL],
+                                   clique=labels.get(clique_label)))
+        for key in (naming.ROLE_LABEL, "pdstack.io/environment", "karpenter.sh/nodepool", clique_label):
+            labels.pop(key, None)
+        node["spec"]["taints"] = []
+        bare.append(node)
+    return bare, hosts
 
 
 def gpu_nodes(env: str) -> set[str]:
@@ -67,15 +92,21 @@ def daemonset_pods_by_node(namespace: str, name: str) -> dict[str, str]:
 
 
 def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the_tainted_nodes(
-        dev_nodes, tmp_path, monkeypatch):
+        twin, tmp_path, monkeypatch):
     """`pulumi up` creates every object of the platform stack on the real API server, the charts'
-    included; the NFD worker DaemonSet gets a pod bound on every one of dev's tainted GPU nodes;
-    the same DaemonSet without the platform's tolerations gets none there (the test bites); dev's
-    serving stack then applies on that cluster with every pod bound to a GPU node of its pool; and
-    `pulumi destroy` removes the platform stack but keeps its CRDs."""
+    included, and its NodePatches give each GPU node the inventory names its role label and
+    taints; the NFD worker DaemonSet gets a pod bound on every one of them; the same DaemonSet
+    without the platform's tolerations gets none there (the test bites); dev's serving stack, as
+    it renders under a static platform (no NodePool: nothing else could make a node), then applies
+    on that cluster with every GPU pod bound to a patched node of its pool; and `pulumi destroy`
+    removes the platform stack, the patched labels and taints with it, but keeps its CRDs."""
     from pulumi import automation as auto
 
-    env = dev_nodes.environment.name
+    dev = load_spec(stack_spec_path("dev"))
+    env = dev.environment.name
+    bare, hosts = as_the_operator_has_them(dev, stack_nodes(dev))
+    assert hosts and fleet.apply_each_pass(bare).rejected == {}
+    inventory = Inventory(key_file="unused", known_hosts="unused", hosts=hosts)
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG, platform_stand_in_stack=False)
     # The state file is written once, at the end, instead of after every step: with the CRDs'
     # schemas in it (megabytes), the steps' checkpoints took two thirds of the run (305 s against
@@ -83,7 +114,8 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
     # rollout's SIGKILL row on the twin tests with checkpoints on.
     monkeypatch.setenv("PULUMI_SKIP_CHECKPOINTS", "true")
     spec = twin_platform_spec()
-    stack = auto.create_or_select_stack(stack_name=STACK, project_name=PROJECT, program=lambda: build_platform(spec),
+    stack = auto.create_or_select_stack(stack_name=STACK, project_name=PROJECT,
+                                        program=lambda: build_platform(spec, [Hosted(dev, "dev", inventory)]),
                                         opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
     stack.set_config("pdstack:specFile", auto.ConfigValue("stacks/platform-dev.yaml"))  # Pulumi.yaml asks for it
     log: list[str] = []
@@ -101,8 +133,11 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
         from_charts = [r for r in objects if "kubernetes:helm.sh/v4:Chart" in r.get("parent", "")]
         assert from_charts, "no chart rendered an object"
 
-        gpu = gpu_nodes(env)
-        assert gpu, "dev_nodes made no GPU node"
+        gpu = gpu_nodes(env)  # tainted: by the platform's NodePatches, nothing else
+        assert gpu == {h.name for h in hosts}, (sorted(gpu), [h.name for h in hosts])
+        for node in fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}"):
+            host = next((h for h in hosts if h.name == node["metadata"]["name"]), None)
+            assert host is None or node["metadata"]["labels"].get(naming.ROLE_LABEL) == host.role
         ns = controller("gpu-operator").namespace
         on_nodes = fleet.wait_for("the NFD worker on every GPU node",
                                   lambda: gpu <= set(daemonset_pods_by_node(ns, NFD_WORKER)) and
@@ -144,15 +179,20 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
         # writes it, every object accepted and every pod bound within the GPU nodes' GPUs and
         # EFA devices (the kwok nodes carry what the device plugins would publish; twin/dra.py
         # stands in for the DRA driver's slices).
-        serving = fleet.render("dev", tmp_path / "dev-render")
+        serving = [o for o in fleet.render("dev", tmp_path / "dev-render")
+                   if o["kind"] not in ("NodePool", "EC2NodeClass")]
         try:
             applied = fleet.apply_each_pass(serving)
             assert applied.rejected == {}, "\n".join(f"{k}: {v}" for k, v in applied.rejected.items())
             assert fleet.apply_each_pass(dra.stand_in(serving, fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}"))
                                          ).rejected == {}
-            assert_every_pod_bound(dev_nodes, serving, applied, f"dev on {STACK}")
+            assert_every_pod_bound(dev, serving, applied, f"dev on {STACK}'s static nodes")
+            on_gpus = {p["spec"]["nodeName"] for p in fleet.get("pods", "-n", dev.environment.namespace)
+                       if any("nvidia.com/gpu" in (c.get("resources") or {}).get("limits", {})
+                              for c in p["spec"]["containers"])}
+            assert on_gpus and on_gpus <= gpu, sorted(on_gpus - gpu)
         finally:
-            remove_render(dev_nodes, serving)
+            remove_render(dev, serving, nodes=False)
 
         stack.destroy(on_output=log.append, color="never")
         destroyed = True
@@ -160,9 +200,13 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
         assert {"clusterpolicies.nvidia.com", "gateways.gateway.networking.k8s.io", "prometheuses.monitoring.coreos.com",
                 "certificates.cert-manager.io"} <= crds, "a CRD went with the stack"
         assert not fleet.get("deployment", "-n", controller("cert-manager").namespace)
+        kept = [n["metadata"]["name"] for n in fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}")
+                if naming.ROLE_LABEL in n["metadata"]["labels"] or n["spec"].get("taints")]
+        assert kept == [], f"destroy left a role label or taint on {kept}"  # the nodes, the operator's, stay
     finally:
         if not destroyed:
             try:
                 stack.destroy(on_output=log.append, color="never")
             except Exception:  # noqa: BLE001 - the namespaces below still go; the test has failed already
                 delete_namespaces(namespaces)
+        kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={env}", "--wait=false")
