@@ -67,10 +67,9 @@ class DuplicateKey(Exception):
                 "silently mean the last one. Fix: keep one")
 
 
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader (libyaml's parser where PyYAML was built with it: a spec parses in a
-    seventh of the time), refusing a key that appears twice in one mapping. A merge (`<<:`) may
-    still be overridden by the mapping's own keys: that is what it is for."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping. A merge (`<<:`)
+    may still be overridden by the mapping's own keys: that is what it is for."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
