@@ -265,3 +265,16 @@ def test_an_interrupt_a_library_wrapped_is_still_one_line_and_exit_130(monkeypat
     monkeypatch.setattr(validate, "cmd_validate", broken)
     assert main(["validate"]) == 1
     assert "unexpected error: SchemaError" in capsys.readouterr().err
+
+
+def test_a_spec_nested_too_deeply_is_one_message_not_a_crash(tmp_path):
+    """60,000 nested mappings: PyYAML's Python parser gives up with RecursionError, which
+    parse_yaml turns into one line naming the file. libyaml's C parser has no depth limit and
+    killed pdctl with a segmentation fault (exit 139), which is why specs are not parsed with it."""
+    depth = 60_000
+    spec = tmp_path / "deep.yaml"
+    spec.write_text("a: " + "{b: " * depth + "1" + "}" * depth + "\n")
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "validate", str(spec)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert "nested too deeply to read" in done.stderr and "Traceback" not in done.stderr
