@@ -700,6 +700,13 @@ def test_dcgm_exporters_monitor_is_one_the_platforms_prometheus_selects():
         assert monitor["enabled"] and wanted and wanted.items() <= monitor["additionalLabels"].items()
 
 
+def test_node_groups_off_aws_is_one_message_not_a_crash():
+    spec = onprem_twin_spec()
+    spec = spec.model_copy(update={"nodes": spec.nodes.model_copy(update={"mode": "node-groups"})})
+    problems = platform_problems(spec, [Hosted(load_spec("stacks/dev.yaml"), "dev", None)])
+    assert any(p.startswith("nodes.mode: node-groups are EKS managed node groups") for p in problems), problems
+
+
 def test_node_groups_need_subnets_and_aws():
     """A managed node group is made in listed subnets: an existing cluster's spec listed none, and
     every group would have been created with an empty subnet list (refused by EKS at `pulumi up`)."""

@@ -68,6 +68,8 @@ def capacity_block_problems(platform: PlatformSpec, s: StackSpec) -> list[str]:
     """A group on Capacity Blocks is one managed group per block of its role (a launch template
     targets one reservation): the role needs blocks, and its nodes must split evenly over them."""
     problems = []
+    if platform.cloud.provider != "aws":  # node-groups off AWS is refused above; nothing to split
+        return problems
     families = {f.name: f for f in platform.cloud.node_classes}
     for g in platform.nodes.node_groups:
         if g.environment != s.environment.name or not g.capacity_block or g.node_class not in families:
