@@ -339,7 +339,8 @@ class AwsCloud(pulumi.ComponentResource):
                                                "eks:ListPodIdentityAssociations"],
                  "Resource": f"arn:aws:eks:{c.region}:*:cluster/{c.cluster.name}"},
                 {"Effect": "Allow", "Action": ["eks:DescribePodIdentityAssociation", "eks:DeletePodIdentityAssociation",
-                                               "eks:UpdatePodIdentityAssociation"],
+                                               "eks:UpdatePodIdentityAssociation", "eks:TagResource",
+                                               "eks:UntagResource"],  # the serving stack tags each one
                  "Resource": f"arn:aws:eks:{c.region}:*:podidentityassociation/{c.cluster.name}/*"},
                 {"Effect": "Allow", "Action": "iam:PassRole", "Resource": a[1]})), opts=child)
         aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=child)
@@ -392,7 +393,7 @@ class AwsCloud(pulumi.ComponentResource):
                 "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly")], opts=child)
         # A managed node group's role gets its access entry from EKS itself (the Karpenter node
         # role's is made above, since no node group names it).
-        aws.eks.NodeGroup(
+        system_group = aws.eks.NodeGroup(
             "system", cluster_name=c.cluster.name, node_role_arn=role.arn, subnet_ids=c.cluster.private_subnet_ids,
             instance_types=list(system.instance_types), capacity_type="ON_DEMAND",
             scaling_config={"min_size": system.count, "max_size": system.count, "desired_size": system.count},
@@ -400,9 +401,10 @@ class AwsCloud(pulumi.ComponentResource):
         ebs = aws.iam.Role("ebs-csi", name=f"{c.cluster.name}-ebs-csi", assume_role_policy=cluster_arn.apply(
             pod_identity_trust), managed_policy_arns=["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"],
             opts=child)
+        # After the nodes: the add-on's controller needs somewhere to run before EKS calls it active.
         aws.eks.Addon("aws-ebs-csi-driver", cluster_name=c.cluster.name, addon_name="aws-ebs-csi-driver",
                       pod_identity_associations=[{"role_arn": ebs.arn, "service_account": "ebs-csi-controller-sa"}],
-                      opts=child)
+                      opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster, system_group]))
         ClusterStorage("storage", pulumi.ResourceOptions(parent=self, providers=[self.provider]))
 
     def check_instance_store(self, itype: str) -> None:
