@@ -105,7 +105,6 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
     dev = load_spec(stack_spec_path("dev"))
     env = dev.environment.name
     bare, hosts = as_the_operator_has_them(dev, stack_nodes(dev))
-    assert hosts and fleet.apply_each_pass(bare).rejected == {}
     inventory = Inventory(key_file="unused", known_hosts="unused", hosts=hosts)
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG, platform_stand_in_stack=False)
     # The state file is written once, at the end, instead of after every step: with the CRDs'
@@ -123,6 +122,7 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
     namespaces = sorted({controller(n).namespace for n in ("cert-manager", "envoy-gateway", "gpu-operator",
                                                            "prometheus-operator")} | {spec.monitoring_namespace})
     try:
+        assert hosts and fleet.apply_each_pass(bare).rejected == {}
         result = stack.up(on_output=log.append, color="never")
         assert result.summary.result == "succeeded", "\n".join(log[-40:])
         resources = stack.export_stack().deployment["resources"]
