@@ -14,7 +14,7 @@ import pulumi_kubernetes as k8s
 from infra import naming
 from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
-from infra.planning.capacity import pool_capacity
+from infra.platform_stack.checks import nodes_needed
 from infra.platform_stack.cloud import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
@@ -161,16 +161,6 @@ def node_classes_needed(spec: PlatformSpec, hosted: list[StackSpec]) -> list[tup
     return [(families[name], role) for name, role in wanted if name in families]
 
 
-def group_nodes(spec: StackSpec, role: str) -> int:
-    """Nodes a managed node group holds for a pool: its maximum plus the rollout surge, whole racks
-    where the pool is placed by NVLink domain (infra/planning/capacity.py)."""
-    cap = pool_capacity(spec, role)
-    if cap.static:
-        return cap.static_nodes
-    return (cap.max_instances + cap.surge_instances) * spec.deployment.pools()[role].nodes_per_instance(
-        spec.hardware.gpus_per_node)
-
-
 class AwsCloud(pulumi.ComponentResource):
     def __init__(self, name: str, spec: PlatformSpec, hosted: list[StackSpec],
                  opts: pulumi.ResourceOptions | None = None):
@@ -203,8 +193,7 @@ class AwsCloud(pulumi.ComponentResource):
             # The node classes find their security groups by the discovery tag (ec2_node_class): the
             # security group EKS makes for a new cluster (control plane <-> nodes) must carry it,
             # and nothing else would tag it, since it does not exist before this `pulumi up`.
-            aws.ec2.Tag("cluster-security-group-discovery",
-                        resource_id=cluster.eks_cluster.vpc_config.cluster_security_group_id,
+            aws.ec2.Tag("cluster-security-group-discovery", resource_id=self.cluster_security_group,
                         key="karpenter.sh/discovery", value=c.cluster.discovery(), opts=child)
         else:
             found = aws.eks.get_cluster_output(name=c.cluster.name)
@@ -353,11 +342,7 @@ class AwsCloud(pulumi.ComponentResource):
         """Karpenter's node role (EC2NodeClass.spec.role) with its access entry, and its controller's
         role through Pod Identity (kube-system/karpenter)."""
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
-        node = aws.iam.Role("karpenter-node", name=f"{c.cluster.name}-karpenter-node", assume_role_policy=policy(
-            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}),
-            managed_policy_arns=[f"arn:aws:iam::aws:policy/{p}" for p in (
-                "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
-                "AmazonSSMManagedInstanceCore")], opts=child)
+        node = self.node_iam_role("karpenter-node", child, "AmazonSSMManagedInstanceCore")
         self.node_role = node
         aws.eks.AccessEntry("karpenter-node", cluster_name=c.cluster.name, principal_arn=node.arn, type="EC2_LINUX",
                             opts=child)
@@ -380,6 +365,14 @@ class AwsCloud(pulumi.ComponentResource):
                                        service_account=KARPENTER_SA, role_arn=controller.arn, opts=child)
         return {"node_role_arn": node.arn, "karpenter_role_arn": controller.arn}
 
+    def node_iam_role(self, name: str, opts: pulumi.ResourceOptions, *extra_policies: str) -> aws.iam.Role:
+        """An EC2 instance role a node joins the cluster with (kubelet, VPC CNI, image pulls)."""
+        return aws.iam.Role(name, name=f"{self.spec.cloud.cluster.name}-{name}", assume_role_policy=policy(
+            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}),
+            managed_policy_arns=[f"arn:aws:iam::aws:policy/{p}" for p in (
+                "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
+                *extra_policies)], opts=opts)
+
     def system_nodes_and_storage(self, cluster, cluster_arn) -> None:
         """What a new cluster lacks before anything else can run: nodes without GPUs (the cluster
         is made with no default node group, and Karpenter cannot start the node it runs on), the
@@ -387,10 +380,7 @@ class AwsCloud(pulumi.ComponentResource):
         volume claims bind. An existing cluster has its own: README lists them as the user's."""
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self, depends_on=[cluster])
         system = c.cluster.system_nodes
-        role = aws.iam.Role("system-node", name=f"{c.cluster.name}-system-node", assume_role_policy=policy(
-            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}),
-            managed_policy_arns=[f"arn:aws:iam::aws:policy/{p}" for p in (
-                "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly")], opts=child)
+        role = self.node_iam_role("system-node", child)
         # A managed node group's role gets its access entry from EKS itself (the Karpenter node
         # role's is made above, since no node group names it).
         system_group = aws.eks.NodeGroup(
@@ -444,7 +434,7 @@ class AwsCloud(pulumi.ComponentResource):
         by_env = {s.environment.name: s for s in self.hosted}
         for group in self.spec.nodes.node_groups:
             family = families[group.node_class]
-            nodes = group_nodes(by_env[group.environment], group.role)
+            nodes = nodes_needed(by_env[group.environment], group.role)
             name = f"{group.environment}-{group.role}"
             placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=pulumi.ResourceOptions(parent=self))
                          if group.placement_group else None)
