@@ -707,6 +707,18 @@ def test_node_groups_off_aws_is_one_message_not_a_crash():
     assert any(p.startswith("nodes.mode: node-groups are EKS managed node groups") for p in problems), problems
 
 
+def test_a_node_group_naming_an_unknown_node_class_or_environment_is_named():
+    """It ended in "unexpected error: KeyError" from the program."""
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "prefill", "environment": "prod", "node_class": "nosuch"},
+        {"role": "decode", "environment": "staging", "node_class": "gb200"}]}
+    spec = PlatformSpec.model_validate(data)
+    problems = platform_problems(spec, hosted_environments(spec))
+    assert any("node_class 'nosuch' is no node class of the platform (gb200)" in p for p in problems), problems
+    assert any("environment 'staging' is not hosted here (prod)" in p for p in problems), problems
+
+
 def test_node_groups_need_subnets_and_aws():
     """A managed node group is made in listed subnets: an existing cluster's spec listed none, and
     every group would have been created with an empty subnet list (refused by EKS at `pulumi up`)."""

@@ -32,6 +32,16 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
         elif not platform.cloud.cluster.private_subnet_ids:
             problems.append("cloud.cluster.private_subnet_ids: node-groups mode places its groups in these subnets, and "
                             "none are listed (an existing cluster's too). Fix: list the nodes' private subnets")
+        else:
+            hosted_names = {h.spec.environment.name for h in hosted}
+            for g in platform.nodes.node_groups:
+                where = f"nodes.node_groups[{g.environment} {g.role}]"
+                if g.node_class not in families:
+                    problems.append(f"{where}: node_class {g.node_class!r} is no node class of the platform "
+                                    f"({', '.join(sorted(families))}). Fix: name one, or add it to cloud.node_classes")
+                if g.environment not in hosted_names:
+                    problems.append(f"{where}: environment {g.environment!r} is not hosted here "
+                                    f"({', '.join(sorted(hosted_names))}). Fix: name a hosted environment")
     for h in hosted:
         s: StackSpec = h.spec
         env = s.environment.name
