@@ -429,3 +429,75 @@ def test_a_result_left_by_an_earlier_run_is_never_judged_again(slo_spec, tmp_pat
                      "--aiperf", "/bin/true", "--concurrency", "1", "--out", str(tmp_path / "runs"), "--output", "json"])
     gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
     assert code == 1 and "aiperf wrote no result" in gates["aiperf"]["detail"]
+
+
+def test_a_redirect_fails_the_endpoint_check_and_the_key_never_follows_it(slo_spec, tmp_path, capsys, monkeypatch):
+    """urllib.request follows 301/302/303/307/308 and re-sends every header but the body's,
+    Authorization included, to whatever host and scheme the Location names (CPython 3.11
+    Lib/urllib/request.py, HTTPRedirectHandler.redirect_request): an endpoint answering
+    `302 Location: http://<another host>/collect` got the key sent there, and that host's 200
+    passed "authenticated request". 127.0.0.2 is another host (the whole of 127.0.0.0/8 is
+    loopback on Linux). No request reaches it; the check fails naming the redirect, for --url
+    and for the check --compare-url runs (endpoint_gates, the same code)."""
+    import http.server
+    import threading
+
+    from infra.validation.run import endpoint_gates
+    from tests.servers import QuietServer
+
+    seen = []  # (path, Authorization) of every request the other host receives
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST  # noqa: N815 - a 303 turns the POST into a GET
+
+        def log_message(self, *args):
+            pass
+
+    def redirecting(status: int, location: str):
+        class Redirect(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        return Redirect
+
+    servers = [QuietServer(("127.0.0.2", 0), Collector)]
+    collect = f"http://127.0.0.2:{servers[0].server_address[1]}/collect"
+    for status in (301, 302, 303, 307, 308):
+        servers.append(QuietServer(("127.0.0.1", 0), redirecting(status, collect)))
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PDSTACK_TEST_KEY", KEY)
+    try:
+        for server in servers[1:]:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            capsys.readouterr()
+            code = main(["validate-deployment", str(slo_spec), "--url", url, "--api-key-env", "PDSTACK_TEST_KEY",
+                         "--aiperf", "/bin/false", "--out", str(tmp_path / "r"), "--output", "json"])
+            out = capsys.readouterr()
+            gates = json.loads(out.out)["gates"]
+            assert code == 1 and [g["name"] for g in gates] == ["authenticated request"], gates
+            assert not gates[0]["passed"] and f"redirected to {collect}" in gates[0]["detail"], gates
+            assert "Traceback" not in out.err and "authenticated request" in out.err
+            (compared,) = endpoint_gates(url, "m", KEY)  # --compare-url's check
+            assert not compared.passed and f"redirected to {collect}" in compared.detail
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    assert seen == [], seen
+    assert not (tmp_path / "r").exists()

@@ -35,28 +35,53 @@ class Validation:
         return all(g.passed for g in gates)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect. urllib's handler re-sends every header but the body's, the API
+    key's Authorization included, to whatever host and scheme a Location names (CPython 3.11
+    Lib/urllib/request.py, HTTPRedirectHandler.redirect_request); unfollowed, the 3xx arrives
+    as an HTTPError and is the check's answer."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _chat(url: str, model: str, api_key: str | None, timeout: float) -> tuple[int, str]:
+    """(status, start of the body); for a redirect, where it points; status 0: nothing answered."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with _OPENER.open(request, timeout=timeout) as resp:
             return resp.status, resp.read(200).decode(errors="replace")
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:  # the server's text, shown: no terminal control characters
+            location = exc.headers.get("Location") or "no Location"
+            return exc.code, "".join(c if c.isprintable() else "?" for c in location[:200])
         return exc.code, exc.read(200).decode(errors="replace")
     except (OSError, ValueError) as exc:
         return 0, str(getattr(exc, "reason", exc))
 
 
+def _redirect(code: int, location: str) -> str:
+    return (f"HTTP {code}: redirected to {location}; a redirect is never followed (the key would go with it). "
+            "Fix: the URL of the address that serves the API itself")
+
+
 def endpoint_gates(url: str, model: str, api_key: str | None, timeout: float = 10.0) -> list[Gate]:
-    """Served with the key; refused (401/403) without one. Status 0: nothing answered."""
+    """Served with the key; refused (401/403) without one. Status 0: nothing answered; a
+    redirect fails either check, unfollowed."""
     code, text = _chat(url, model, api_key, timeout)
     served = Gate("authenticated request", 200 <= code < 300,
-                  f"HTTP {code}" if code else f"no answer from {url} ({text})")
+                  _redirect(code, text) if 300 <= code < 400 else f"HTTP {code}" if code else
+                  f"no answer from {url} ({text})")
     if not served.passed:
         return [served]
-    code, _ = _chat(url, model, None, timeout)
+    code, text = _chat(url, model, None, timeout)
     refused = Gate("request without a key is refused", code in (401, 403),
+                   _redirect(code, text) if 300 <= code < 400 else
                    f"HTTP {code}" + ("" if code in (401, 403) else ": the gateway serves without an API key"))
     return [served, refused]
 
