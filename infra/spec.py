@@ -23,6 +23,7 @@ from infra.inputs import InputError, Strict
 from infra.naming import (
     OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value,
     release_store_url_problem)
+from infra.platform_stack.weight_cache import ARRAY_RESERVE_GIB, INSTANCE_STORE_GB, RAID0_MOUNT, gib_of_gb
 from infra.weights import SAFE_NAME, unsafe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +157,7 @@ class SpecError(ValueError):
 
 
 class WeightsCacheSpec(Strict):
-    """Where the node-local weight cache lives (infra/platform_stack/weight_cache.py checks the fit)."""
+    """Where the node-local weight cache lives (weight_cache_problems checks the fit)."""
 
     medium: Literal["instance-store", "host-path"] = Field(
         "host-path", description="instance-store: the node class's RAID0 array of NVMe instance stores (AWS; the "
@@ -1079,6 +1080,47 @@ def transfer_problems(spec: StackSpec) -> list[str]:
     return problems
 
 
+def weight_cache_gib(spec: StackSpec) -> float | None:
+    """What the node cache must hold: every copy of the weights (none known without size_gib)."""
+    w = spec.model.weights
+    if w.size_gib is None:
+        return None
+    return w.size_gib * w.cache.copies
+
+
+def weight_cache_problems(spec: StackSpec) -> list[str]:
+    """Whether the weights fit where the node cache lives (infra/platform_stack/weight_cache.py)."""
+    w = spec.model.weights
+    cache, path = w.cache, w.node_cache_path.rstrip("/")
+    need = weight_cache_gib(spec)
+    problems = []
+    if cache.medium == "instance-store":
+        if not (path + "/").startswith(RAID0_MOUNT + "/"):
+            problems.append(
+                f"model.weights.node_cache_path: {w.node_cache_path} is not on the instance-store array (RAID0 mounts "
+                f"it at {RAID0_MOUNT}; anywhere else is the root volume). Fix: {RAID0_MOUNT}/pdstack-weights")
+        # (a spec without size_gib is refused by hardware_problems: the startup probes need it too)
+        for itype in spec.hardware.instance_types:
+            gb = INSTANCE_STORE_GB.get(itype)
+            if gb is None:
+                problems.append(
+                    f"hardware.instance_types: {itype}'s instance-store size is not known to pdstack "
+                    f"(infra/platform_stack/weight_cache.py INSTANCE_STORE_GB). Fix: add it from DescribeInstanceTypes "
+                    "(InstanceStorageInfo.TotalSizeInGB), or model.weights.cache.medium: host-path")
+            elif need is not None and need + ARRAY_RESERVE_GIB > gib_of_gb(gb):
+                problems.append(
+                    f"model.weights.size_gib: {w.size_gib} GiB x {cache.copies} copies + {ARRAY_RESERVE_GIB} GiB for "
+                    f"images and logs does not fit {itype}'s instance store ({gib_of_gb(gb):.0f} GiB). Fix: fewer "
+                    "cache.copies, or a type with more instance store")
+    else:
+        # Without capacity_gib the preflight's free-disk check (the inventory's min_free_disk_gib) is the only one.
+        if cache.capacity_gib is not None and need is not None and need > cache.capacity_gib:
+            problems.append(
+                f"model.weights.size_gib: {w.size_gib} GiB x {cache.copies} copies does not fit the "
+                f"{cache.capacity_gib} GiB disk at {w.node_cache_path}. Fix: a bigger disk, or fewer cache.copies")
+    return problems
+
+
 def hardware_problems(spec: StackSpec) -> list[str]:
     """Images, fabric and memory against the hardware the spec names."""
     hw, eng, dep = spec.hardware, spec.engine, spec.deployment
@@ -1098,8 +1140,6 @@ def hardware_problems(spec: StackSpec) -> list[str]:
                 f"environment.kubernetes_version: groups spanning nodes of an NVLink domain claim an IMEX channel "
                 f"through NVIDIA's DRA driver (ComputeDomain), and DRA is on by default from Kubernetes 1.34 "
                 f"(resource.k8s.io/v1); {spec.environment.kubernetes_version} is older. Fix: 1.34 or later")
-    from infra.platform_stack.weight_cache import weight_cache_problems  # builds on this module's types
-
     problems += weight_cache_problems(spec)
     w = spec.model.weights
     if w.size_gib is None:

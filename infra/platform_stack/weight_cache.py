@@ -1,4 +1,4 @@
-"""Where the weight cache lives on a GPU node, and whether the weights fit there.
+"""Where the weight cache lives on a GPU node, and how much room it has there.
 
 `instance-store`: Karpenter's `instanceStorePolicy: RAID0` (karpenter-provider-aws v1.14.1,
 pkg/apis/v1/ec2nodeclass.go InstanceStorePolicyRAID0; pkg/providers/amifamily/bootstrap/nodeadm.go
@@ -13,14 +13,12 @@ root EBS volume. So the cache path must be under the array, and the array holds 
 
 `host-path`: a disk the operator mounted at the path (on-prem), of the size the spec states;
 the preflight checks its free space on every host.
+
+This module is the facts, and imports nothing of pdstack's: the spec checks the fit against them
+(infra/spec.py weight_cache_problems), the cloud layer and the offline mocks read the table.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from infra.spec import StackSpec
 
 RAID0_MOUNT = "/mnt/k8s-disks/0"
 # What the array holds besides weights: container images (an engine image is 20-40 GiB, two
@@ -49,42 +47,3 @@ INSTANCE_STORE_ORIGIN = "EC2 User Guide, instance store volumes (accelerated com
 
 def gib_of_gb(gb: float) -> float:
     return gb * 1e9 / 2**30
-
-
-def needed_gib(spec: StackSpec) -> float | None:
-    w = spec.model.weights
-    if w.size_gib is None:
-        return None
-    return w.size_gib * w.cache.copies
-
-
-def weight_cache_problems(spec: StackSpec) -> list[str]:
-    w = spec.model.weights
-    cache, path = w.cache, w.node_cache_path.rstrip("/")
-    need = needed_gib(spec)
-    problems = []
-    if cache.medium == "instance-store":
-        if not (path + "/").startswith(RAID0_MOUNT + "/"):
-            problems.append(
-                f"model.weights.node_cache_path: {w.node_cache_path} is not on the instance-store array (RAID0 mounts "
-                f"it at {RAID0_MOUNT}; anywhere else is the root volume). Fix: {RAID0_MOUNT}/pdstack-weights")
-        # (a spec without size_gib is refused by infra/spec.py: the startup probes need it too)
-        for itype in spec.hardware.instance_types:
-            gb = INSTANCE_STORE_GB.get(itype)
-            if gb is None:
-                problems.append(
-                    f"hardware.instance_types: {itype}'s instance-store size is not known to pdstack "
-                    f"(infra/platform_stack/weight_cache.py INSTANCE_STORE_GB). Fix: add it from DescribeInstanceTypes "
-                    "(InstanceStorageInfo.TotalSizeInGB), or model.weights.cache.medium: host-path")
-            elif need is not None and need + ARRAY_RESERVE_GIB > gib_of_gb(gb):
-                problems.append(
-                    f"model.weights.size_gib: {w.size_gib} GiB x {cache.copies} copies + {ARRAY_RESERVE_GIB} GiB for "
-                    f"images and logs does not fit {itype}'s instance store ({gib_of_gb(gb):.0f} GiB). Fix: fewer "
-                    "cache.copies, or a type with more instance store")
-    else:
-        # Without capacity_gib the preflight's free-disk check (the inventory's min_free_disk_gib) is the only one.
-        if cache.capacity_gib is not None and need is not None and need > cache.capacity_gib:
-            problems.append(
-                f"model.weights.size_gib: {w.size_gib} GiB x {cache.copies} copies does not fit the "
-                f"{cache.capacity_gib} GiB disk at {w.node_cache_path}. Fix: a bigger disk, or fewer cache.copies")
-    return problems
