@@ -83,42 +83,92 @@ def test_every_pull_request_gets_the_fleet_diff_without_credentials_and_one_upda
     assert pulumi["with"]["comment-on-pr"] is True and pulumi["with"]["edit-pr-comment"] is True
 
 
-def test_pr_comment_edits_its_own_comment_and_creates_one_only_once(tmp_path):
-    """scripts/pr_comment against a fake `gh` that keeps the PR's comments in a file."""
-    import json
-    import os
-
-    state = tmp_path / "comments.json"
-    state.write_text(json.dumps([{"id": 7, "body": "a reviewer's comment"}]))
-    fake = tmp_path / "bin" / "gh"
-    fake.parent.mkdir()
-    fake.write_text(f"""#!{sys.executable}
-import json, sys
-args, state = sys.argv[1:], {str(state)!r}
-comments = json.load(open(state))
+FAKE_GH = """#!{python}
+# gh as scripts/pr_comment uses it, over a pull request's comments kept in a file: `api user`
+# answers as GitHub does for the token (a user's login, or HTTP 403 for an installation token such
+# as GITHUB_TOKEN, whose comments are github-actions[bot]'s); --jq runs the script's own filter
+# through jq; a PATCH edits any comment, as a token that may write pull requests can on GitHub.
+import json, subprocess, sys
+args, state = sys.argv[1:], {state!r}
+data = json.load(open(state))
+comments, token = data["comments"], data["token"]
+author = token.get("login") or "github-actions[bot]"
 method = args[args.index("--method") + 1] if "--method" in args else "GET"
-if method == "GET":
-    for c in comments:
-        if c["body"].startswith("<!-- pdstack-diff -->"):
-            print(c["id"])
+if args[1] == "user":
+    if "error" in token:
+        sys.exit(print(token["error"], file=sys.stderr) or 1)
+    if "login" not in token:
+        sys.exit(print("gh: Resource not accessible by integration (HTTP 403)", file=sys.stderr) or 1)
+    print(token["login"])
+elif method == "GET":
+    sys.stdout.write(subprocess.run([{jq!r}, "-r", args[args.index("--jq") + 1]], input=json.dumps(comments),
+                                    capture_output=True, text=True, check=True).stdout)
 else:
     body = open(args[args.index("-F") + 1].split("=@", 1)[1]).read()
     if method == "PATCH":
         cid = int(args[args.index("--method") + 2].rsplit("/", 1)[1])
         next(c for c in comments if c["id"] == cid)["body"] = body
     else:
-        comments.append({{"id": 100 + len(comments), "body": body}})
-    json.dump(comments, open(state, "w"))
-""")
+        comments.append({{"id": 100 + len(comments), "user": {{"login": author}}, "body": body}})
+    json.dump(data, open(state, "w"))
+"""
+
+
+def pr_comment_pushes(tmp_path: Path, comments: list[dict], token: dict, pushes: int = 2) -> tuple[list, list]:
+    """scripts/pr_comment run once per push against the fake `gh`: (each run, the comments after)."""
+    import json
+    import os
+
+    from tests.servers import require_binary
+
+    state = tmp_path / "pr.json"
+    state.write_text(json.dumps({"comments": comments, "token": token}))
+    fake = tmp_path / "bin" / "gh"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_GH.format(python=sys.executable, state=str(state), jq=require_binary("jq")))
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    for push in ("first push", "second push"):
-        (tmp_path / "diff.md").write_text(f"<!-- pdstack-diff -->\n{push}\n")
-        done = subprocess.run([str(REPO_ROOT / "scripts/pr_comment"), "o/r", "5", str(tmp_path / "diff.md")],
-                              env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-    comments = json.loads(state.read_text())
-    assert [c["body"] for c in comments] == ["a reviewer's comment", "<!-- pdstack-diff -->\nsecond push\n"]
+    runs = []
+    for push in range(1, pushes + 1):
+        (tmp_path / "diff.md").write_text(f"<!-- pdstack-diff -->\npush {push}\n")
+        runs.append(subprocess.run([str(REPO_ROOT / "scripts/pr_comment"), "o/r", "5", str(tmp_path / "diff.md")],
+                                   env=env, capture_output=True, text=True, timeout=60))
+    return runs, json.loads(state.read_text())["comments"]
+
+
+def test_pr_comment_edits_its_own_comment_and_creates_one_only_once(tmp_path):
+    runs, comments = pr_comment_pushes(tmp_path, [{"id": 7, "user": {"login": "reviewer"},
+                                                   "body": "a reviewer's comment"}], token={})
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert [(c["user"]["login"], c["body"]) for c in comments] == [
+        ("reviewer", "a reviewer's comment"), ("github-actions[bot]", "<!-- pdstack-diff -->\npush 2\n")]
+
+
+def test_pr_comment_never_edits_a_comment_somebody_else_wrote_with_the_marker(tmp_path):
+    """Anyone may start a comment with the marker; the script edited the first such comment,
+    whoever wrote it, so the first to comment owned the fleet diff (and a token that may write
+    pull requests may edit anyone's comment: GitHub REST "Update an issue comment"). Ours is the
+    comment the token's own identity wrote: GITHUB_TOKEN's github-actions[bot] (GET /user answers
+    403 "Resource not accessible by integration" for it: docs.github.com REST "Get the
+    authenticated user"), or a user token's login."""
+    marker = "<!-- pdstack-diff -->\n"
+    for token, ours, theirs in (({}, "github-actions[bot]", "mallory"),
+                                ({"login": "pdstack-bot"}, "pdstack-bot", "github-actions[bot]")):
+        folder = tmp_path / ours
+        folder.mkdir()
+        planted = [{"id": 3, "user": {"login": theirs}, "body": marker + "fleet unchanged, merge it"},
+                   {"id": 4, "user": {"login": "reviewer"}, "body": "looks fine"}]
+        runs, comments = pr_comment_pushes(folder, planted, token)
+        assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+        assert [r.stdout.strip() for r in runs] == ["created the comment", "updated comment 102"]
+        assert comments == [*planted, {"id": 102, "user": {"login": ours}, "body": marker + "push 2\n"}]
+
+
+def test_pr_comment_with_a_token_it_cannot_place_posts_nothing(tmp_path):
+    runs, comments = pr_comment_pushes(tmp_path, [], {"error": "gh: Bad credentials (HTTP 401)"}, pushes=1)
+    assert runs[0].returncode == 1 and comments == []
+    assert "cannot tell whose GH_TOKEN this is (gh api user: gh: Bad credentials (HTTP 401)" in runs[0].stderr
+    assert "Nothing was posted" in runs[0].stderr
 
 
 def test_fleet_diff_lists_changed_stacks_and_names_the_unchanged_ones():
