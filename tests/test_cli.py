@@ -124,12 +124,13 @@ def _pdctl_is_importing(pid: int) -> bool:
 
 def test_importing_the_entry_point_loads_nothing_a_ctrl_c_could_interrupt():
     """The console script runs `from infra.cli import main` before any try can catch a Ctrl-C:
-    that import must be the two package files and nothing else (no rich, no pydantic)."""
+    that import must be the package files and `interrupts` (which `run` shares, standard
+    library only) and nothing else (no rich, no pydantic)."""
     done = subprocess.run([sys.executable, "-c", "import sys; before = set(sys.modules); import infra.cli; "
                            "print(' '.join(sorted(set(sys.modules) - before))); import infra.cli.run; "
                            "print(callable(infra.cli.main))"], capture_output=True, text=True, check=True)
     loaded, main_still_the_entry_point = done.stdout.splitlines()
-    assert loaded.split() == ["infra", "infra.cli"]
+    assert loaded.split() == ["infra", "infra.cli", "infra.cli.interrupts"]
     assert main_still_the_entry_point == "True"  # no submodule named main may shadow it once imported
 
 

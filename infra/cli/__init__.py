@@ -6,15 +6,16 @@
   `rollout` (rollout and rollback), `canary`, `releases`, `cost`, `policy`,
   `validate_deployment`, `diff`. Each registers its own options and stays a thin shell over `infra`.
 
-This module imports nothing but the standard streams: the console script imports it before
-anything can catch a Ctrl-C, so everything slow (rich, pydantic, the commands) is imported
-inside `main`, where an interrupt is one line and exit 130.
+This module imports nothing but the standard streams and `interrupts` (standard library only,
+shared with `run`): the console script imports it before anything can catch a Ctrl-C, so
+everything slow (rich, pydantic, the commands) is imported inside `main`, where an interrupt is
+one line and exit 130.
 """
 
 import os
 import sys
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
+from infra.cli.interrupts import EXIT_INTERRUPTED, caused_by_interrupt
 
 
 def _open_standard_fds() -> None:
@@ -34,22 +35,6 @@ def _open_standard_fds() -> None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout
     if sys.stderr is None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-
-
-def caused_by_interrupt(exc: BaseException | None) -> bool:
-    """A Ctrl-C that reached pdctl inside a library that turned it into an error of its own.
-    pydantic-core, building a model's serializer when the signal arrives, reports it as a
-    SchemaError whose text ends in "KeyboardInterrupt:" and chains nothing (seen by
-    tests/test_cli.py's Ctrl-C test under another timing); other wrappers chain it."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        if type(exc).__module__.startswith("pydantic_core") and "KeyboardInterrupt" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _say_interrupted() -> int:

@@ -10,9 +10,10 @@ from contextlib import contextmanager
 
 from rich.markup import escape
 
-from infra.cli import (EXIT_INTERRUPTED, canary, caused_by_interrupt, cost, diff, eplb, plan, policy, preflight,
-                       preview, releases, render, rollout, validate, validate_deployment)
+from infra.cli import (canary, cost, diff, eplb, plan, policy, preflight, preview, releases, render, rollout, validate,
+                       validate_deployment)
 from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, err_console
+from infra.cli.interrupts import EXIT_INTERRUPTED, caused_by_interrupt
 from infra.inputs import InputError
 from infra.spec import SpecError
 
