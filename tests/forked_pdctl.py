@@ -9,11 +9,15 @@ standard streams, is killed (SIGKILL) or stopped (SIGSTOP) at its fault points l
 and exits with its own status. What it skips is the interpreter's start and the imports, which
 tests/test_cli.py checks on the console script itself.
 
-The server (`python -m tests.forked_pdctl SOCKET`) imports, then serves requests on a Unix
-socket: a JSON line {argv, env, cwd} with the request's stdin/stdout/stderr passed along
+The server (`python -m tests.forked_pdctl SOCKET PARENT_PID`) imports, then serves requests on
+a Unix socket: a JSON line {argv, env, cwd} with the request's stdin/stdout/stderr passed along
 (SCM_RIGHTS). For each it forks a monitor, which forks the pdctl process, sends its pid, waits
 for it and sends its exit status (Popen's convention: -N for signal N), so the server itself
 never waits and never runs a thread (a fork from a threaded process may copy a held lock).
+
+Each of them dies with its parent (the kernel's parent-death signal, twin/process.py): the
+server with the test process that started it, even a test run killed by SIGKILL, which runs no
+cleanup; a monitor with the server; a pdctl process with its monitor.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from twin.process import die_with_parent
+
 
 # What pdctl's commands import before they do anything: imported once, by the server.
 PRELOADED = ("infra.cli", "infra.cli.run", "infra.offline", "infra.program", "infra.rollout.objectstore",
              "infra.rollout.rollout", "boto3")
 
 
-def serve(path: str) -> None:
+def serve(path: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     for module in PRELOADED:
         importlib.import_module(module)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the monitors are reaped by the kernel
@@ -45,10 +52,12 @@ def serve(path: str) -> None:
     server.bind(path)
     server.listen(64)
     print("ready", flush=True)
+    server_pid = os.getpid()
     while True:
         conn, _ = server.accept()
         message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
         if os.fork() == 0:
+            die_with_parent(server_pid)
             server.close()
             _monitor(conn, json.loads(message), fds)  # never returns
         conn.close()
@@ -59,8 +68,10 @@ def serve(path: str) -> None:
 def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # so waitpid sees the pdctl process end
+        monitor_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
+            die_with_parent(monitor_pid)
             conn.close()
             _run_pdctl(request, fds)  # never returns
         for fd in fds:
@@ -177,7 +188,8 @@ class PdctlServer:
     def __enter__(self) -> "PdctlServer":
         self._dir = tempfile.TemporaryDirectory(prefix="pdctl-fork-")
         self.path = str(Path(self._dir.name) / "socket")
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked_pdctl", self.path],
+        # The server dies with the thread that starts it (prctl(2)): the test's own, here.
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked_pdctl", self.path, str(os.getpid())],
                                       cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, text=True)
         ready = self._proc.stdout.readline()
         if ready.strip() != "ready":
@@ -201,4 +213,4 @@ class PdctlServer:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))

@@ -14,13 +14,16 @@ namespace those ports exist on its private loopback alone.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import functools
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from twin.process import die_with_parent
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -81,7 +84,7 @@ def main() -> int:  # inside the namespace
     listener = socket.create_server(("127.0.0.1", args.port))
     threading.Thread(target=_serve, args=(listener, lambda: _unix(args.unix_socket)), daemon=True).start()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    child = subprocess.Popen(program, preexec_fn=lambda: ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL))
+    child = subprocess.Popen(program, preexec_fn=functools.partial(die_with_parent, os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     return child.wait()
 
