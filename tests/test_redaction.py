@@ -7,6 +7,9 @@ each) and cut an AWS key id to a prefix that still identified it."""
 from __future__ import annotations
 
 import json
+import random
+import re
+import string
 
 import pytest
 import yaml
@@ -15,7 +18,9 @@ from infra.cli import main
 from infra.redaction import redact_text, secret_shapes
 from tests.conftest import stack_data
 
-AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"  # AWS's documented example key pair
+# AWS's documented example key pair: AWS IAM User Guide, "Managing access keys for IAM users"
+# (and "Understanding and getting your security credentials"), docs.aws.amazon.com/IAM/latest/UserGuide/
+AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 GITHUB = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 
@@ -116,3 +121,88 @@ def test_audit_entries_are_written_redacted(tmp_path):
     store.audit("rollout", 1, "started", message=f"ship it; temp creds {AWS_KEY_ID} {AWS_SECRET} {GITHUB}")
     stored = "".join(p.read_text() for p in (tmp_path / "releases").rglob("audit/*.json"))
     assert "redacted>" in stored and _leaks(stored) == []
+
+
+def random_secret_keys(n: int = 1000, seed: int = 36) -> list[str]:
+    """AWS's example secret key and `n` seeded random ones: 40 characters of base64's alphabet, the
+    form the IAM User Guide gives ("Managing access keys for IAM users"); they have no prefix."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits + "/+"
+    return [AWS_SECRET] + ["".join(rng.choice(alphabet) for _ in range(40)) for _ in range(n)]
+
+
+def below_entropy_limit(key: str) -> bool:
+    """A key detect-secrets 1.5.0's Base64HighEntropyString would pass as not random (Shannon
+    entropy at most its 4.5-bit limit, plugins/high_entropy_strings.py): about 2% of random keys."""
+    from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+
+    plugin = Base64HighEntropyString()
+    return plugin.calculate_shannon_entropy(key) <= plugin.entropy_limit
+
+
+NEIGHBOURS = {  # where a secret key sits -> the text around it ({key}, {key_id})
+    "YAML": "aws_secret_access_key: {key}\nregion: us-east-1\n",
+    "YAML, camel case, quoted": 'secretAccessKey: "{key}"',
+    "JSON (iam create-access-key's answer)": '{{"AccessKey": {{"UserName": "Bob", "Status": "Active", '
+                                             '"SecretAccessKey": "{key}", "CreateDate": "2015-03-09T18:39:23Z"}}}}',
+    "JSON, secret_key": '{{"endpoint": "https://s3.example", "secret_key": "{key}"}}',
+    "INI (~/.aws/credentials)": "[default]\naws_access_key_id = {key_id}\naws_secret_access_key = {key}\n",
+    "env": "export AWS_SECRET_ACCESS_KEY={key}\n",
+    "command-line flag": "mc alias set s3 https://s3.example --secret-key {key} --api S3v4",
+    "CSV beside its key id (the IAM console's download)": "Access key ID,Secret access key\n{key_id},{key}\n",
+    "three lines below its key id": "id: {key_id}\nuser: bob\nstatus: Active\nvalue: {key}\n",
+    "a path after its key id": "s3://bucket/{key_id}/{key}/weights",
+}
+
+
+@pytest.mark.parametrize("form", NEIGHBOURS)
+def test_a_secret_key_beside_its_name_or_key_id_is_caught_every_time(form):
+    """Issue #36: a bare 40-character key was judged by entropy, which about 2% of random keys
+    fall under. Known by its neighbours, every key is caught: in the text, in a JSON document of
+    it (JSON inside a JSON string, as diff --output json carries a config), and named."""
+    from infra.redaction import redact_data
+
+    keys = random_secret_keys()
+    assert any(below_entropy_limit(k) for k in keys)  # the batch holds keys chance would let through
+    missed = []
+    for key in keys:
+        text = NEIGHBOURS[form].format(key=key, key_id=AWS_KEY_ID)
+        shown = redact_text(text) + json.dumps(redact_data({"config": text}))
+        if key in shown or key.replace("/", "\\/") in shown or "AWS secret access key" not in secret_shapes(text):
+            missed.append(key)
+    assert missed == [], f"{len(missed)} of {len(keys)} keys shown, e.g. {missed[0]}"
+
+
+def test_values_that_are_not_keys_stay_beside_a_key_id():
+    """Git SHAs and image digests (hex), a 40-letter word, and a flag whose name ends in auth are no
+    credentials, even next to a key id (issue #37: `--metrics-endpoint-auth=false` became
+    `<password redacted>`)."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    digest = "registry.example/engine@sha256:" + "5e1f" * 16
+    kept = [sha, sha.upper(), digest, "deepseekdeepseekdeepseekdeepseekdeepseek", "--metrics-endpoint-auth=false",
+            "--enable-auth=true"]
+    text = "\n".join([f"id {AWS_KEY_ID}", *kept])
+    out = redact_text(text)
+    assert all(value in out for value in kept) and AWS_KEY_ID not in out, out
+    assert redact_text("--metrics-endpoint-auth=false") == "--metrics-endpoint-auth=false"
+
+
+def test_diff_shows_no_secret_key_beside_its_key_id_in_any_format(tmp_path, capsys):
+    """Keys chance would let through (below detect-secrets' entropy limit) and AWS's example key,
+    pasted into the weights prefix after their key id: text, Markdown and JSON show none."""
+    from infra.spec import REPO_ROOT
+
+    safe = re.compile(r"[A-Za-z0-9][A-Za-z0-9/]*[A-Za-z0-9]")  # what a prefix may hold (no '+', no '//')
+    keys = [AWS_SECRET] + [k for k in random_secret_keys() if below_entropy_limit(k) and safe.fullmatch(k)
+                           and "//" not in k][:9]
+    data = stack_data("prod")
+    data["model"]["weights"]["prefix"] = "/_/".join([f"v3/{AWS_KEY_ID}", *keys]) + "/"
+    spec = tmp_path / "prod-keys.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    for fmt in ("text", "markdown", "json"):
+        capsys.readouterr()
+        assert main(["diff", "--stack", "prod", "--spec", str(spec), "--against", str(REPO_ROOT / "stacks/prod.yaml"),
+                     "--output", fmt]) == 0
+        out = capsys.readouterr()
+        shown = [k for k in keys if k in out.out + out.err or k.replace("/", "\\/") in out.out]
+        assert "<AWS secret access key redacted>" in out.out and shown == [], (fmt, shown)
