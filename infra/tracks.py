@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from infra.spec import SpecError, StackSpec
+from infra.spec import NAMESPACE_MAX, SpecError, StackSpec
 from infra.spec_checks import parse_spec
 
 WHERE = "release store tracks"  # how messages name what plan_tracks was given
@@ -41,6 +41,24 @@ class Track:
 
 def track_namespace(namespace: str, revision: int) -> str:
     return f"{namespace}-r{revision}"
+
+
+# A revision has at most the digits the spec leaves room for after '-r' (NAMESPACE_MAX: -r9999).
+REVISION_DIGITS = 63 - NAMESPACE_MAX - len("-r")
+# What a Kubernetes namespace (a DNS label) may hold besides digits.
+_LABEL_NON_DIGITS = "-abcdefghijklmnopqrstuvwxyz"
+
+
+def namespace_globs(namespace: str) -> tuple[list[str], list[str]]:
+    """Glob patterns (`*` any run, `?` one character: all IAM's StringLike knows) that together
+    match the environment's namespace and its release tracks' `<namespace>-r<revision>` and no
+    other namespace: a name is one of them when it matches a pattern of the first list and none
+    of the second. A `<namespace>-r*` alone would admit `<namespace>-research`; IAM has no
+    character classes, so the revision's digits are what is left once every other character a
+    namespace may hold is excluded, at most REVISION_DIGITS of them, no leading zero."""
+    like = [namespace] + [f"{namespace}-r{'?' * n}" for n in range(1, REVISION_DIGITS + 1)]
+    not_like = [f"{namespace}-r0*"] + [f"{namespace}-r*{c}*" for c in _LABEL_NON_DIGITS]
+    return like, not_like
 
 
 def serving_revision(traffic: dict[int, int]) -> int | None:
@@ -82,6 +100,10 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     revisions = [r for r, _, _ in entries]
     if len(set(revisions)) != len(revisions):
         raise SpecError([f"{WHERE}: revision listed twice in {revisions}"])
+    if max(revisions) >= 10 ** REVISION_DIGITS:
+        raise SpecError([f"{WHERE}: revision {max(revisions)} has more than {REVISION_DIGITS} digits, which neither its "
+                         "track's namespace has room for nor the weights role admits (namespace_globs). Fix: start "
+                         "the environment's releases again in a new release store"])
     newest = max(revisions)
     recorded = {revision: _parse(revision, data) for revision, _, data in entries}
     serving = [r for r, w, _ in entries if w > 0]

@@ -4,8 +4,10 @@ and the serving stacks' references against what some stack creates."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -349,8 +351,7 @@ def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret()
     track's namespace by the session tags EKS Pod Identity sets (kubernetes-namespace,
     kubernetes-service-account: docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html).
     IAM is not evaluated here (nothing here can, moto neither): the policy's namespace patterns are
-    matched as IAM's StringLike matches (`*` and `?`, fnmatchcase)."""
-    import fnmatch
+    matched as IAM matches them (iam_condition_holds)."""
     import json
 
     from infra.components.engines import ENGINE_SERVICE_ACCOUNT
@@ -377,13 +378,110 @@ def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret()
 
     platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
     (reader,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "weights-reader"]
-    for statement in json.loads(reader.inputs["policy"])["Statement"]:
-        patterns = statement["Condition"]["StringLike"]["aws:PrincipalTag/kubernetes-namespace"]
-        assert statement["Condition"]["StringEquals"]["aws:PrincipalTag/kubernetes-service-account"] \
-            == ENGINE_SERVICE_ACCOUNT
-        for namespace in track_namespaces:
-            assert any(fnmatch.fnmatchcase(namespace, p) for p in patterns), (namespace, patterns)
-        assert not any(fnmatch.fnmatchcase("kube-system", p) for p in patterns)
+    statements = json.loads(reader.inputs["policy"])["Statement"]
+    for namespace in track_namespaces:
+        assert iam_allows(statements, "s3:GetObject", pod_identity_tags(namespace)), namespace
+    assert not iam_allows(statements, "s3:GetObject", pod_identity_tags("kube-system"))
+    assert not iam_allows(statements, "s3:GetObject", pod_identity_tags(track_namespaces[0], "default"))
+
+
+# --- IAM's own matching, for the policies pdstack writes (nothing here evaluates IAM; moto neither) --
+
+
+@functools.cache
+def _iam_glob(pattern: str) -> re.Pattern:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.S)
+
+
+def iam_string_like(value: str, pattern: str) -> bool:
+    """IAM's StringLike, as the IAM User Guide states it ("IAM JSON policy elements: Condition
+    operators", String condition operators): case-sensitive, `*` a run of any characters (none
+    included), `?` exactly one, every other character itself. Not fnmatch: IAM has no `[...]`."""
+    return _iam_glob(pattern).fullmatch(value) is not None
+
+
+def iam_condition_holds(condition: dict, context: dict[str, str]) -> bool:
+    """A Condition block, as the IAM User Guide evaluates it ("Creating a condition with multiple
+    context keys or values"): every operator and every key must hold; a key's several values are
+    ORed, and NORed under a negated operator (StringNotLike holds when no value matches, and when
+    the key is absent)."""
+    for operator, keys in condition.items():
+        negated = operator.startswith("StringNot")
+        match = {"StringEquals": str.__eq__, "StringLike": iam_string_like}[operator.replace("Not", "")]
+        for key, values in keys.items():
+            hit = key in context and any(match(context[key], v) for v in ([values] if isinstance(values, str) else values))
+            if hit == negated:
+                return False
+    return True
+
+
+def iam_allows(statements: list[dict], action: str, context: dict[str, str]) -> bool:
+    """Whether an Allow statement naming `action` holds for `context` (no Deny is written here)."""
+    return any(s["Effect"] == "Allow" and action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+               and iam_condition_holds(s.get("Condition", {}), context) for s in statements)
+
+
+def pod_identity_tags(namespace: str, service_account: str = "engine") -> dict[str, str]:
+    """The session tags EKS Pod Identity sets (docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html)."""
+    return {"aws:PrincipalTag/kubernetes-namespace": namespace,
+            "aws:PrincipalTag/kubernetes-service-account": service_account}
+
+
+NOT_TRACKS = ["research", "rogue", "", "0", "01", "1x", "x1", "-1", "1-", "12345", "1-canary", "9999a"]
+
+
+def test_the_weights_reader_admits_each_release_track_namespace_and_no_other_namespace():
+    """Issue #36 item 7: `<namespace>-r*` admitted `pdstack-prod-research` and `pdstack-prod-rogue`
+    to the weights, by Pod Identity's tag condition and (the only gate there) IRSA's trust. Now
+    exactly the environment's namespace and `<namespace>-r<revision>` (infra/tracks.py
+    track_namespace; 1 to 9999, the room spec.NAMESPACE_MAX leaves) are admitted: every one of
+    those, and no other name of up to three characters after `-r` (each DNS-label character, every
+    combination), nor the named ones. Matched as IAM matches (iam_condition_holds above)."""
+    import itertools
+    import string
+
+    from infra.platform_stack.cloud.aws import irsa_trust
+    from infra.tracks import track_namespace
+
+    spec = load_spec("stacks/prod.yaml")
+    ns = spec.environment.namespace
+    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    (reader,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "weights-reader"]
+    statements = json.loads(reader.inputs["policy"])["Statement"]
+    host = "oidc.eks.us-east-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
+    trust = irsa_trust(f"arn:aws:iam::123456789012:oidc-provider/{host}", f"https://{host}", [spec], "engine")
+
+    def by_pod_identity(namespace: str) -> bool:
+        return iam_allows(statements, "s3:GetObject", pod_identity_tags(namespace))
+
+    def by_irsa(namespace: str, service_account: str = "engine") -> bool:
+        return iam_allows(json.loads(trust)["Statement"], "sts:AssumeRoleWithWebIdentity", {
+            f"{host}:aud": "sts.amazonaws.com", f"{host}:sub": f"system:serviceaccount:{namespace}:{service_account}"})
+
+    tracks = [ns] + [track_namespace(ns, revision) for revision in range(1, 10000)]
+    assert all(map(by_pod_identity, tracks)) and all(map(by_irsa, tracks))
+    named = [f"{ns}-r{suffix}" for suffix in NOT_TRACKS] + [f"{ns}r1", f"{ns}-1", "kube-system", ns[:-1]]
+    assert [n for n in named if by_pod_identity(n) or by_irsa(n)] == []
+    assert not by_irsa(ns, "default") and not by_irsa(track_namespace(ns, 7), "engine-x")
+    alphabet = string.ascii_lowercase + string.digits + "-"  # what a namespace (a DNS label) may hold
+    for size in range(4):
+        for suffix in map("".join, itertools.product(alphabet, repeat=size)):
+            track = re.fullmatch(r"[1-9][0-9]*", suffix) is not None
+            assert by_pod_identity(f"{ns}-r{suffix}") == track, suffix
+            if size < 3:  # the trust's patterns are the same ones around the service account's name
+                assert by_irsa(f"{ns}-r{suffix}") == track, suffix
+    # IAM's default quota for a trust policy, whitespace not counted (IAM User Guide, "IAM and AWS STS quotas")
+    assert len(re.sub(r"\s", "", trust)) <= 2048
+
+
+def test_a_revision_no_track_namespace_pattern_admits_is_refused():
+    from infra.spec import SpecError
+    from infra.tracks import plan_tracks
+    from tests.conftest import stack_data
+
+    assert [t.namespace for t in plan_tracks([(9999, 100, stack_data("prod"))])] == ["pdstack-prod-r9999"]
+    with pytest.raises(SpecError, match="revision 10000 has more than 4 digits"):
+        plan_tracks([(9999, 100, stack_data("prod")), (10000, 0, stack_data("prod"))])
 
 
 # EKS's names for taint effects and the Kubernetes effects EKS writes on the nodes for them: the

@@ -20,15 +20,25 @@ from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
 from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
 from infra.spec import StackSpec
+from infra.tracks import namespace_globs
 
 KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
 GITHUB_OIDC = "token.actions.githubusercontent.com"
 
 
-def track_namespaces(spec: StackSpec) -> list[str]:
-    """The environment's namespace and every release track's (infra/tracks.py: <namespace>-r<revision>)."""
-    ns = spec.environment.namespace
-    return [ns, f"{ns}-r*"]
+def namespace_conditions(hosted: list[StackSpec], key: str, value: str = "{}", excluded: str = "{}") -> list[dict]:
+    """One IAM condition block per hosted environment: `key` (its value `value` with the namespace
+    in place of {}) names the environment's namespace or one of its release tracks'
+    (infra/tracks.py namespace_globs), nothing else. One block each, because one environment's
+    exclusions must not reach another's namespace. `excluded` is the excluded patterns' value:
+    where `value` already fixes how it starts, `*` may stand for that, which keeps an IRSA trust
+    policy inside IAM's 2,048 characters (IAM User Guide, "IAM and AWS STS quotas")."""
+    blocks = []
+    for namespace in sorted({s.environment.namespace for s in hosted}):
+        like, not_like = namespace_globs(namespace)
+        blocks.append({"StringLike": {key: [value.format(p) for p in like]},
+                       "StringNotLike": {key: [excluded.format(p) for p in not_like]}})
+    return blocks
 
 
 def policy(*statements: dict) -> str:
@@ -43,21 +53,23 @@ def pod_identity_trust(cluster_arn: str) -> str:
                    "Condition": {"ArnEquals": {"aws:SourceArn": cluster_arn}}})
 
 
-def irsa_trust(provider_arn: str, issuer: str, subjects: list[str]) -> str:
-    """IRSA: the cluster's OIDC tokens, for these service accounts only (sub = system:serviceaccount:ns:name)."""
+def irsa_trust(provider_arn: str, issuer: str, hosted: list[StackSpec], service_account: str) -> str:
+    """IRSA: the cluster's OIDC tokens, for this service account in the environments' namespaces
+    and their release tracks' only (sub = system:serviceaccount:<namespace>:<name>)."""
     host = issuer.removeprefix("https://")
-    return policy({"Effect": "Allow", "Principal": {"Federated": provider_arn},
-                   "Action": "sts:AssumeRoleWithWebIdentity",
-                   "Condition": {"StringEquals": {f"{host}:aud": "sts.amazonaws.com"},
-                                 "StringLike": {f"{host}:sub": subjects}}})
+    return policy(*({"Effect": "Allow", "Principal": {"Federated": provider_arn},
+                     "Action": "sts:AssumeRoleWithWebIdentity",
+                     "Condition": {"StringEquals": {f"{host}:aud": "sts.amazonaws.com"}, **block}}
+                    for block in namespace_conditions(hosted, f"{host}:sub", f"system:serviceaccount:{{}}:{service_account}",
+                                                      f"*:{{}}:{service_account}")))
 
 
-def namespace_scope(hosted: list[StackSpec], service_account: str) -> dict:
+def namespace_scope(hosted: list[StackSpec], service_account: str) -> list[dict]:
     """Pod Identity session tags (kubernetes-namespace, kubernetes-service-account) limit a role's
-    permissions to the environments' namespaces, release tracks included."""
-    return {"StringLike": {"aws:PrincipalTag/kubernetes-namespace": sorted(
-                {n for s in hosted for n in track_namespaces(s)})},
-            "StringEquals": {"aws:PrincipalTag/kubernetes-service-account": service_account}}
+    permissions to the environments' namespaces, release tracks included: one condition block
+    per environment."""
+    return [{**block, "StringEquals": {"aws:PrincipalTag/kubernetes-service-account": service_account}}
+            for block in namespace_conditions(hosted, "aws:PrincipalTag/kubernetes-namespace")]
 
 
 def efa_network_interfaces(count: int) -> list[dict]:
@@ -216,15 +228,17 @@ class AwsCloud(pulumi.ComponentResource):
         self.releases = self.bucket("release-store", c.buckets.release_store, noncurrent_days=None)
 
         # --- identities ---------------------------------------------------------------------
-        weights_read = policy(
-            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-             "Resource": f"arn:aws:s3:::{c.buckets.weights}/*", **self.scope(ENGINE_SERVICE_ACCOUNT)},
-            {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketVersioning"],
-             "Resource": f"arn:aws:s3:::{c.buckets.weights}", **self.scope(ENGINE_SERVICE_ACCOUNT)},
-            {"Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": "${kms}", **self.scope(ENGINE_SERVICE_ACCOUNT)})
-        subjects = [f"system:serviceaccount:{n}:{ENGINE_SERVICE_ACCOUNT}" for s in hosted for n in track_namespaces(s)]
+        weights_read = policy(*(
+            {**statement, **scope} for statement in (
+                {"Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+                 "Resource": f"arn:aws:s3:::{c.buckets.weights}/*"},
+                {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketVersioning"],
+                 "Resource": f"arn:aws:s3:::{c.buckets.weights}"},
+                {"Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": "${kms}"})
+            for scope in self.scopes(ENGINE_SERVICE_ACCOUNT)))
         trust = (cluster_arn.apply(pod_identity_trust) if c.weights_access == "pod-identity" else
-                 pulumi.Output.all(oidc_arn, oidc_issuer).apply(lambda a: irsa_trust(a[0], a[1], subjects)))
+                 pulumi.Output.all(oidc_arn, oidc_issuer).apply(
+                     lambda a: irsa_trust(a[0], a[1], hosted, ENGINE_SERVICE_ACCOUNT)))
         self.weights_role = aws.iam.Role("weights-reader", name=f"{c.cluster.name}-weights-reader",
                                          assume_role_policy=trust, opts=child)
         aws.iam.RolePolicy("weights-reader", role=self.weights_role.name,
@@ -278,10 +292,11 @@ class AwsCloud(pulumi.ComponentResource):
                 "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
                 "args": ["eks", "get-token", "--cluster-name", c.cluster.name, "--region", c.region]}}}]})
 
-    def scope(self, service_account: str) -> dict:
+    def scopes(self, service_account: str) -> list[dict]:
+        """What each statement of a pod-facing policy is repeated under: one condition per environment."""
         if self.spec.cloud.weights_access != "pod-identity":
-            return {}  # IRSA's trust policy names the service accounts itself
-        return {"Condition": namespace_scope(self.hosted, service_account)}
+            return [{}]  # IRSA's trust policy names the service accounts itself
+        return [{"Condition": block} for block in namespace_scope(self.hosted, service_account)]
 
     def bucket(self, name: str, bucket: str, noncurrent_days: int | None) -> aws.s3.Bucket:
         child = pulumi.ResourceOptions(parent=self)
