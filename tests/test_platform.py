@@ -20,7 +20,7 @@ from infra.platform_stack.charts import prepared_chart
 from infra.platform_stack.checks import controller_problems, platform_problems
 from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
 from infra.platform_stack.program import Hosted, hosted_environments, platform_context, platform_objects
-from infra.platform_stack.spec import OnPremSpec, PlatformSpec, load_platform_spec
+from infra.platform_stack.spec import OnPremSpec, PlatformSpec, load_platform_spec, parse_platform_spec
 from infra.platform_stack.taints import gpu_node_taints, tolerates
 from infra.platform_stack.values import dig, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
@@ -879,3 +879,56 @@ def test_capacity_block_groups_need_blocks_that_hold_the_pool_evenly():
     assert len(problems) == 2, problems
     assert "lists no capacity reservation for prefill" in problems[0]
     assert "54 nodes do not split evenly in whole NVLink domains of 18 nodes over 2" in problems[1]
+
+
+@pytest.mark.parametrize("field, bad", [
+    (("monitoring_namespace",), 'Monitoring"; $(id) #'),
+    (("monitoring_namespace",), "m" * 64),
+    (("prometheus_selector",), {"app.kubernetes.io/part-of": "pdstack; $(id)"}),
+    (("prometheus_selector",), {"part of": "pdstack"}),
+    (("prometheus_selector",), {"Example.com/part-of": "pdstack"}),
+    (("cloud", "cluster", "discovery_tag"), "pdstack\n$(id)"),
+    (("cloud", "cluster", "discovery_tag"), "pdstack; id"),
+    (("cloud", "cluster", "discovery_tag"), ""),
+    (("cloud", "cluster", "discovery_tag"), "aws:pdstack"),
+    (("cloud", "cluster", "discovery_tag"), "t" * 257),
+])
+def test_free_text_platform_fields_are_held_to_what_reads_them(field, bad):
+    """The monitoring namespace is a namespace name: an RFC 1123 DNS label of 63 at most
+    (k8s.io/apimachinery v0.35 pkg/util/validation/validation.go, IsDNS1123Label); the Prometheus
+    selector's keys and values are label keys and values (the same file: IsQualifiedName,
+    IsValidLabelValue); the discovery tag is an EC2 tag value (AWS docs, "Tag naming limits and
+    requirements": at most 256 Unicode characters, letters, digits, spaces and _ . : / = + - @;
+    the aws: prefix reserved) that Karpenter selects subnets and security groups by, which it
+    refuses empty (karpenter-provider-aws v1.14.1 EC2NodeClass CRD, subnetSelectorTerms.tags:
+    "empty tag keys or values aren't supported"). Each was a plain string: `Monitoring"; $(id) #`
+    passed `preview --offline` as a namespace and went into the Prometheus URL every serving stack
+    reads, to fail only at `pulumi up`."""
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    node = data
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = bad
+    with pytest.raises(SpecError) as refused:
+        parse_platform_spec(data)
+    # the line names the field (pydantic puts the cloud's provider in the path: cloud.aws.cluster...)
+    named = [p for p in refused.value.problems if p.startswith(field[0]) and p.split(":")[0].endswith(field[-1])]
+    assert named and "Fix:" in named[0], refused.value.problems
+
+
+def test_a_bad_platform_spec_is_refused_naming_its_file_and_field(tmp_path, capsys):
+    """`pdctl preview --offline --spec` on a platform spec with a shell string for a namespace:
+    exit 2, the file, the field and the fix, no traceback, nothing written."""
+    from infra.cli import main
+
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["monitoring_namespace"] = 'Monitoring"; $(id) #'
+    data["cloud"]["cluster"]["discovery_tag"] = "pdstack; id"
+    path = tmp_path / "platform-bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["preview", "--offline", "--spec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "Traceback" not in err, err
+    assert "- monitoring_namespace:" in err and "cluster.discovery_tag:" in err and "Fix:" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["platform-bad.yaml"]

@@ -11,6 +11,7 @@ serving specs live in infra/platform_stack/checks.py.
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
 from infra.spec import SpecError
-from infra.naming import OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_label_value
+from infra.naming import OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
 
 PositiveInt = Annotated[int, Field(gt=0)]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -26,6 +27,15 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 _AMI_ALIAS = re.compile(r"(al2023|bottlerocket)@(v\d{8}|v?\d+\.\d+\.\d+)")  # pinned: never @latest
 _RESERVATION = re.compile(r"cr-[0-9a-f]{8,17}")
 _GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+
+
+def is_ec2_tag_value(value: str) -> bool:
+    """An EC2 tag value Karpenter can select by. AWS docs, "Tag naming limits and requirements"
+    (EC2 user guide): at most 256 Unicode characters; letters, digits, spaces and _ . : / = + - @;
+    the aws: prefix is reserved. Karpenter refuses an empty one in a selector term
+    (karpenter-provider-aws v1.14.1 EC2NodeClass CRD: "empty tag keys or values aren't supported")."""
+    return (0 < len(value) <= 256 and not value.lower().startswith("aws:")
+            and all(c in " _.:/=+-@" or unicodedata.category(c)[0] in "LN" for c in value))
 
 
 def _check(pattern, fix: str):
@@ -73,6 +83,9 @@ class ClusterSpec(Strict):
     endpoint_public_access: bool = Field(False, description="create: a public API endpoint (else private only).")
     discovery_tag: str | None = Field(None, description="Value of karpenter.sh/discovery on the subnets and "
                                                         "security groups node classes select; default the name.")
+    _tag = field_validator("discovery_tag")(_check(is_ec2_tag_value, (
+        "is not an EC2 tag value (1-256 letters, digits, spaces and _ . : / = + - @, not aws:...). "
+        "Fix: e.g. pdstack-prod")))
 
     def discovery(self) -> str:
         return self.discovery_tag or self.name
@@ -213,23 +226,39 @@ class PlatformSpec(Strict):
     controllers: ControllerValues = ControllerValues()
     gateway_class: str = Field("envoy-gateway", description="The GatewayClass serving stacks name.")
     _class = field_validator("gateway_class")(_check(is_dns_subdomain, "is not an object name. Fix: envoy-gateway"))
-    monitoring_namespace: str = "monitoring"
+    monitoring_namespace: str = Field("monitoring", description="Namespace of Prometheus and Grafana.")
+    _monitoring = field_validator("monitoring_namespace")(_check(_DNS_LABEL, "is not a namespace name (a DNS label). "
+                                                                            "Fix: e.g. monitoring"))
     prometheus_selector: dict[str, str] = Field(
         {"app.kubernetes.io/part-of": "pdstack"},
         description="Labels of the monitors and rules Prometheus selects (pdstack's layers carry them).")
 
+    @field_validator("prometheus_selector")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        """matchLabels of Prometheus's selectors and labels on every monitor: Kubernetes label keys and values."""
+        for key, value in v.items():
+            if not is_label_key(key):
+                raise ValueError(f"{key[:80]!r} is not a Kubernetes label key ([prefix/]name, the name 63 at most). "
+                                 "Fix: e.g. app.kubernetes.io/part-of")
+            if not is_label_value(value):
+                raise ValueError(f"{key}: {value[:80]!r} is not a Kubernetes label value (63 at most: letters, digits, "
+                                 "'-', '_', '.', alphanumeric at each end). Fix: e.g. pdstack")
+        return v
+
 
 class PlatformSpecError(SpecError):
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], path: str | Path | None = None):
         super().__init__(problems)
-        self.args = ("invalid platform spec:\n" + "\n".join(f"  - {p}" for p in problems),)
+        self.args = (f"invalid platform spec{f' {path}' if path else ''}:\n" + "\n".join(f"  - {p}" for p in problems),)
 
 
-def parse_platform_spec(data: object) -> PlatformSpec:
+def parse_platform_spec(data: object, path: str | Path | None = None) -> PlatformSpec:
+    """`path`: the file it came from, named in the error."""
     try:
         return PlatformSpec.model_validate(data)
     except ValidationError as exc:
-        raise PlatformSpecError(validation_problems(exc, PlatformSpec)) from None
+        raise PlatformSpecError(validation_problems(exc, PlatformSpec), path) from None
 
 
 def load_platform_spec(path: str | Path) -> PlatformSpec:
@@ -237,4 +266,4 @@ def load_platform_spec(path: str | Path) -> PlatformSpec:
         data = load_yaml_mapping(path, "platform spec")
     except InputError as exc:
         raise PlatformSpecError([str(exc)]) from None
-    return parse_platform_spec(data)
+    return parse_platform_spec(data, path)
