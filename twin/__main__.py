@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m twin", description=__doc__)
     parser.add_argument("command", choices=("build", "up", "down", "status", "supervise"))
     parser.add_argument("--no-karpenter", action="store_true", help="start without Karpenter")
+    parser.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)  # supervise: the lock `up` took
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -23,11 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             cluster.down()
         elif args.command == "status":
-            state = cluster.read_state()
-            print(json.dumps(state, indent=1) if state else "twin: never started")
-            return 0 if cluster.running() else 1
+            state = cluster.running()
+            print(json.dumps(state, indent=1) if state else cluster.not_running())
+            return 0 if state else 1
         else:
-            return cluster.Supervisor(with_karpenter=not args.no_karpenter).run()
+            lock = cluster.hold_lock() if args.lock_fd is None else args.lock_fd
+            return cluster.Supervisor(lock, with_karpenter=not args.no_karpenter).run()
     except subprocess.CalledProcessError as exc:
         print(f"twin: {' '.join(map(str, exc.cmd[:3]))} failed with {exc.returncode}; its output is above",
               file=sys.stderr)

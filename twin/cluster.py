@@ -11,15 +11,25 @@ component as its child with the kernel's parent-death signal set, so if the supe
 even by SIGKILL, the components die with it; if any component exits, or a start step fails,
 the supervisor stops all of them and records why. `down()` asks the supervisor to stop
 (SIGTERM), and kills it if it does not. Nothing listens beyond 127.0.0.1; every port is picked
-free at start and written to .twin/run/state.json; the kubeconfig is .twin/kubeconfig
-(context `pdstack-twin`).
+free at start, held until its component binds it (Ports), and written to .twin/run/state.json;
+the kubeconfig is .twin/kubeconfig (context `pdstack-twin`).
+
+One twin per state folder: `up()` takes the folder's lock (an flock on .twin/twin.lock) before
+it touches anything, and hands its descriptor to the supervisor, which holds it for the twin's
+life; a second `up` meanwhile is refused. The supervisor is known by its pid, its start time
+and its holding that lock open (not by its command line, which any process may have), so a
+state left behind by a dead twin never makes `status` report it or `down` signal another
+process. etcd takes only clients with a certificate from its own CA, over TLS, as kubeadm
+sets it up; every folder is 0700 and every private key 0600 from its creation (twin/pki.py).
 """
 
 from __future__ import annotations
 
-import ctypes
+import fcntl
+import functools
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -28,14 +38,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
 
 from twin import build, crds, netns
-from twin.paths import CONTEXT, KUBECONFIG, ROOT, RUN_DIR, STATE_DIR
+from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
+from twin.process import die_with_parent, has_open, identity
 
 STATE = RUN_DIR / "state.json"
 START_TIMEOUT = float(os.environ.get("PDSTACK_TWIN_START_TIMEOUT", 600))
@@ -48,27 +59,42 @@ class TwinError(RuntimeError):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _hold_port() -> socket.socket:
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))  # and never listen(): see Ports
+    return holder
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
+@dataclass(frozen=True)
 class Ports:
-    etcd: int = field(default_factory=_free_port)
-    etcd_peer: int = field(default_factory=_free_port)
-    apiserver: int = field(default_factory=_free_port)
-    controller_manager: int = field(default_factory=_free_port)
-    scheduler: int = field(default_factory=_free_port)
-    kwok: int = field(default_factory=_free_port)
-    lws_webhook: int = field(default_factory=_free_port)
-    lws_metrics: int = field(default_factory=_free_port)
-    lws_health: int = field(default_factory=_free_port)
+    """The twin's ports on 127.0.0.1.
+
+    A port picked free and closed again may be picked again before its component binds it: by
+    the next pick here (two components given one port) or by any other program. So each port is
+    held from its pick until the supervisor exits, by a socket bound with SO_REUSEADDR that
+    never listens (`held()`). While it is bound, the kernel gives that port to no other bind to
+    port 0 and refuses it to any bind without SO_REUSEADDR, so the ports are distinct and no
+    other program's pick lands on one; the component's listener may still bind it beside the
+    holder, because it sets SO_REUSEADDR too (Go does on every TCP listener, net package,
+    setDefaultListenerSockopts) and a socket that is not listening is no conflict between two
+    that both set it (Linux inet_csk_bind_conflict; socket(7), SO_REUSEADDR). Closing the pick
+    and retrying the component if its bind fails would leave the gap open; holding closes it."""
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+    lws_webhook: int
+    lws_metrics: int
+    lws_health: int
+
+    @classmethod
+    def held(cls) -> tuple["Ports", list[socket.socket]]:
+        """New ports and the sockets that hold them (keep them open until the components bind)."""
+        holders = [_hold_port() for _ in fields(cls)]
+        return cls(*(h.getsockname()[1] for h in holders)), holders
 
 
 def kubeconfig(server: str, ca: Path, cert: Path, key: Path, context: str = CONTEXT) -> dict:
@@ -91,8 +117,9 @@ def kubectl(*args: str, kubeconfig_path: Path = KUBECONFIG, input: str | None = 
 class Supervisor:
     """Owns the components of one twin; runs in its own process (`python -m twin supervise`)."""
 
-    def __init__(self, with_karpenter: bool = True):
-        self.ports = Ports()
+    def __init__(self, lock_fd: int, with_karpenter: bool = True):
+        self.lock_fd = lock_fd  # the state folder's lock, held for the supervisor's life
+        self.ports, self.port_holders = Ports.held()
         self.children: dict[str, subprocess.Popen] = {}
         self.with_karpenter = with_karpenter
         self.stopping = False
@@ -101,7 +128,8 @@ class Supervisor:
 
     # --- state, as the waiting `up()` and the tests read it ---------------------------------
     def record(self, phase: str, **extra) -> None:
-        state = {"phase": phase, "supervisor_pid": os.getpid(), "ports": self.ports.__dict__,
+        state = {"phase": phase, "supervisor_pid": os.getpid(), "supervisor_start": identity(os.getpid()),
+                 "ports": asdict(self.ports),
                  "kubeconfig": str(KUBECONFIG), "context": CONTEXT,
                  "components": {name: p.pid for name, p in self.children.items()}, **extra}
         tmp = STATE.with_suffix(".tmp")
@@ -112,7 +140,7 @@ class Supervisor:
         log = open(self.logs / f"{name}.log", "wb")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=RUN_DIR, env={**os.environ, **(env or {})},
-                                preexec_fn=_set_parent_death_signal)
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self.children[name] = proc
         self.record("starting", step=f"started {name}")
         return proc
@@ -136,8 +164,9 @@ class Supervisor:
                 raise TwinError(f"{name} exited with {proc.returncode}; the end of its log "
                                 f"({self.logs / (name + '.log')}):\n" + "\n".join(tail))
 
-    def https_ok(self, port: int, path: str, client: tuple[Path, Path] | None = None) -> bool:
-        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+    def https_ok(self, port: int, path: str, client: tuple[Path, Path] | None = None,
+                 ca: Path | None = None) -> bool:
+        context = ssl.create_default_context(cafile=str(ca or self.pki / "ca.crt"))
         if client:
             context.load_cert_chain(str(client[0]), str(client[1]))
         context.check_hostname = False
@@ -147,7 +176,7 @@ class Supervisor:
     # --- the start, step by step ----------------------------------------------------------
     def start(self) -> None:
         for folder in (self.pki, self.logs, RUN_DIR / "etcd"):
-            folder.mkdir(parents=True, exist_ok=True)
+            private_folder(folder)
         self.record("starting", step="certificates")
         ca = Authority(self.pki)
         serving = ca.issue("apiserver", "kube-apiserver", server_names=(
@@ -162,6 +191,12 @@ class Supervisor:
         kcm_serving = ca.issue("controller-manager-serving", "kube-controller-manager", server_names=("127.0.0.1",))
         sched_serving = ca.issue("scheduler-serving", "kube-scheduler", server_names=("127.0.0.1",))
         sa = service_account_keys(self.pki)
+        # etcd's own CA and certificates, as kubeadm makes them (pki/etcd/)
+        etcd_ca = Authority(self.pki / "etcd")
+        etcd_server = etcd_ca.issue("server", "twin-etcd", server_names=("127.0.0.1", "localhost"))
+        etcd_peer = etcd_ca.issue("peer", "twin-etcd", server_names=("127.0.0.1", "localhost"), client=True)
+        etcd_probe = etcd_ca.issue("healthcheck-client", "twin-etcd-healthcheck-client", client=True)
+        apiserver_etcd = etcd_ca.issue("apiserver-etcd-client", "kube-apiserver-etcd-client", client=True)
         server = f"https://127.0.0.1:{self.ports.apiserver}"
 
         def write_kubeconfig(path: Path, pair) -> Path:
@@ -172,20 +207,26 @@ class Supervisor:
         kcm_kc = write_kubeconfig(RUN_DIR / "controller-manager.kubeconfig", kcm)
         sched_kc = write_kubeconfig(RUN_DIR / "scheduler.kubeconfig", sched)
 
+        etcd_url, peer_url = f"https://127.0.0.1:{self.ports.etcd}", f"https://127.0.0.1:{self.ports.etcd_peer}"
         self.spawn("etcd", [str(build.program("etcd")), "--name=twin", f"--data-dir={RUN_DIR / 'etcd'}",
-                            f"--listen-client-urls=http://127.0.0.1:{self.ports.etcd}",
-                            f"--advertise-client-urls=http://127.0.0.1:{self.ports.etcd}",
-                            f"--listen-peer-urls=http://127.0.0.1:{self.ports.etcd_peer}",
-                            f"--initial-advertise-peer-urls=http://127.0.0.1:{self.ports.etcd_peer}",
-                            f"--initial-cluster=twin=http://127.0.0.1:{self.ports.etcd_peer}",
+                            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                            f"--initial-cluster=twin={peer_url}",
+                            # TLS both ways and a client certificate from etcd's CA, as kubeadm's etcd:
+                            # anyone on the machine may connect to 127.0.0.1, and etcd holds the Secrets
+                            f"--cert-file={etcd_server.cert}", f"--key-file={etcd_server.key}",
+                            "--client-cert-auth=true", f"--trusted-ca-file={etcd_ca.ca.cert}",
+                            f"--peer-cert-file={etcd_peer.cert}", f"--peer-key-file={etcd_peer.key}",
+                            "--peer-client-cert-auth=true", f"--peer-trusted-ca-file={etcd_ca.ca.cert}",
                             # a throwaway store: no fsync, so a busy disk does not slow every write
                             "--unsafe-no-fsync", "--log-level=warn"])
-        self.wait_until("etcd", lambda: urllib.request.urlopen(
-            f"http://127.0.0.1:{self.ports.etcd}/health", timeout=5).status == 200)
+        self.wait_until("etcd", lambda: self.https_ok(
+            self.ports.etcd, "/health", (etcd_probe.cert, etcd_probe.key), ca=etcd_ca.ca.cert))
 
         self.spawn("kube-apiserver", [
             str(build.program("kube-apiserver")),
-            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
+            f"--etcd-servers={etcd_url}", f"--etcd-cafile={etcd_ca.ca.cert}",
+            f"--etcd-certfile={apiserver_etcd.cert}", f"--etcd-keyfile={apiserver_etcd.key}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.ports.apiserver}",
             f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={ca.ca.cert}",
@@ -246,10 +287,10 @@ class Supervisor:
     def lws_config(self, webhook) -> Path:
         """LWS's Configuration (config.lws.x-k8s.io/v1alpha1): its own certificate rotation off,
         serving the certificate made here on loopback, no leader election."""
-        cert_dir = self.pki / "lws-webhook"
-        cert_dir.mkdir(exist_ok=True)
-        shutil.copy(webhook.cert, cert_dir / "tls.crt")
-        shutil.copy(webhook.key, cert_dir / "tls.key")
+        cert_dir = private_folder(self.pki / "lws-webhook")
+        # links, not copies: a copy of the key would be made with the umask, then chmodded
+        os.link(webhook.cert, cert_dir / "tls.crt")
+        os.link(webhook.key, cert_dir / "tls.key")
         path = RUN_DIR / "lws-config.yaml"
         path.write_text(yaml.safe_dump({
             "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",
@@ -302,6 +343,12 @@ class Supervisor:
                 proc.wait()
 
     def run(self) -> int:
+        try:  # the lock `up` took for this supervisor: on its own descriptor, taking it again succeeds
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # then another twin owns this folder: write nothing in it
+            print(f"twin: the supervisor does not hold the lock {LOCK} ({exc}); `python -m twin up` starts it",
+                  file=sys.stderr)
+            return 1
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         try:
@@ -322,43 +369,104 @@ class Supervisor:
 
 def read_state() -> dict | None:
     try:
-        return json.loads(STATE.read_text())
+        state = json.loads(STATE.read_text())
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
 
 
-def _alive(pid: int) -> bool:
+def hold_lock() -> int:
+    """The state folder's lock (an exclusive flock on LOCK), held while the returned descriptor, or a
+    copy a child inherited, is open; the kernel drops it when the last holder dies."""
+    private_folder(LOCK.parent)
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        state = read_state() or {}
+        raise TwinError(f"another twin holds {LOCK.parent} (a `twin up` still starting, or its supervisor: "
+                        f"phase {state.get('phase', 'unknown')}, pid {state.get('supervisor_pid', 'unknown')}); "
+                        "wait for it, or stop it with `python -m twin down`") from None
+    return fd
+
+
+def _is_supervisor(pid: int, state: dict) -> bool:
+    """Whether `pid` is the process that wrote `state`: the same start on the same boot, and it
+    holds this folder's lock open. A pid alone is any process's once the supervisor is gone."""
+    return identity(pid) == state.get("supervisor_start") and has_open(pid, LOCK)
+
+
+def _supervisor_pidfd(state: dict) -> int | None:
+    """A pidfd for the state's supervisor, if that process still runs; None otherwise. A pidfd
+    stands for one process, never for a later one given the same pid, so the process checked is
+    the one signalled (pidfd_open(2))."""
+    pid = state.get("supervisor_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
     except OSError:
-        return False
-    return b"supervise" in cmdline and any(b"twin" in part for part in cmdline)
+        return None
+    if _is_supervisor(pid, state):
+        return pidfd
+    os.close(pidfd)
+    return None
 
 
 def running() -> dict | None:
     """The state of a twin that is up and ready, or None."""
     state = read_state()
-    if state and state.get("phase") == "ready" and _alive(state["supervisor_pid"]):
-        return state
+    if state and state.get("phase") == "ready":
+        pidfd = _supervisor_pidfd(state)
+        if pidfd is not None:
+            os.close(pidfd)
+            return state
     return None
 
 
+def not_running() -> str:
+    """Why `running()` is None, for `python -m twin status`."""
+    state = read_state()
+    if not state:
+        return "twin: not running (never started)"
+    if state.get("phase") == "ready":
+        return (f"twin: not running (its supervisor, pid {state.get('supervisor_pid')}, is gone; "
+                f"{STATE} is what it left)")
+    return f"twin: not running (last recorded: {state.get('phase')}" + (
+        f": {state['error']})" if state.get("error") else ")")
+
+
 def up(log=print, with_karpenter: bool = True) -> dict:
-    """Build what is missing, start the twin and wait until it is ready; reuse one that is up."""
+    """Build what is missing, start the twin and wait until it is ready; reuse one that is up.
+    Refused (TwinError) while another `up` is starting a twin in the same state folder."""
     state = running()
+    if not state:
+        try:
+            lock = hold_lock()
+        except TwinError:
+            state = running()  # the `up` that held it may have finished in between
+            if not state:
+                raise
     if state:
         log(f"twin: already up (kubeconfig {KUBECONFIG}, context {CONTEXT})")
         return state
-    down(log=lambda *_: None)
+    try:  # holding the lock: no supervisor of this folder is alive, and none will start meanwhile
+        return _start(lock, log, with_karpenter)
+    finally:
+        os.close(lock)  # the supervisor keeps its own copy for the twin's life
+
+
+def _start(lock: int, log, with_karpenter: bool) -> dict:
     build.build(log=log)
     shutil.rmtree(RUN_DIR, ignore_errors=True)
-    RUN_DIR.mkdir(parents=True)
-    STATE_DIR.mkdir(exist_ok=True)
+    private_folder(RUN_DIR)
     started = time.monotonic()
-    argv = [sys.executable, "-m", "twin", "supervise"] + ([] if with_karpenter else ["--no-karpenter"])
+    argv = [sys.executable, "-m", "twin", "supervise", f"--lock-fd={lock}"] + (
+        [] if with_karpenter else ["--no-karpenter"])
     with open(RUN_DIR / "supervisor.log", "wb") as out:
         supervisor = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True,
+                                      start_new_session=True, pass_fds=(lock,),
                                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + START_TIMEOUT
     try:
@@ -377,30 +485,35 @@ def up(log=print, with_karpenter: bool = True) -> dict:
                                 f"{state.get('step')}); logs in {RUN_DIR / 'logs'}")
             time.sleep(0.5)
     except BaseException:
-        _stop_supervisor(supervisor.pid)
+        if supervisor.poll() is None:  # our child, not yet reaped: its pid is still its own
+            _stop_supervisor(os.pidfd_open(supervisor.pid), supervisor.pid)
         raise
 
 
-def _stop_supervisor(pid: int) -> None:
+def _stop_supervisor(pidfd: int, pid: int) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 30 s later (its components die with it: parent-death
+    signal). Signalled through its pidfd, which becomes readable when it exits (pidfd_open(2))."""
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _alive(pid):
-        try:  # reap it if it is our child
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.2)
-    if _alive(pid):  # its components die with it (parent-death signal)
-        os.kill(pid, signal.SIGKILL)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                signal.pidfd_send_signal(pidfd, sig)
+            except ProcessLookupError:
+                break
+            if select.select([pidfd], [], [], 30)[0]:
+                break
+    finally:
+        os.close(pidfd)
+    try:  # reap it if it is our child
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def down(log=print) -> None:
-    state = read_state()
-    if not state or not _alive(state.get("supervisor_pid", -1)):
+    state = read_state() or {}
+    pidfd = _supervisor_pidfd(state)
+    if pidfd is None:
         log("twin: not running")
         return
-    _stop_supervisor(state["supervisor_pid"])
+    _stop_supervisor(pidfd, state["supervisor_pid"])
     log("twin: stopped")

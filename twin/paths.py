@@ -12,4 +12,13 @@ STATE_DIR = Path(os.environ.get("PDSTACK_TWIN_DIR", ROOT / ".twin"))
 BIN_DIR = STATE_DIR / "bin"
 RUN_DIR = STATE_DIR / "run"  # one started twin: certificates, data, logs, processes
 KUBECONFIG = STATE_DIR / "kubeconfig"
+LOCK = STATE_DIR / "twin.lock"  # flock held by `up` and then by the supervisor, for the twin's life
 CONTEXT = "pdstack-twin"
+
+
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only its owner may enter (0700): made so if missing, tightened if not.
+    The twin's folders hold private keys, etcd's data (Secrets included) and the kubeconfig."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path

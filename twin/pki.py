@@ -4,13 +4,18 @@ One CA signs the API server's serving certificate (127.0.0.1 and the in-cluster 
 client certificate per component (its user name is the certificate's CN, its groups the O
 fields, as the API server's x509 authenticator reads them), and the serving certificates of
 the controllers' webhooks, which the API server calls at https://127.0.0.1:<port>. The service
-account signing key pair is separate, as in any cluster.
+account signing key pair is separate, as in any cluster. etcd has a CA of its own, as kubeadm
+gives it (pki/etcd/): a certificate the cluster's CA signs, a CSR's approved by the controller
+manager included, is not a key to etcd.
+
+Each private key is a new file, created 0600 (O_EXCL), in a folder only its owner may enter.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +23,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from twin.paths import private_folder
 
 _VALID = datetime.timedelta(days=2)
 
@@ -27,9 +34,13 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write_key(key, path: Path) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+    """A new file, 0600 from its creation: written with the umask and chmodded afterwards, it was
+    readable by others in between, through a descriptor opened then and kept. O_EXCL refuses a
+    file (or a symlink) already at the path rather than writing a key into it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()))
 
 
 def _name(common_name: str, groups: tuple[str, ...] = ()) -> x509.Name:
@@ -47,8 +58,7 @@ class Authority:
     """A CA in a folder; issue() writes <name>.crt and <name>.key beside it."""
 
     def __init__(self, folder: Path):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = private_folder(folder)
         self._key = _key()
         now = datetime.datetime.now(datetime.timezone.utc)
         self._cert = (x509.CertificateBuilder()
