@@ -52,6 +52,9 @@ class RegisteredResource:
 @dataclass
 class OfflineRun:
     resources: list[RegisteredResource]
+    # The stack's outputs as the engine would store them: through the SDK's own serialization,
+    # which drops an output whose value is None. What a StackReference to this stack reads.
+    exports: dict[str, Any] = field(default_factory=dict)
 
     def custom(self) -> list[RegisteredResource]:
         return [r for r in self.resources if (r.custom or r.remote) and not r.type.startswith("pulumi:providers:")
@@ -193,11 +196,26 @@ def run_offline(program, project: str = "pdstack", stack: str = "dev",
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
     pulumi.runtime.settings.SETTINGS.outputs.clear()
+    # A new root stack for each run: set_mocks keeps the one a previous run in this process made,
+    # and with it that run's exports.
+    pulumi.runtime.settings.set_root_resource(None)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=True, monitor=monitor)
     _run_until_done_or_interrupted(program)
+    exports = _sync_await(_exports_as_stored())
     # Registrations arrive in whatever order the program's outputs resolve, which differs from
     # run to run; sorted by URN, previews and renders are byte-identical and can be diffed.
-    return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn))
+    return OfflineRun(resources=sorted(monitor.recorded, key=lambda r: r.urn), exports=exports)
+
+
+async def _exports_as_stored() -> dict[str, Any]:
+    """The root stack's `pulumi.export`s, serialized as the SDK sends them to the engine
+    (pulumi/runtime/rpc.py serialize_properties: a None value is left out) and read back."""
+    from pulumi.runtime import rpc
+    from pulumi.runtime.settings import get_root_resource
+
+    root = get_root_resource()
+    struct = await rpc.serialize_properties(dict(getattr(root, "outputs", {}) or {}), {})
+    return rpc.deserialize_properties(struct)
 
 
 def _run_until_done_or_interrupted(program) -> None:

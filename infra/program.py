@@ -39,7 +39,8 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
 
     from infra.platform_stack.spec import load_platform_spec
 
-    mode = load_platform_spec(REPO_ROOT / spec.platform.spec).nodes.mode
+    platform_spec = load_platform_spec(REPO_ROOT / spec.platform.spec)
+    mode = platform_spec.nodes.mode
     ref = pulumi.StackReference(spec.platform.stack)
     # Which cluster comes from the platform stack, unless the stack's own
     # `kubernetes:renderYamlToDirectory` says to write each object as YAML instead of sending it
@@ -48,8 +49,14 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
     if render_to:
         # kubeconfig="": the SDK would otherwise take $KUBECONFIG, which the provider refuses here.
         provider = k8s.Provider("platform-cluster", render_yaml_to_directory=render_to, kubeconfig="")
-    else:
+    elif platform_spec.cloud.provider == "aws":
         provider = k8s.Provider("platform-cluster", kubeconfig=ref.require_output("kubeconfig"))
+    else:
+        # An existing cluster: the platform stack made no kubeconfig and exports none. This stack
+        # reaches the cluster as pdctl's kubectl does (infra/rollout/pulumi_cluster.py
+        # kube_target): through its own `kubernetes:context`, and `kubernetes:kubeconfig` if set.
+        kube = pulumi.Config("kubernetes")
+        provider = k8s.Provider("platform-cluster", context=kube.get("context"), kubeconfig=kube.get("kubeconfig"))
     return ref, provider, mode
 
 

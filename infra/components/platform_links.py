@@ -24,6 +24,9 @@ class PlatformLinks(Layer):
                  service_accounts: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
         super().__init__(name, ctx, opts)
         mode = ctx.spec.model.weights.access_mode()
+        if mode not in ("pod-identity", "irsa"):  # `secret`: nothing of the platform's to link (an on-prem
+            self.register_outputs({})              # platform exports no role at all)
+            return
         role = platform.require_output("weights_role_arn")
         cluster = platform.require_output("cluster_name")
         for ns in namespaces:

@@ -75,7 +75,8 @@ def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> di
     node_classes = [m for hook in cloud.after_controllers for m in hook(installs)]
     if spec.nodes.mode == "static":
         layers["nodes"] = StaticNodes("nodes", [(h.spec, h.inventory) for h in hosted if h.inventory], k8s_opts)
-    pulumi.export("kubeconfig", pulumi.Output.secret(cloud.kubeconfig) if cloud.kubeconfig is not None else None)
+    if cloud.kubeconfig is not None:  # an existing cluster has none: its serving stacks use their own context
+        pulumi.export("kubeconfig", pulumi.Output.secret(cloud.kubeconfig))
     pulumi.export("cluster_name", cloud.cluster_name)
     pulumi.export("gateway_class", spec.gateway_class)
     pulumi.export("prometheus_url", prometheus_url(spec))
@@ -111,10 +112,10 @@ def expected_outputs(spec: PlatformSpec) -> dict:
     stack reads through its StackReference."""
     out = {"cluster_name": spec.cloud.cluster.name if spec.cloud.provider == "aws" else spec.name,
            "gateway_class": spec.gateway_class, "prometheus_url": prometheus_url(spec),
-           "nodes_mode": spec.nodes.mode, "kubeconfig": "{}"}
+           "nodes_mode": spec.nodes.mode}
     if spec.cloud.provider == "aws":
         name = spec.cloud.cluster.name
-        out.update({"weights_role_arn": f"arn:aws:iam::000000000000:role/{name}-weights-reader",
+        out.update({"kubeconfig": "{}", "weights_role_arn": f"arn:aws:iam::000000000000:role/{name}-weights-reader",
                     "weights_bucket": spec.cloud.buckets.weights,
                     "release_store_bucket": spec.cloud.buckets.release_store,
                     "weights_access": spec.cloud.weights_access})
