@@ -56,13 +56,16 @@ def test_every_credential_shape_is_redacted_whole(shape):
 
 
 def test_what_pdstack_renders_is_not_taken_for_a_credential():
-    """Digests, config hashes, paths and flags of both shipped stacks pass untouched."""
-    from infra.render.manifests import manifests, redact
-    from tests.conftest import shipped_run
+    """Digests, config hashes, paths and flags of both shipped stacks, with either engine, pass
+    untouched (the endpoint picker's `--metrics-endpoint-auth=false` among them, issue #37)."""
+    from infra.offline import run_spec
+    from infra.render.engine_check import variant_spec
+    from infra.render.manifests import as_rendered, manifests
 
     for stack in ("dev", "prod"):
-        text = yaml.safe_dump_all([redact(m) for m in manifests(shipped_run(stack))])
-        assert redact_text(text) == text
+        for engine in ("sglang", "vllm"):
+            text = yaml.safe_dump_all([as_rendered(m) for m in manifests(run_spec(variant_spec(stack, engine)))])
+            assert redact_text(text) == text
 
 
 def _secret_spec(tmp_path):
@@ -97,11 +100,59 @@ def test_diff_shows_no_credential_in_any_format(tmp_path, capsys, fmt):
         json.loads(out.out)
 
 
-def test_render_writes_no_credential(tmp_path):
+def test_render_refuses_a_credential_outside_a_secret(tmp_path, capsys):
+    """Render writes what the cluster is sent (issue #37), so a credential pasted into a spec field
+    cannot be written redacted (the file would not be what is applied) nor in plain text: the
+    render is refused, naming the objects and fields, and nothing is written."""
     spec = _secret_spec(tmp_path)
-    assert main(["render", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
-    written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*.yaml"))
-    assert "redacted>" in written and _leaks(written) == []
+    capsys.readouterr()
+    assert main(["render", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 2
+    out = capsys.readouterr()
+    assert not (tmp_path / "out").exists()
+    err = " ".join(out.err.split())
+    assert "ConfigMap/engine-decode-launch data.launch.sh: AWS access key id" in err and "Nothing was written" in err
+    assert "AWS secret access key" in err and "GitHub token" in err
+    assert _leaks(out.out + out.err) == []
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_render_writes_what_the_provider_is_sent_less_secret_values(tmp_path, stack, engine):
+    """Issue #37: the rendered YAML is what is applied, so every object equals the one the program
+    registers (what the provider receives, recorded under Pulumi's mocks), every container arg
+    included, apart from a Secret's values and the keys pulumi-random generates. The picker's
+    `--metrics-endpoint-auth=false` was written as `--metrics-endpoint-auth=<password redacted>`."""
+    from infra.offline import run_spec
+    from infra.render.engine_check import variant_spec
+    from infra.render.manifests import SECRET_PLACEHOLDER, manifest_path, manifests, unwrap
+
+    out = tmp_path / "out"
+    assert main(["render", "--stack", stack, "--engine", engine, "--out", str(out)]) == 0
+    sent = manifests(run_spec(variant_spec(stack, engine)))
+    written_text = "".join(p.read_text() for p in out.rglob("*.yaml"))
+    args = []
+    for manifest in sent:
+        plain = unwrap(manifest)
+        written = yaml.safe_load((out / manifest_path(manifest)).read_text())
+        if manifest["kind"] == "Secret":
+            values = {k: plain.pop(k) for k in ("data", "stringData") if k in plain}
+            assert values and {k: written.pop(k) for k in values} == dict.fromkeys(values, SECRET_PLACEHOLDER)
+            assert all(v not in written_text for fields in values.values() for v in fields.values())
+        assert written == plain, manifest_path(manifest)
+        args += _command_lines(written)
+    assert args and not [a for a in args if "redacted>" in a]
+    if engine == "vllm":  # the endpoint picker runs with it (infra/render/router_config.py)
+        assert "--metrics-endpoint-auth=false" in args
+
+
+def _command_lines(value) -> list[str]:
+    """Every container's command and args in an object, wherever its pod templates sit."""
+    if isinstance(value, list):
+        return [a for v in value for a in _command_lines(v)]
+    if not isinstance(value, dict):
+        return []
+    found = [a for key in ("command", "args") if "image" in value for a in value.get(key) or []]
+    return found + [a for v in value.values() for a in _command_lines(v)]
 
 
 def test_a_refusal_quoting_a_credential_prints_it_redacted(tmp_path, capsys):

@@ -1,4 +1,10 @@
-"""Kubernetes manifests from an offline run: extract, redact secrets, validate, write.
+"""Kubernetes manifests from an offline run: extract, hide Secret values, validate, write.
+
+A rendered object is what the provider sends, apart from what the program itself holds as
+secret: a Secret's data and stringData, and every value Pulumi marks secret (the keys
+pulumi-random generates). Nothing else is rewritten (issue #37: a free-text redaction turned the
+picker's `--metrics-endpoint-auth=false` into `<password redacted>`, a flag it cannot parse); a
+credential anywhere else is refused instead of written (`plaintext_credentials`).
 
 Validation uses `kubernetes-validate`, which carries the real OpenAPI schemas of each
 Kubernetes release, in strict mode (unknown fields are errors), and for custom resources the
@@ -11,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jsonschema
 import kubernetes_validate
@@ -32,6 +38,49 @@ def redact(value: Any) -> Any:
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
+
+
+SECRET_FIELDS = ("data", "stringData")  # a Secret's values
+
+
+def as_rendered(manifest: dict) -> dict:
+    """The manifest as render writes it: secret-marked values and a Secret's values replaced by
+    SECRET_PLACEHOLDER (each field whole, as twin/fleet.py reads it back), all else as sent."""
+    shown = redact(manifest)
+    if manifest["kind"] == "Secret":
+        shown |= {k: SECRET_PLACEHOLDER for k in SECRET_FIELDS if k in shown}
+    return shown
+
+
+def _strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            yield from _strings(v, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+
+
+def plaintext_credentials(items: list[dict]) -> list[str]:
+    """Where a rendered object outside a Secret holds something shaped like a credential (a key
+    pasted into a spec field), naming the object, the field and the shape, never the value."""
+    from infra.redaction import secret_shapes
+
+    found = []
+    for manifest in items:
+        shown = as_rendered(manifest)
+        if manifest["kind"] == "Secret" or not secret_shapes(yaml.safe_dump(shown)):
+            continue
+        name = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        fields = [f"{name} {path}: {', '.join(shapes)}" for path, text in _strings(shown) if (shapes := secret_shapes(text))]
+        found += fields or [f"{name}: a credential across its fields"]
+    return found
+
+
+class PlaintextCredentialError(InputError):
+    """A rendered object outside a Secret holds a credential; nothing was written."""
 
 
 def unwrap(value: Any) -> Any:
@@ -253,8 +302,10 @@ def _write_inside(root: Path, rel: str, text: str) -> Path:
 
 
 def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
-    """One YAML file per manifest, secrets redacted; files an earlier render wrote and this one
-    does not are removed, so the folder holds exactly this render. Returns the written paths.
+    """One YAML file per manifest, as sent less Secret values (`as_rendered`); files an earlier
+    render wrote and this one does not are removed, so the folder holds exactly this render.
+    Returns the written paths. A credential outside a Secret is refused: written, it would sit in
+    plain text, and rewritten, the file would no longer be what is applied.
 
     The folder is render's own: it keeps an index of what it wrote, and refuses a folder that
     holds anything else (it never deletes or mixes in a file it did not write). Every name it
@@ -262,10 +313,13 @@ def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
     before the first write, and again under the folder's lock."""
     import json
 
-    from infra.redaction import redact_text
-
-    # Secret-marked values become a placeholder; anything else shaped like a credential too.
-    files = {manifest_path(m): redact_text(yaml.safe_dump(redact(m), sort_keys=False)) for m in items}
+    leaks = plaintext_credentials(items)
+    if leaks:
+        raise PlaintextCredentialError(
+            f"{len(leaks)} field(s) of the rendered objects hold a credential in plain text, outside a Secret ("
+            + "; ".join(leaks[:5]) + (", ..." if len(leaks) > 5 else "") + "). Nothing was written. Fix: take it "
+            "out of the spec field it came from; credentials belong in a Secret (e.g. model.weights.credentials_secret)")
+    files = {manifest_path(m): yaml.safe_dump(as_rendered(m), sort_keys=False) for m in items}
     _check_folder(out_dir, files)  # refuse before anything is created
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
