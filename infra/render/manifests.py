@@ -63,16 +63,17 @@ def _strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from _strings(v, f"{path}[{i}]")
 
 
-def plaintext_credentials(items: list[dict]) -> list[str]:
+def plaintext_credentials(items: list[dict], files: dict[str, str]) -> list[str]:
     """Where a rendered object outside a Secret holds something shaped like a credential (a key
-    pasted into a spec field), naming the object, the field and the shape, never the value."""
+    pasted into a spec field), naming the object, the field and the shape, never the value.
+    `files`: each manifest's rendered text by `manifest_path`, searched first (one search each)."""
     from infra.redaction import secret_shapes
 
     found = []
     for manifest in items:
-        shown = as_rendered(manifest)
-        if manifest["kind"] == "Secret" or not secret_shapes(yaml.safe_dump(shown)):
+        if manifest["kind"] == "Secret" or not secret_shapes(files[manifest_path(manifest)]):
             continue
+        shown = as_rendered(manifest)
         name = f"{manifest['kind']}/{manifest['metadata']['name']}"
         fields = [f"{name} {path}: {', '.join(shapes)}" for path, text in _strings(shown) if (shapes := secret_shapes(text))]
         found += fields or [f"{name}: a credential across its fields"]
@@ -313,13 +314,13 @@ def write_manifests(items: list[dict], out_dir: Path) -> list[Path]:
     before the first write, and again under the folder's lock."""
     import json
 
-    leaks = plaintext_credentials(items)
+    files = {manifest_path(m): yaml.safe_dump(as_rendered(m), sort_keys=False) for m in items}
+    leaks = plaintext_credentials(items, files)
     if leaks:
         raise PlaintextCredentialError(
             f"{len(leaks)} field(s) of the rendered objects hold a credential in plain text, outside a Secret ("
             + "; ".join(leaks[:5]) + (", ..." if len(leaks) > 5 else "") + "). Nothing was written. Fix: take it "
             "out of the spec field it came from; credentials belong in a Secret (e.g. model.weights.credentials_secret)")
-    files = {manifest_path(m): yaml.safe_dump(as_rendered(m), sort_keys=False) for m in items}
     _check_folder(out_dir, files)  # refuse before anything is created
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
