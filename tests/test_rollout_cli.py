@@ -86,3 +86,41 @@ def test_every_command_that_changes_traffic_first_makes_the_store_follow_the_clu
     assert after[-1]["previous"] == {"1": 25, "2": 75}
     assert json.loads(sim.read_text())["weights"] == {"1": 100}
     assert store.traffic() == {1: 100}
+
+
+def test_a_release_message_is_stored_and_shown_as_one_plain_line_without_credentials(tmp_path, capsys):
+    """`rollout --message` is free text other operators read in `pdctl releases`. A credential in it
+    was stored in clear in revisions/NNNN.json (only the audit entry was redacted), and terminal
+    control sequences in it reached the next operator's terminal: an OSC 0 window title, an ED
+    (erase display), an OSC 8 hyperlink (ECMA-48 5th edition sections 5.4 and 5.6; OSC 8 as
+    xterm and VTE implement it), and rich's own [link] markup, which print_table would turn into
+    one. Each is removed before the record is written, and again when an older record is shown."""
+    from tests.servers import healthy_prometheus
+
+    token = "ghp_" + "A1b2C3d4" * 4 + "E5f6"  # a GitHub classic token's shape (redaction.py)
+    message = (f"fix with {token}\x1b]0;owned\x07\x1b[2J \x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\"
+               " [link=https://evil.example/]here[/link]\tdone\nsecond line\x00\x9b31m")
+    sim, releases = tmp_path / "cluster.json", tmp_path / "releases"
+    with healthy_prometheus() as prometheus:
+        assert main(["rollout", "--stack", "dev", "--sim", str(sim), "--releases", str(releases), "--prometheus",
+                     prometheus, "--stages", "100", "--bake", "0", "--message", message]) == 0
+    capsys.readouterr()
+    plain = ("fix with <GitHub token redacted> click [link=https://evil.example/]here[/link] done second line")
+    record = (releases / "dev" / "revisions" / "0001.json").read_text()
+    assert json.loads(record)["message"] == plain
+    assert token not in record and "\\u001b" not in record and "\\u009b" not in record
+    (started,) = [e for e in ReleaseStore("dev", releases).audit_entries()
+                  if (e["action"], e["outcome"]) == ("rollout", "started")]
+    assert started["message"] == plain
+
+    # A record an older pdctl wrote, message as given: shown plain all the same.
+    older = {**json.loads(record), "revision": 2, "message": message}
+    (releases / "dev" / "revisions" / "0002.json").write_text(json.dumps(older))
+    for output in ("text", "json"):
+        assert main(["releases", "--stack", "dev", "--releases", str(releases), "--output", output]) == 0
+        shown = capsys.readouterr().out
+        assert token not in shown and not any(c in shown for c in "\x1b\x9b\x07\x00"), repr(shown)
+        assert shown.count("<GitHub token redacted>") == 2
+        assert output == "json" or shown.count("[link=https://evil.example/]here[/link]") == 2  # as text, not markup
+    assert main(["releases", "--stack", "dev", "--releases", str(releases), "--output", "json"]) == 0
+    assert [r["message"] for r in json.loads(capsys.readouterr().out)["revisions"]] == [plain, plain]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from infra.cli.common import emit, print_table, spec_from_args, with_spec
 from infra.cli.rollout import RELEASES_HELP, store
 
@@ -24,9 +26,11 @@ def cmd_releases(args: argparse.Namespace) -> int:
         revisions.append({"revision": rev, "created_at": r.created_at, "author": r.author,
                           "status": releases.status(rev), "traffic_percent": traffic.get(rev, 0),
                           "message": r.message})
+    # Author and message come plain from the record (records.PlainLine); as text they are also
+    # not rich markup (`[link=...]` in a message must be shown, not made a link).
     emit(args, "releases", {"environment": spec.environment.name, "revisions": revisions},
          lambda: print_table(f"releases of {spec.environment.name}",
                              ("revision", "created", "author", "status", "traffic", "message"),
-                             [(str(r["revision"]), r["created_at"], r["author"], r["status"] or "",
-                               f"{r['traffic_percent']}%", r["message"]) for r in revisions]))
+                             [(str(r["revision"]), r["created_at"], escape(r["author"]), r["status"] or "",
+                               f"{r['traffic_percent']}%", escape(r["message"])) for r in revisions]))
     return 0

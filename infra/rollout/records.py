@@ -13,12 +13,14 @@ free by design (each action records its own).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from infra.inputs import Strict, validation_problems
+from infra.redaction import redact_text
 from infra.spec import StackSpec
 from infra.spec_checks import parse_spec
 
@@ -41,6 +43,31 @@ def _aware(text: str) -> str:
 
 
 AwareTime = Annotated[str, AfterValidator(_aware)]  # kept as written; checked to be one
+
+# ECMA-48 (5th edition, 1991; ISO/IEC 6429) sequences a terminal acts on: a control sequence
+# (CSI, ESC [ or 0x9B, parameter bytes 0x30-0x3F, intermediate bytes 0x20-0x2F, a final byte
+# 0x40-0x7E, section 5.4), a control string (OSC, DCS, SOS, PM, APC: ESC ] P X ^ _ or their C1
+# bytes, up to ST, ESC \ or 0x9C, or xterm's BEL; section 5.6) and any other escape sequence
+# (ESC, intermediates, a final byte 0x30-0x7E). Each goes whole, even cut short at the end.
+_ESCAPE_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?"
+                              r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                              r"|\x1b[\x20-\x2f]*[\x30-\x7e]?")
+_WHITESPACE_CONTROLS = re.compile(r"[\t\n\v\f\r]+")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+
+
+def plain_line(text: str) -> str:
+    """Free text another operator will read (a release's message and author, in `pdctl
+    releases`), as one line of plain text with no credential in it: terminal escape sequences
+    and control characters removed (tabs and line breaks become a space), then redacted. Controls
+    go first, so one put inside a token to hide it from redaction joins it again."""
+    text = _WHITESPACE_CONTROLS.sub(" ", _ESCAPE_SEQUENCE.sub("", text))
+    return redact_text(_CONTROLS.sub("", text))
+
+
+# Cleaned whenever a record is made or read: written plain, and an older record shown plain.
+PlainLine = Annotated[str, AfterValidator(plain_line)]
+
 Status = Literal["candidate", "good", "failed", "retired", "rolled back", "abandoned"]
 
 
@@ -95,8 +122,8 @@ class Release(Strict):
 
     revision: Revision
     created_at: AwareTime
-    author: str
-    message: str
+    author: PlainLine
+    message: PlainLine
     spec_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     spec: dict[str, Any]
     engine_commands: dict[str, list[str]]

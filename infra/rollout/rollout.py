@@ -175,7 +175,7 @@ def rollout(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
             store.record(status={standby: "retired"})
         release = store.create(spec, message, revision=rev)
         store.record(status={rev: "candidate"})
-        store.audit("rollout", rev, "started", serving=serving, message=message)
+        store.audit("rollout", rev, "started", serving=serving, message=release.message)  # as recorded: plain
         _deploy(spec, store, cluster, rev, steps, options, console)
         _canary(spec, store, cluster, observe, rev, baseline, stages, options, console)
         return release
