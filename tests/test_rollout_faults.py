@@ -81,6 +81,7 @@ def test_the_prometheus_client_says_what_went_wrong():
 def test_a_lease_that_expired_or_whose_process_is_gone_is_taken_over_and_audited(tmp_path):
     import json
     import socket
+    from datetime import datetime, timezone
 
     from infra.rollout.releases import LockHeld
 
@@ -102,13 +103,16 @@ def test_a_lease_that_expired_or_whose_process_is_gone_is_taken_over_and_audited
     expired = {**dead, "pid": os.getpid(), "host": "elsewhere", "expires": "2026-01-01T00:00:00+00:00", "fence": 3}
     lease_file.unlink()
     lease_file.write_text(json.dumps(expired))
+    written = int(os.path.getmtime(lease_file)) - 16 * 60  # last written 16 min ago by the store's clock
+    os.utime(lease_file, (written, written))
     with store.lock("rollback") as lease:
         assert lease.fence == 4  # fencing numbers only grow
     taken = [e for e in store.audit_entries() if e["action"] == "lease"]
     assert [t["previous"]["why"] for t in taken] == [
         "its lease record is unreadable (empty (a write that never finished, or a file someone truncated))",
         f"its process {dead['pid']} on {dead['host']} is gone",
-        "it expired at 2026-01-01T00:00:00+00:00"]
+        f"it expired at {datetime.fromtimestamp(written + 900, timezone.utc).isoformat()} by the store's clock "
+        "(15 min after the store last wrote it)"]
     assert store.lease() is None and "token" not in taken[0]["previous"]
 
 

@@ -4,17 +4,21 @@ two checkouts racing for the environment resolve to one winner."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import boto3
 import pytest
 import yaml
+from rich.console import Console
 
 from infra.spec import REPO_ROOT
 from tests.servers import healthy_prometheus
@@ -189,3 +193,84 @@ def test_a_mistyped_store_url_is_refused_never_taken_for_a_folder(url, tmp_path,
         err = capsys.readouterr().err
         assert f"--releases '{url}'" in err and "Fix: s3://<bucket>/<prefix>" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+class ClockAhead(datetime):
+    """This machine's clock, 20 minutes ahead (faketime-like, for the release store's module only:
+    the store, moto's server or the file system, keeps the right time)."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.now(tz) + timedelta(minutes=20)
+
+
+@pytest.mark.parametrize("kind", ["folder", "s3"])
+def test_a_machine_whose_clock_runs_ahead_cannot_take_a_live_lease_over(kind, tmp_path, monkeypatch, capsys, request):
+    """Issue #36: an operator whose clock ran 20 minutes ahead ran `rollout --abort` and aborted
+    another operator's running rollout, whose lease it judged "expired" against its own clock.
+    A lease's age is judged on the store's clock only: S3's LastModified of lease.json against
+    the Date of the store's answer (AWS S3 API reference, "Common Response Headers"; moto's
+    server here), a folder's file time against the clock that stamps it. A skew beyond
+    MAX_CLOCK_SKEW between this machine and the store is refused, naming it; under it, a lease
+    its holder renews stays its holder's. Nothing is changed either way."""
+    import socket
+
+    from infra.cli import main
+    from infra.rollout import releases as releases_module
+    from infra.rollout.canary import Observation
+    from infra.rollout.cluster import load_simulated, save_simulated
+    from infra.rollout.releases import store_for
+    from infra.rollout.rollout import RolloutOptions, rollout
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
+    from tests.stores import snapshot
+
+    if kind == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+            s3.create_bucket(Bucket=BUCKET)
+        url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
+    else:
+        url = str(tmp_path / "releases")
+    spec, sim = load_spec(stack_spec_path("dev")), tmp_path / "cluster.json"
+    store, cluster = store_for(spec, url), load_simulated(sim)
+    for _ in range(2):  # r2 serves, r1 is warm
+        rollout(spec, store, cluster, lambda rev: Observation(0.3, 0.02, 0.0, 0),
+                RolloutOptions(stages=(100,), bake_seconds=0, poll_seconds=0.001), console=Console(file=io.StringIO()))
+    save_simulated(cluster, sim)
+
+    # Alice's rollout of r3 runs on her laptop: it holds the lease, just taken, and recorded its operation.
+    with monkeypatch.context() as alice:
+        alice.setattr(socket, "gethostname", lambda: "alice-laptop")
+        alice.setenv("PDSTACK_ACTOR", "alice")
+        held = store.lock("rollout")
+        held.__enter__()
+        store.begin_operation("rollout", 3, {2: 100}, stages=[5, 100], baseline=2)
+    try:
+        before = snapshot(store), sim.read_bytes()
+        monkeypatch.setenv("PDSTACK_ACTOR", "bob")
+        abort = ["rollout", "--abort", "--stack", "dev", "--sim", str(sim), "--releases", url]
+
+        with monkeypatch.context() as bob_ahead:
+            bob_ahead.setattr(releases_module, "datetime", ClockAhead)
+            assert main(abort) == 3
+            err = capsys.readouterr().err
+            assert re.search(r"this machine's clock is about (19 min 5\d s|20 min) ahead of the release store's", err), err
+            assert "Nothing was changed" in err and "Fix: synchronise this machine's clock" in err
+            assert (snapshot(store), sim.read_bytes()) == before
+
+            # Within a bound that let the skew through, the lease is still judged alive, on the store's clock.
+            bob_ahead.setattr(releases_module, "MAX_CLOCK_SKEW", timedelta(hours=1))
+            assert main(abort) == 3
+            err = capsys.readouterr().err
+            assert "dev is locked by rollout of alice (pid" in err and "on alice-laptop" in err, err
+            assert (snapshot(store), sim.read_bytes()) == before
+
+        assert main(abort) == 3  # and as with the right time
+        assert "dev is locked by rollout of alice" in capsys.readouterr().err
+        assert (snapshot(store), sim.read_bytes()) == before
+        assert not [e for e in store.audit_entries() if e["action"] == "lease"]  # nothing "taken over"
+    finally:
+        held.__exit__(None, None, None)

@@ -7,6 +7,7 @@ with their own primitives, so two writers can never both win:
     create(key, data)          -> etag; Conflict if the key exists        (S3: If-None-Match: *)
     replace(key, data, etag)   -> etag; Conflict if it changed meanwhile  (S3: If-Match: <etag>)
     list(prefix)               -> keys under prefix, sorted
+    read_dated(key)            -> the object (or None) with the times the store itself gives
 
 Nothing is ever deleted: a released lease is replaced by a released marker, the audit log is
 one object per entry. A store that cannot be written (full or read-only disk, a bucket that
@@ -26,6 +27,10 @@ import errno
 import fcntl
 import hashlib
 import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -41,10 +46,22 @@ class StoreUnavailable(RuntimeError):
     """The store cannot be read or written. Nothing after the failed write was changed."""
 
 
+@dataclass(frozen=True)
+class Dated:
+    """An object read with the store's own clock, so that how old it is never depends on the
+    clock of the machine asking: `found` as read() gives it, `modified` when the store last wrote
+    it, `now` the store's time as it answered (None where the store gives none)."""
+
+    found: tuple[bytes, str] | None
+    modified: datetime | None
+    now: datetime | None
+
+
 class ObjectStore(Protocol):
     location: str
 
     def read(self, key: str) -> tuple[bytes, str] | None: ...
+    def read_dated(self, key: str) -> Dated: ...
     def create(self, key: str, data: bytes) -> str: ...
     def replace(self, key: str, data: bytes, etag: str) -> str: ...
     def list(self, prefix: str) -> list[str]: ...
@@ -75,8 +92,14 @@ class FolderStore:
                                 f"Fix: {fix}")
 
     def read(self, key: str) -> tuple[bytes, str] | None:
+        found = self._read_file(key)
+        return None if found is None else (found[0], etag_of(found[0]))
+
+    def _read_file(self, key: str) -> tuple[bytes, float] | None:
+        """The file's bytes and its modification time, of one and the same version."""
         try:
-            data = self._path(key).read_bytes()
+            with open(self._path(key), "rb") as f:
+                return f.read(), os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
             return None
         except IsADirectoryError:
@@ -85,7 +108,18 @@ class FolderStore:
         except OSError as exc:
             raise StoreUnavailable(f"release store {self.location}: cannot read {key} ({exc.strerror or exc}). "
                                    "Fix: check the folder and its disk") from None
-        return data, etag_of(data)
+
+    def read_dated(self, key: str) -> Dated:
+        """Times from the file system: a file is stamped with the kernel's clock when it is
+        written, so on a local disk the store's clock is this machine's (and its time now is
+        `time.time()`, the same clock). On NFS the server stamps the files: a skew between it
+        and this machine is not seen here."""
+        found = self._read_file(key)
+        now = datetime.fromtimestamp(time.time(), timezone.utc)
+        if found is None:
+            return Dated(None, None, now)
+        data, mtime = found
+        return Dated((data, etag_of(data)), datetime.fromtimestamp(mtime, timezone.utc), now)
 
     def _write_temp(self, key: str, data: bytes) -> Path:
         path = self._path(key)
@@ -196,6 +230,27 @@ class BucketStore:
         except Conflict:  # NoSuchKey
             return None
         return answer["Body"].read(), answer["ETag"]
+
+    def read_dated(self, key: str) -> Dated:
+        """LastModified is set by the server when it stores the object, and every S3 answer
+        carries the server's Date (AWS S3 API reference, "Common Response Headers"); for an
+        absent object, the Date of a HEAD of the bucket."""
+        try:
+            answer = self._call("read", key, self.s3.get_object)
+        except Conflict:  # NoSuchKey
+            return Dated(None, None, self._date(self._call("read", key, self._head_bucket)))
+        return Dated((answer["Body"].read(), answer["ETag"]), answer["LastModified"], self._date(answer))
+
+    def _head_bucket(self, Bucket: str, Key: str):  # noqa: N803 - _call's keywords
+        return self.s3.head_bucket(Bucket=Bucket)
+
+    @staticmethod
+    def _date(answer: dict) -> datetime | None:
+        date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            return parsedate_to_datetime(date) if date else None
+        except (TypeError, ValueError):  # a Date that is no HTTP date: none given
+            return None
 
     def create(self, key: str, data: bytes) -> str:
         before_change(f"create {key}")

@@ -87,6 +87,8 @@ class LeaseRecord(Strict):
     pid: Annotated[int, Field(ge=1, strict=True)]
     host: str
     since: AwareDatetime
+    # By its holder's clock, which paces its renewals; whether it expired is judged on the
+    # store's clock (the object's last write), never this one (releases.py _lease_dead).
     expires: AwareDatetime
     token: Annotated[str, Field(min_length=1)]
     fence: Annotated[int, Field(ge=1, strict=True)]

@@ -10,7 +10,9 @@ the embedded default for one operator, or an S3-compatible bucket, what teams us
                           compare-and-swap on its ETag, and only by the lease's holder.
     lease.json            who may change the environment now: holder, operation, expiry and a
                           fencing number. Taken and renewed by compare-and-swap; released by
-                          replacing it with a released marker (nothing is ever deleted).
+                          replacing it with a released marker (nothing is ever deleted). Its
+                          age is judged on the store's clock alone (its last write against the
+                          store's time now), never on this machine's.
     audit/<time>-<id>.json  who did what, when, to which revision, and how it ended: one object
                           an entry, created once, so appends from two machines never collide.
 
@@ -83,13 +85,24 @@ class OperationUnreadable(StoreObjectUnreadable):
     """The recorded operation cannot be read; `rollback --force` clears it."""
 
 
+class ClockSkewed(ReleaseError):
+    """This machine's clock is too far from the store's: refused before anything is written."""
+
+
 def actor() -> str:
     """Who is acting: PDSTACK_ACTOR (set by CI to the approver), else the login name."""
     return os.environ.get("PDSTACK_ACTOR") or f"{getpass.getuser()}@{socket.gethostname()}"
 
 
+def local_now() -> datetime:
+    """This machine's clock: the one place the release store reads it (the tests move it here).
+    It stamps what this machine writes (record and audit times, its lease's own expiry) and
+    paces its renewals; whether a lease expired is judged on the store's clock instead."""
+    return datetime.now(timezone.utc)
+
+
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return local_now().isoformat(timespec="milliseconds")
 
 
 def _dump(data: dict[str, Any]) -> bytes:
@@ -132,6 +145,35 @@ class BrokenLease:
     """A lease.json pdstack cannot read: whether its holder still runs is unknown."""
 
     why: str
+
+
+# How far this machine's clock may be from the store's. A clock kept by NTP is within a second;
+# the store's Date has whole seconds. Past this, what this machine writes (its lease's expiry,
+# record and audit times, the audit log's order) would be off by as much, and older pdctl
+# versions, which judged a lease by its recorded expiry, would misjudge its leases.
+MAX_CLOCK_SKEW = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class LeaseSeen:
+    """lease.json as read, with the store's own times: `written` when the store last wrote it
+    (taken or renewed), `store_now` the store's time as it answered, both on the store's clock;
+    `skew` how far this machine's clock is ahead of it (behind: negative; 0 within the read)."""
+
+    held: LeaseRecord | BrokenLease | None
+    etag: str | None
+    written: datetime | None
+    store_now: datetime
+    skew: timedelta
+
+    def expires(self, seconds: int) -> datetime | None:
+        """When the lease runs out on the store's clock: `seconds` after its last write."""
+        return None if self.written is None else self.written + timedelta(seconds=seconds)
+
+
+def _duration(delta: timedelta) -> str:
+    minutes, seconds = divmod(round(abs(delta.total_seconds())), 60)
+    return " ".join([*([f"{minutes} min"] if minutes else []), *([f"{seconds} s"] if seconds or not minutes else [])])
 
 
 class ReleaseStore:
@@ -348,7 +390,7 @@ class ReleaseStore:
 
         entry = {"time": _now(), "actor": actor(), "environment": self.environment, "action": action,
                  "revision": revision, "outcome": outcome, **detail}
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+        stamp = local_now().strftime("%Y%m%dT%H%M%S.%f")
         while True:
             try:
                 self.objects.create(f"audit/{stamp}-{secrets.token_hex(4)}.json", _dump(redact_data(entry)))
@@ -367,33 +409,57 @@ class ReleaseStore:
 
     # --- lease -----------------------------------------------------------------------------------
 
-    def _read_lease(self) -> tuple[LeaseRecord | BrokenLease | None, str | None]:
-        """The lease as stored, and its ETag. One that cannot be read is a BrokenLease: whether
-        its holder runs is unknown, so it is taken over only with --force."""
-        found = self.objects.read(LEASE)
-        if found is None:
-            return None, None
-        try:
-            return parse(LEASE, LeaseRecord, parse_json(LEASE, found[0])), found[1]
-        except Unreadable as exc:
-            return BrokenLease("; ".join(exc.problems)), found[1]
+    def _read_lease(self) -> LeaseSeen:
+        """The lease as stored, its ETag and the store's times. One that cannot be read is a
+        BrokenLease: whether its holder runs is unknown, so it is taken over only with --force."""
+        before = local_now()
+        dated = self.objects.read_dated(LEASE)
+        after = local_now()
+        store_now = dated.now or after  # a store that gives no time: this machine's clock stands in
+        # The store answered between `before` and `after` by this clock, and within the second
+        # after `store_now` by its own (S3's Date has whole seconds): the skew is at least this.
+        latest = store_now + timedelta(seconds=1)
+        skew = before - latest if before > latest else after - store_now if after < store_now else timedelta(0)
+        held: LeaseRecord | BrokenLease | None = None
+        if dated.found is not None:
+            try:
+                held = parse(LEASE, LeaseRecord, parse_json(LEASE, dated.found[0]))
+            except Unreadable as exc:
+                held = BrokenLease("; ".join(exc.problems))
+        return LeaseSeen(held, dated.found[1] if dated.found else None, dated.modified, store_now, skew)
 
     def lease(self) -> LeaseRecord | BrokenLease | None:
         """The live lease's holder (or a lease that cannot be read), None when nobody holds it."""
-        held = self._read_lease()[0]
+        held = self._read_lease().held
         return None if isinstance(held, LeaseRecord) and held.released is not None else held
 
-    @staticmethod
-    def _lease_dead(held: LeaseRecord) -> str:
-        """Why a lease no longer protects anything: '' while it does."""
-        if held.expires < datetime.now(timezone.utc):
-            return f"it expired at {held.expires.isoformat()}"
+    def _lease_dead(self, held: LeaseRecord, seen: LeaseSeen) -> str:
+        """Why a lease no longer protects anything: '' while it does. Judged on the store's
+        clock only: it expires LEASE_SECONDS after the store last wrote it (its holder renews it
+        from half-life on), so a holder that renews is never found expired, whatever the clock
+        of the machine asking, or of the holder, says."""
+        expires = seen.expires(self.LEASE_SECONDS)
+        if expires is not None and expires <= seen.store_now:
+            return (f"it expired at {expires.isoformat(timespec='seconds')} by the store's clock "
+                    f"({_duration(timedelta(seconds=self.LEASE_SECONDS))} after the store last wrote it)")
         if held.host == socket.gethostname() and not process_alive(held.pid):
             return f"its process {held.pid} on {held.host} is gone"
         return ""
 
+    def _refuse_skewed_clock(self, seen: LeaseSeen) -> None:
+        if abs(seen.skew) <= MAX_CLOCK_SKEW:
+            return
+        raise ClockSkewed(
+            f"this machine's clock is about {_duration(seen.skew)} "
+            f"{'ahead of' if seen.skew > timedelta(0) else 'behind'} "
+            f"the release store's ({self.location} said {seen.store_now.isoformat(timespec='seconds')}; the limit is "
+            f"{_duration(MAX_CLOCK_SKEW)}). Leases are judged on the store's clock, but what this machine writes "
+            "(its lease's expiry, record and audit times) would be that far off. Nothing was changed. Fix: "
+            "synchronise this machine's clock (NTP: `timedatectl set-ntp true`, then `chronyc tracking` or "
+            "`timedatectl timesync-status`), then run again")
+
     def _expiry(self) -> datetime:
-        return (datetime.now(timezone.utc) + timedelta(seconds=self.LEASE_SECONDS)).replace(microsecond=0)
+        return (local_now() + timedelta(seconds=self.LEASE_SECONDS)).replace(microsecond=0)
 
     def _write_lease(self, lease: LeaseRecord, etag: str | None) -> str:
         data = _dump(lease.model_dump(mode="json", exclude_none=True))
@@ -407,19 +473,21 @@ class ReleaseStore:
         takeover is audited. The fence is above every fence used before (the old lease's and
         the state's), is written into the state first, and each state write under it renews
         it and carries it: a holder whose lease was taken stops at its next write (LeaseLost)."""
-        held, etag = self._read_lease()
+        seen = self._read_lease()
+        self._refuse_skewed_clock(seen)  # --force too: it is about this machine, not the holder
+        held, etag = seen.held, seen.etag
         taken_from = None
         if isinstance(held, BrokenLease):
             if not force:
                 raise self._locked_by(held)
             taken_from = {"why": f"its lease record is unreadable ({held.why})"}
         elif held is not None and held.released is None:
-            why = self._lease_dead(held)
+            why = self._lease_dead(held, seen)
             if not why and not force:
-                raise self._locked_by(held)
+                raise self._locked_by(held, seen.expires(self.LEASE_SECONDS))
             taken_from = {**held.model_dump(mode="json", exclude={"token", "released"}), "why": why or "forced"}
         fence = max(held.fence if isinstance(held, LeaseRecord) else 0, self.state().get("fence", 0)) + 1
-        now = datetime.now(timezone.utc)
+        now = local_now()
         lease = LeaseRecord(operation=operation, actor=actor(), pid=os.getpid(), host=socket.gethostname(),
                             since=now, expires=self._expiry(), token=secrets.token_hex(8), fence=fence)
         try:
@@ -440,7 +508,8 @@ class ReleaseStore:
         finally:
             self._release()
 
-    def _locked_by(self, held: LeaseRecord | BrokenLease, just: bool = False) -> LockHeld:
+    def _locked_by(self, held: LeaseRecord | BrokenLease, until: datetime | None = None, just: bool = False
+                   ) -> LockHeld:
         if isinstance(held, BrokenLease):
             return LockHeld(
                 f"release store {self.location}: {LEASE} cannot be read ({held.why}), so whether an operation holds "
@@ -452,15 +521,20 @@ class ReleaseStore:
                             f"on {held.host}). Nothing was changed. Fix: wait for it to finish")
         return LockHeld(
             f"{self.environment} is locked by {held.operation} of {held.actor} (pid {held.pid} on {held.host}, since "
-            f"{held.since.isoformat()}, lease until {held.expires.isoformat()}). Nothing was changed. Fix: wait for "
-            "it to finish, or take it over with --force if that operation is stuck")
+            f"{held.since.isoformat()}, lease until {(until or held.expires).isoformat(timespec='seconds')} by the "
+            "store's clock unless renewed). Nothing was changed. Fix: wait for it to finish, or take it over with "
+            "--force if that operation is stuck")
 
     def refuse_if_locked(self) -> None:
         """Raise LockHeld, naming the holder, while a live lease is held (or one that cannot be
         read): an operation found unfinished under it is running, not stopped."""
-        held = self.lease()
-        if isinstance(held, BrokenLease) or (held is not None and not self._lease_dead(held)):
+        seen = self._read_lease()
+        self._refuse_skewed_clock(seen)
+        held = seen.held
+        if isinstance(held, BrokenLease):
             raise self._locked_by(held)
+        if held is not None and held.released is None and not self._lease_dead(held, seen):
+            raise self._locked_by(held, seen.expires(self.LEASE_SECONDS))
 
     def check_held(self) -> int:
         """This process's fence, after checking, in the store itself, that it still holds the
@@ -468,7 +542,7 @@ class ReleaseStore:
         another took meanwhile). LeaseLost if it does not."""
         if self._held is None:
             raise LeaseLost(f"{self.environment}: this operation holds no lease; it stopped here")
-        stored = self._read_lease()[0]
+        stored = self._read_lease().held
         if not isinstance(stored, LeaseRecord) or stored.token != self._held.token or stored.released is not None:
             self._lost(f"the lease in {self.location} is no longer this operation's")
         self.keep_alive()
@@ -482,7 +556,7 @@ class ReleaseStore:
         if held is None:
             return
         with contextlib.suppress(Conflict, StoreUnavailable):
-            released = held.model_copy(update={"released": datetime.now(timezone.utc)})
+            released = held.model_copy(update={"released": local_now()})
             self._write_lease(released, etag)
 
     def keep_alive(self) -> None:
@@ -490,7 +564,7 @@ class ReleaseStore:
         waits). A lease taken over meanwhile raises LeaseLost."""
         if self._held is None:
             return
-        left = self._held.expires - datetime.now(timezone.utc)
+        left = self._held.expires - local_now()
         if left.total_seconds() < self.LEASE_SECONDS / 2:
             self._renew()
 
