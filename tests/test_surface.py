@@ -5,6 +5,7 @@ estimate."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import example, given, settings
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from infra.inputs import InputError, load_model
 from infra.planning.fleet_model import FleetModel, measure_surface, serve, workload_for, fewest
 from infra.planning.pd_ratio import SLO, PlanError, Workload, decode_batch_cap, plan
-from infra.planning.surface import Lengths, Notes, Surface, itl_ms, prefill_ms
+from infra.planning.surface import Lengths, Notes, Surface, erlang_c, itl_ms, prefill_ms
 
 FLEET = FleetModel()
 SURFACE = measure_surface(FLEET)
@@ -141,3 +142,52 @@ def test_a_surface_round_trips_through_yaml(tmp_path):
                                                 surface=SURFACE).model_dump(exclude_none=True)))
     assert load_model(path, Workload, "workload").surface == SURFACE
     assert isinstance(SURFACE, Surface)
+
+
+def erlang_c_by_the_sum(servers: int, offered: Fraction) -> float:
+    """Erlang C as the textbook writes it (Erlang's C formula, Kleinrock, Queueing Systems I, 1975,
+    section 3.5, M/M/m), summed term by term in exact rationals:
+    (a^c / c!) (c / (c - a)) / (sum_{k<c} a^k / k! + that)."""
+    term, total = Fraction(1), Fraction(0)
+    for k in range(servers):
+        total += term
+        term = term * offered / (k + 1)
+    tail = term * servers / (servers - offered)
+    return float(tail / (total + tail))
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3, 7, 10, 64, 99, 100, 101, 400])
+def test_erlang_c_agrees_with_the_textbook_sum(servers):
+    for rho in ("1/1000000", "1/100", "3/10", "1/2", "4/5", "19/20", "99/100", "199/200", "999/1000",
+                "999999/1000000"):
+        offered = servers * Fraction(rho)
+        exact = erlang_c_by_the_sum(servers, offered)
+        assert erlang_c(servers, float(offered)) == pytest.approx(exact, rel=1e-11, abs=1e-300), (servers, rho)
+    assert erlang_c(servers, servers) == 1.0 and erlang_c(servers, 0.0) == 0.0
+
+
+def test_erlang_c_closed_forms_for_one_and_two_servers():
+    """M/M/1 waits with probability rho (Kleinrock, Queueing Systems I, section 3.2); M/M/2 with
+    2 rho^2 / (1 + rho) (Erlang's C formula at m = 2 by hand: p0 = (1 - rho) / (1 + rho))."""
+    for rho in (0.1, 0.5, 0.9, 0.999):
+        assert erlang_c(1, rho) == pytest.approx(rho, rel=1e-12)
+        assert erlang_c(2, 2 * rho) == pytest.approx(2 * rho * rho / (1 + rho), rel=1e-12)
+
+
+@pytest.mark.parametrize("servers", [10 ** 6, 10 ** 9, 10 ** 12, 10 ** 15])
+def test_erlang_c_at_a_huge_count_reaches_the_halfin_whitt_limit(servers):
+    """Issue #36, 4(b): Erlang C summed over the count took hours at 1e9 servers (the term-by-term
+    Erlang B recursion). At (1 - rho) sqrt(c) = beta it tends, as c grows, to
+    1 / (1 + beta Phi(beta) / phi(beta)) (Halfin and Whitt, Heavy-traffic limits for queues with
+    many exponential servers, Operations Research 29(3), 1981), an answer known without summing
+    anything; the gap shrinks as 1 / sqrt(c)."""
+    from statistics import NormalDist
+
+    unit = NormalDist()
+    for beta in (0.25, 1.0, 2.0):
+        limit = 1 / (1 + beta * unit.cdf(beta) / unit.pdf(beta))
+        got = erlang_c(servers, servers - beta * math.sqrt(servers))
+        assert got == pytest.approx(limit, abs=2 / math.sqrt(servers)), (servers, beta)
+    # Beyond what a float's rho can tell from 1 at 1e300 servers, every load below c waits with
+    # probability 0 (beta is at least 1e134), and it says so at once.
+    assert erlang_c(10 ** 300, 0.999999 * 1e300) == 0.0
