@@ -3,9 +3,14 @@ report and the tests need. Instant queries only; ranges are PromQL subqueries.""
 
 from __future__ import annotations
 
+import functools
+import http.client
+import io
 import json
 import math
 import re
+import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -59,9 +64,110 @@ def range_seconds(text: str) -> float:
     return ms / 1000
 
 
+# --- one deadline over a whole answer ----------------------------------------------------------
+# urllib's timeout is each socket operation's: a server that sends its headers and then a byte
+# every few seconds is never timed out. Every connect, send and read below is given only what
+# is left of one deadline (time.monotonic()), so the whole answer ends by it. urllib still
+# does the rest (proxies from the environment, redirects, HTTP errors).
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    seconds: float
+    ends: float  # time.monotonic()
+
+    def left(self) -> float:
+        """The seconds left; TimeoutError once there are none."""
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole answer within {self.seconds:g}s")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read waiting at most for what is left of the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline):
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+        self._raw = sock.makefile("rb", buffering=0)  # counted by the socket: it closes after its readers
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        self._sock.settimeout(self._deadline.left())
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """The connected socket as http.client uses it (sendall, makefile, close), under the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline):
+        self._sock, self._deadline = sock, deadline
+
+    def sendall(self, data) -> None:
+        self._sock.settimeout(self._deadline.left())
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str = "rb") -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _DeadlineConnection:
+    """An http.client connection whose connect, request and answer share one deadline."""
+
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.left()  # the TCP connect; a TLS handshake waits this long per step
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _HTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHandler:
+    """urllib's handler for a scheme, opening its connections under one deadline."""
+
+    connection: type
+
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(functools.partial(self.connection, deadline=self.deadline), req, **kwargs)
+
+
+class _HTTPHandler(_DeadlineHandler, urllib.request.HTTPHandler):
+    connection = _HTTPConnection
+
+
+class _HTTPSHandler(_DeadlineHandler, urllib.request.HTTPSHandler):
+    connection = _HTTPSConnection
+
+
 @dataclass(frozen=True)
 class PrometheusAPI:
     url: str  # e.g. http://prometheus.monitoring.svc:9090
+    # The whole answer (connect, request, headers, body) of one query. Well under half the
+    # release store's lease, which a rollout renews between a stage's tries.
     timeout_seconds: float = 10.0
 
     def __post_init__(self):
@@ -73,16 +179,9 @@ class PrometheusAPI:
     def vector(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query: (labels, value) for every series it yields, at `at` (unix seconds) or now."""
         params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
-        endpoint = f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(endpoint, timeout=self.timeout_seconds) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            # Prometheus puts the PromQL error in the body of its 4xx/5xx answers.
-            raise PrometheusError(f"Prometheus at {self.url} answered HTTP {exc.code}: "
-                                  f"{_error_text(exc.read())} ({promql})") from None
-        except (OSError, ValueError) as exc:  # refused, reset, timed out, unreadable URL
-            raise PrometheusError(f"Prometheus at {self.url} did not answer: {exc}") from None
+        status, raw = self._get(f"{self.url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode(params))
+        if not 200 <= status < 300:  # Prometheus puts the PromQL error in the body of its 4xx/5xx answers
+            raise PrometheusError(f"Prometheus at {self.url} answered HTTP {status}: {_error_text(raw)} ({promql})")
         try:
             body = json.loads(raw)
             if body.get("status") != "success":
@@ -96,6 +195,26 @@ class PrometheusAPI:
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             raise PrometheusError(f"Prometheus at {self.url} answered something that is not a query result: "
                                   f"{raw[:120]!r}") from None
+
+    def _get(self, endpoint: str) -> tuple[int, bytes]:
+        """The status and body of one GET, whole within timeout_seconds; PrometheusError for any
+        failure to read it (http.client's own errors are neither OSError nor ValueError)."""
+        deadline = _Deadline(self.timeout_seconds, time.monotonic() + self.timeout_seconds)
+        opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
+        try:
+            try:
+                with opener.open(endpoint) as resp:
+                    return resp.status, resp.read()
+            except urllib.error.HTTPError as exc:
+                with exc:
+                    return exc.code, exc.read()
+        except http.client.HTTPException as exc:  # a short body, not HTTP, a header line too long
+            raise PrometheusError(f"Prometheus at {self.url} sent a broken HTTP answer ({type(exc).__name__}: "
+                                  f"{str(exc)[:120]!r})") from None
+        except (OSError, ValueError) as exc:  # refused, reset, past the deadline, unreadable URL
+            timed_out = isinstance(getattr(exc, "reason", exc), TimeoutError)
+            raise PrometheusError(f"Prometheus at {self.url} did not answer"
+                                  + (f" within {self.timeout_seconds:g}s" if timed_out else f": {exc}")) from None
 
     def query(self, promql: str, at: float | None = None) -> float:
         """An instant query that yields one number (NaN when it yields no series)."""

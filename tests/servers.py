@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import queue
 import shutil
 import socket
 import subprocess
@@ -228,16 +229,27 @@ class QuietServer(http.server.ThreadingHTTPServer):
 
 @contextmanager
 def http_server(answer):
-    """A server on 127.0.0.1 whose every GET is answered by `answer(query) -> (status, body)`."""
+    """A server on 127.0.0.1 whose every GET is answered by `answer(query)`: (status, body), or a
+    generator of raw bytes (status line and headers included: an answer no HTTP server should
+    give) sent as it yields them, until it ends or the client hangs up (then it is closed)."""
     from urllib.parse import parse_qs, urlparse
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
-            status, body = answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            given = answer(parse_qs(urlparse(self.path).query).get("query", [""])[0])
+            if isinstance(given, tuple):
+                status, body = given
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.close_connection = True
+            try:
+                for chunk in given:
+                    self.wfile.write(chunk)
+            except OSError:  # the client hung up (a write after it did fails)
+                given.close()
 
         def log_message(self, *args):
             pass
@@ -258,15 +270,57 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler]):
         server.server_close()
 
 
+# Answers no HTTP client can read, each one of http.client's own failures (CPython 3.11
+# Lib/http/client.py): a body shorter than its Content-Length, then the connection closed
+# (IncompleteRead); a first line that is not an HTTP status line (BadStatusLine); a header line
+# longer than _MAXLINE, 65536 bytes (LineTooLong).
+BROKEN_ANSWERS = {
+    "short-body": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+                  b'{"status":"success","data":{"resultType":"vec',
+    "not-http": b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n",
+    "long-header": b"HTTP/1.1 200 OK\r\nX-Filler: " + b"x" * 70_000 + b"\r\n\r\n{}",
+}
+# "trickle": the status line and headers at once, then one byte of the body this often: no
+# single read waits long, so only a deadline over the whole answer ends it. The server gives
+# up on its own after TRICKLE_BYTES (a client without that deadline then fails on a short body).
+TRICKLE_SECONDS, TRICKLE_BYTES = 0.1, 200
+
+
+def passing_answer(query: str) -> tuple[int, bytes]:
+    """A gate query's passing value: latency quantiles 10 ms, failures 0."""
+    value = "0.01" if "histogram_quantile" in query else "0"
+    return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {}, "value": [time.time(), value]}]}}).encode()
+
+
 @contextmanager
-def misbehaving_prometheus(mode: str):
-    """Prometheus answering every query the way `mode` says: 503 with its error body, hang
-    (2 s a query), junk (HTML), or refused (nothing listening)."""
+def misbehaving_prometheus(mode: str, breaks=lambda query: True, hung_up: queue.Queue[int] | None = None):
+    """Prometheus answering the queries `breaks(query)` picks the way `mode` says, the others
+    with a passing value: 503 with its error body, hang (2 s a query), junk (HTML), refused
+    (nothing listening), one of BROKEN_ANSWERS, or trickle. A trickle's client that hangs up
+    before its end is recorded in `hung_up` (the body bytes it had been sent)."""
     if mode == "refused":
         yield f"http://127.0.0.1:{free_port()}"
         return
 
-    def answer(_query: str):
+    def trickle():
+        yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+        for sent in range(TRICKLE_BYTES):
+            time.sleep(TRICKLE_SECONDS)
+            try:
+                yield b" "
+            except GeneratorExit:
+                if hung_up is not None:
+                    hung_up.put(sent)
+                raise
+
+    def answer(query: str):
+        if not breaks(query):
+            return passing_answer(query)
+        if mode in BROKEN_ANSWERS:
+            return (chunk for chunk in (BROKEN_ANSWERS[mode],))
+        if mode == "trickle":
+            return trickle()
         if mode == "hang":
             time.sleep(2)
         if mode == "503":
@@ -280,10 +334,5 @@ def misbehaving_prometheus(mode: str):
 @contextmanager
 def healthy_prometheus():
     """Answers every gate query with a passing value (latency quantiles 10 ms, failures 0)."""
-    def answer(query: str):
-        value = "0.01" if "histogram_quantile" in query else "0"
-        return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {}, "value": [time.time(), value]}]}}).encode()
-
-    with http_server(answer) as url:
+    with http_server(passing_answer) as url:
         yield url

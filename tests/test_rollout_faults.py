@@ -1,11 +1,14 @@
-"""A rollout whose dependencies fail: Prometheus answering 503, hanging, answering junk or not
-listening (real HTTP servers on 127.0.0.1), bad options, no Pulumi CLI. Each must end with
+"""A rollout whose dependencies fail: Prometheus answering 503, hanging, answering junk, an
+answer no HTTP client can read, a body sent a byte at a time, or not listening (real HTTP
+servers on 127.0.0.1), bad options, no Pulumi CLI. Each must end with
 traffic on a judged revision, the cluster and the release store agreeing, and an outcome in
 the audit log; a refused command changes nothing."""
 
 from __future__ import annotations
 
 import os
+import queue
+import re
 
 import pytest
 from rich.console import Console
@@ -17,14 +20,20 @@ from infra.rollout.releases import ReleaseStore
 from infra.rollout.rollout import CanaryFailed, RolloutOptions, rollout
 from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
-from tests.servers import misbehaving_prometheus
+from tests.servers import TRICKLE_BYTES, misbehaving_prometheus
 
 GOOD = Observation(ttft_p99_s=0.2, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0.0)
 OPTIONS = RolloutOptions(stages=(5, 50, 100), bake_seconds=0, poll_seconds=0.01, timeout_scale=0.001)
+# Answers http.client cannot read (tests/servers.py BROKEN_ANSWERS), and one that never ends
+# within the client's deadline (DEADLINE here): each is a PrometheusError saying so.
+UNREADABLE = [("short-body", "broken HTTP answer.*IncompleteRead"), ("not-http", "broken HTTP answer.*BadStatusLine"),
+              ("long-header", "broken HTTP answer.*LineTooLong"), ("trickle", "did not answer within 1s")]
+DEADLINE = 1.0  # under "hang"'s 2 s, far under a trickle's 20 s, with room for a busy machine
 
 
 @pytest.mark.parametrize("mode, says", [("503", "HTTP 503: tsdb is closing"), ("hang", "did not answer"),
-                                        ("junk", "not a query result"), ("refused", "did not answer")])
+                                        ("junk", "not a query result"), ("refused", "did not answer"),
+                                        *UNREADABLE])
 @pytest.mark.parametrize("failing_from", [5, 50, 100])  # each of OPTIONS' canary stages
 def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode, says, failing_from):
     spec = parse_spec(stack_data("dev"))
@@ -32,7 +41,7 @@ def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode
     quiet = Console(file=open(tmp_path / "out.txt", "w"))
     rollout(spec, store, cluster, observe=lambda rev: GOOD, options=OPTIONS, console=quiet)  # r1 serves 100%
     with misbehaving_prometheus(mode) as url:
-        api = PrometheusAPI(url, timeout_seconds=0.3)
+        api = PrometheusAPI(url, timeout_seconds=DEADLINE)
 
         def observe_r2(rev: int) -> Observation:  # Prometheus answers well until `failing_from`
             if rev == 1 or store.operation().stage < failing_from:
@@ -45,6 +54,99 @@ def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode
     assert store.status(2) == "failed" and store.status(1) == "good"
     outcomes = [(e["action"], e["revision"], e["outcome"]) for e in store.audit_entries()]
     assert ("canary", 2, "failed") in outcomes and outcomes[-1] == ("rollout", 2, "failed")
+
+
+@pytest.mark.parametrize("mode, says", UNREADABLE)
+def test_pdctl_rollout_whose_prometheus_cannot_be_read_mid_canary_reverts_and_exits_1(tmp_path, monkeypatch, capsys,
+                                                                                   mode, says):
+    """Issue #36: Prometheus answers well until revision 2 has traffic, then sends an answer
+    http.client cannot read (its exceptions are neither OSError nor ValueError: CPython 3.11
+    Lib/http/client.py, `class HTTPException(Exception)`) or one that never ends. `pdctl
+    rollout` ran into "unexpected error: IncompleteRead", exit 1, with 50/50 left serving and
+    the operation open (or, for the trickle, waited with no bound). The stage's tries run, the
+    gate fails, traffic goes back (README, "Prometheus failing to answer ... fails the gate and
+    reverts"). The CLI's own poll and deadline are shortened here; nothing else is."""
+    import functools
+    import json
+
+    from infra.cli import main
+    from infra.rollout import rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "RolloutOptions", functools.partial(RolloutOptions, poll_seconds=0.01))
+    monkeypatch.setattr("infra.prometheus.PrometheusAPI", functools.partial(PrometheusAPI, timeout_seconds=DEADLINE))
+    sim, releases = tmp_path / "cluster.json", tmp_path / "releases"
+    args = ["rollout", "--stack", "dev", "--sim", str(sim), "--releases", str(releases), "--bake", "0"]
+    with misbehaving_prometheus(mode, breaks=lambda query: 'pdstack_io_release="2"' in query) as url:
+        assert main([*args, "--prometheus", url, "--stages", "100"]) == 0  # r1 serves 100%
+        capsys.readouterr()
+        code = main([*args, "--prometheus", url, "--stages", "50,100"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "unexpected error" not in err and "Traceback" not in err
+    assert re.search(f"revision 2 failed its canary at 50%.*no answer after 3 tries.*{says}", err, re.S), err
+    assert "revision 1 serves 100% again" in err
+    store = ReleaseStore("dev", releases)
+    assert json.loads(sim.read_text())["weights"] == {"1": 100} and store.traffic() == {1: 100}
+    assert store.operation() is None and store.lease() is None
+    assert store.status(2) == "failed" and store.status(1) == "good"
+    last = store.audit_entries()[-1]
+    assert (last["action"], last["revision"], last["outcome"]) == ("rollout", 2, "failed")
+
+
+@pytest.mark.parametrize("mode, says", UNREADABLE)
+def test_an_answer_that_cannot_be_read_is_a_prometheus_error(mode, says):
+    """Any failure to read an answer is the client's one error type, which every caller (the
+    gates, `canary`, `cost`, `plan --watch`, `validate-deployment`) handles. The trickle's
+    server is still sending when the client hangs up: the deadline ended the read, not the
+    server (a per-read timeout never fires while bytes keep coming)."""
+    from infra.prometheus import PrometheusError
+
+    hung_up: queue.Queue[int] = queue.Queue()
+    with misbehaving_prometheus(mode, hung_up=hung_up) as url:
+        with pytest.raises(PrometheusError, match=says):
+            PrometheusAPI(url, timeout_seconds=DEADLINE).query("up")
+        if mode == "trickle":
+            assert hung_up.get(timeout=60) < TRICKLE_BYTES  # the server records it at its next write
+
+
+def test_a_lease_half_run_out_while_a_stage_waits_on_prometheus_is_renewed_before_the_next_try(tmp_path):
+    """Each try of a stage is bounded (every query by the client's whole-answer deadline), and
+    the lease is renewed between tries: a stage's reads cannot outlast it. Half run out is when
+    keep_alive renews (ReleaseStore.keep_alive); LEASE_SECONDS is raised mid-stage so that the
+    lease held counts as half run out without waiting for it."""
+    spec = parse_spec(stack_data("dev"))
+    store, cluster = ReleaseStore("dev", tmp_path / "releases"), InMemoryCluster()
+    quiet = Console(file=open(tmp_path / "out.txt", "w"))
+    rollout(spec, store, cluster, observe=lambda rev: GOOD, options=OPTIONS, console=quiet)  # r1 serves 100%
+    expiries = []
+    with misbehaving_prometheus("trickle") as url:
+        api = PrometheusAPI(url, timeout_seconds=DEADLINE)
+
+        def observe_r2(rev: int) -> Observation:
+            if rev == 1 or store.operation().stage < 50:
+                return GOOD
+            expiries.append(store.lease().expires)
+            if len(expiries) == 1:
+                store.LEASE_SECONDS = 10 * ReleaseStore.LEASE_SECONDS
+            return observe(api, "sglang", spec.environment.namespace, rev, "5m")
+
+        with pytest.raises(CanaryFailed, match="at 50%.*did not answer within 1s"):
+            rollout(spec, store, cluster, observe=observe_r2, options=OPTIONS, console=quiet)
+    assert len(expiries) == 3 and expiries[0] < expiries[1] == expiries[2]
+    assert cluster.traffic() == store.traffic() == {1: 100}
+
+
+def test_a_stage_judged_with_every_read_timing_out_cannot_outlast_the_lease():
+    """The longest stretch without a renewal while a stage is judged: one try (every gate query
+    of the canary and of the serving revision, each ended by the client's deadline) and the wait
+    before the next. keep_alive renews once half the lease has run out, so that stretch must be
+    under half of it."""
+    from infra.rollout.canary import gate_queries
+    from infra.rollout.rollout import OBSERVE_ATTEMPTS
+
+    queries_per_try = 2 * len(gate_queries("sglang", "pdstack-dev", 2, "5m"))
+    longest_wait = RolloutOptions().poll_seconds * OBSERVE_ATTEMPTS
+    assert queries_per_try * PrometheusAPI.timeout_seconds + longest_wait < ReleaseStore.LEASE_SECONDS / 2
 
 
 def test_options_are_checked_before_anything_changes(tmp_path, capsys):

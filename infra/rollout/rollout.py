@@ -245,7 +245,7 @@ def _canary(spec: StackSpec, store: ReleaseStore, cluster: Cluster, observe: Cal
         console.print(f"canary r{rev}: {stage}% of traffic, baking {options.bake_seconds:g}s")
         _bake(store, console, options.bake_seconds, f"r{rev} at {stage}%",
               lambda: _readings(observe, rev, baseline))
-        verdict = observed_verdict(observe, rev, baseline, spec, options)
+        verdict = observed_verdict(store, observe, rev, baseline, spec, options)
         store.audit("canary", rev, "passed" if verdict.passed else "failed", stage=stage, gates=_gates(verdict))
         console.print(f"  {'[green]pass' if verdict.passed else '[red]FAIL'}[/] {verdict.reasons()}")
         if not verdict.passed and baseline is not None:
@@ -302,11 +302,12 @@ def _readings(observe: Callable[[int], Observation], rev: int, baseline: int | N
 OBSERVE_ATTEMPTS = 3  # tries per stage before an unanswered query fails the gate
 
 
-def observed_verdict(observe: Callable[[int], Observation], rev: int, baseline: int | None, spec: StackSpec,
-                     options: RolloutOptions) -> Verdict:
+def observed_verdict(store: ReleaseStore, observe: Callable[[int], Observation], rev: int, baseline: int | None,
+                     spec: StackSpec, options: RolloutOptions) -> Verdict:
     """The stage's verdict. Prometheus failing to answer (after bounded retries inside the
     stage) is a failed gate, never an exception: traffic must not stay on a revision nobody
-    judged."""
+    judged. Each try's queries end by the client's deadline, and the lease is renewed between
+    tries, so a slow Prometheus cannot let it run out."""
     error = ""
     for attempt in range(OBSERVE_ATTEMPTS):
         try:
@@ -315,6 +316,7 @@ def observed_verdict(observe: Callable[[int], Observation], rev: int, baseline: 
         except PrometheusError as exc:
             error = str(exc)
             time.sleep(options.poll_seconds * (attempt + 1))
+            store.keep_alive()
     return Verdict((Gate("metrics", False, f"no answer after {OBSERVE_ATTEMPTS} tries: {error}"),))
 
 
