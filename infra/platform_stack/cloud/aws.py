@@ -15,7 +15,7 @@ from infra import naming
 from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.platform_stack.checks import nodes_needed
-from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
 from infra.platform_stack.weight_cache import INSTANCE_STORE_GB

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.platform_stack.cloud import CloudOutputs
+from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.spec import PlatformSpec
 
 
