@@ -109,6 +109,31 @@ def test_an_answer_that_cannot_be_read_is_a_prometheus_error(mode, says):
             assert hung_up.get(timeout=60) < TRICKLE_BYTES  # the server records it at its next write
 
 
+@pytest.mark.parametrize("mode, says", UNREADABLE)
+@pytest.mark.parametrize("command", [
+    ["canary", "--stack", "dev", "--revision", "1"],
+    ["cost", "--stack", "dev"],
+    ["plan", "--stack", "prod", "--workload", "stacks/workloads/prod-chat.yaml", "--watch", "--dry-run",
+     "--iterations", "1"]], ids=["canary", "cost", "plan-watch"])
+def test_every_command_that_reads_prometheus_says_an_unreadable_answer_and_exits_1(monkeypatch, capsys, command,
+                                                                                  mode, says):
+    """Issue #36: `canary`, `cost` and `plan --watch` ended with "unexpected error:
+    IncompleteRead" too. Prometheus is a dependency: its failure is said, exit 1 (README, "Exit
+    codes"). The CLI's deadline is shortened here (functools.partial), nothing else."""
+    import functools
+
+    from infra.cli import main
+    from infra.spec import REPO_ROOT
+
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.setattr("infra.prometheus.PrometheusAPI", functools.partial(PrometheusAPI, timeout_seconds=DEADLINE))
+    with misbehaving_prometheus(mode) as url:
+        code = main([*command, "--prometheus", url])
+    err = capsys.readouterr().err
+    assert "unexpected error" not in err and "Traceback" not in err
+    assert code == 1 and re.search(f"Prometheus at {url} .*{says}", err, re.S), err
+
+
 def test_a_lease_half_run_out_while_a_stage_waits_on_prometheus_is_renewed_before_the_next_try(tmp_path):
     """Each try of a stage is bounded (every query by the client's whole-answer deadline), and
     the lease is renewed between tries: a stage's reads cannot outlast it. Half run out is when
