@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from infra.cli import main
+from infra.platform_stack.spec import PlatformSpec, is_ec2_tag_value
 from infra.spec import REPO_ROOT, StackSpec
 from tests.conftest import stack_data
 from tests.servers import healthy_prometheus, misbehaving_prometheus
@@ -598,6 +599,81 @@ def test_every_spec_string_field_refuses_shell_syntax_with_its_field(path, hosti
         named = [".".join(map(str, path[:n])) for n in range(len(path), 0, -1)]
         assert any(f"- {prefix}" in out.err for prefix in named), out.err
     assert not (tmp_path / "INJECTED").exists()
+
+
+def _platform_data() -> dict:
+    """platform-prod with every optional string field set, so each one the fuzz changes is there."""
+    data = yaml.safe_load((REPO_ROOT / "stacks/platform-prod.yaml").read_text())
+    digest = data["images"]["grafana"]
+    data["environments"][0].update(stack="prod", inventory="stacks/inventory/prod.yaml")
+    data["cloud"]["cluster"].update(system_nodes={"instance_types": ["m7i.2xlarge"]}, discovery_tag="pdstack-prod")
+    data["cloud"]["node_classes"][0]["capacity_reservations"]["by_role"]["colocated"] = ["cr-0a1b2c3d4e5f60705"]
+    data["nodes"] = {"mode": "node-groups", "node_groups": [{"role": role, "environment": "prod", "node_class": "gb200"}
+                                                            for role in ("prefill", "decode")]}
+    data["images"].update(prometheus_adapter=digest, efa_device_plugin=digest)
+    data["controllers"] = {"user_installed": ["lws"]}
+    data["monitoring_namespace"] = "monitoring"
+    return data
+
+
+# A GitHub deployment environment's name: GitHub documents no character rule, and the name reaches
+# only IAM's StringEquals on the OIDC token's sub (JSON-encoded): no wildcard, no script.
+PLATFORM_HOSTILE_ACCEPTED = {"cloud.ci.environments.0"}
+
+
+def _platform_hostile_mutations():
+    """Every string field of the platform spec model (walked as the serving spec's are), and a key
+    and a value of the Prometheus selector, given each hostile string (a field that takes any
+    text, the first only: each accepted one costs a whole preview)."""
+    from tests.test_script_injection import HOSTILE, string_fields
+
+    for path in [*string_fields(PlatformSpec), ("prometheus_selector", "{key}"), ("prometheus_selector", "pdstack.io/x")]:
+        field = ".".join(map(str, path))
+        for i, hostile in enumerate(HOSTILE[:1] if field in PLATFORM_HOSTILE_ACCEPTED else HOSTILE):
+            yield pytest.param(path, hostile, id=f"{field}-hostile{i}")
+# A hostile string the field's own system takes: an EC2 tag value may start with '-' (`--help`);
+# it reaches AWS's API and Karpenter's selector, never a command line.
+PLATFORM_VALID = {"cloud.cluster.discovery_tag": is_ec2_tag_value}
+# Files of the project the platform reads (a hosted spec, its inventory): a name that is none is
+# refused as the file it names, missing.
+PLATFORM_FILES = {"environments.0.spec", "environments.0.inventory"}
+
+
+@pytest.mark.parametrize("path, hostile", list(_platform_hostile_mutations()))
+def test_every_platform_spec_string_field_refuses_shell_syntax_with_its_field(path, hostile, tmp_path, capsys):
+    """The platform spec's strings are held to their systems' rules as the serving spec's are:
+    `Monitoring"; $(id) #` was a namespace and part of the Prometheus URL every serving stack
+    reads (issue #36). `preview --offline --spec` refuses each, exit 2, naming the field, before
+    anything is previewed."""
+    data = _platform_data()
+    node = data
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(node, dict) else node[key]
+    value = hostile.format(mark=tmp_path / "INJECTED")
+    if path[-1] == "{key}":
+        node[value] = "pdstack"
+    else:
+        node[path[-1]] = value
+    spec_file = tmp_path / "platform.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    code = main(["preview", "--offline", "--spec", str(spec_file)])
+    out = capsys.readouterr()
+    field = ".".join(map(str, path))
+    assert "Traceback" not in out.out + out.err and "unexpected error" not in out.out + out.err
+    if field in PLATFORM_HOSTILE_ACCEPTED:
+        assert code in (0, BAD)
+    elif field in PLATFORM_VALID and PLATFORM_VALID[field](value):
+        assert code == 0, out.err
+    elif field in PLATFORM_FILES:
+        assert code == BAD and f"{value}: no such" in out.err, out.err
+    else:
+        assert code == BAD, f"{field} = {value!r} was accepted"
+        # named: the field or (a cross-field rule) the list or mapping it is in; pydantic puts the
+        # cloud's provider in the path (cloud.aws.cluster...)
+        named = [".".join(map(str, path[:n])) for n in range(len(path), 0, -1)]
+        said = out.err.replace("- cloud.aws.", "- cloud.")
+        assert any(f"- {prefix}" in said for prefix in named), out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["platform.yaml"]
 
 
 @pytest.mark.parametrize("kind", ["folder", "s3"])

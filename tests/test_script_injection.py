@@ -75,7 +75,8 @@ def string_fields(model: type[BaseModel], path: tuple = ()) -> list[tuple]:
         elif typing.get_origin(inner) is dict:  # keyed by a Literal choice (images.engines): every key
             key_type, item = typing.get_args(inner)
             for key in typing.get_args(key_type):
-                found += string_fields(item, (*path, name, key))
+                found += (string_fields(item, (*path, name, key)) if isinstance(item, type) and issubclass(item, BaseModel)
+                          else [(*path, name, key, 0)] if item == list[str] else [])
         elif isinstance(inner, type) and issubclass(inner, BaseModel):
             found += string_fields(inner, (*path, name))
         elif inner is str:

@@ -25,7 +25,10 @@ PositiveInt = Annotated[int, Field(gt=0)]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 _AMI_ALIAS = re.compile(r"(al2023|bottlerocket)@(v\d{8}|v?\d+\.\d+\.\d+)")  # pinned: never @latest
-_RESERVATION = re.compile(r"cr-[0-9a-f]{8,17}")
+# EC2 resource ids: the type's prefix and 8 (older ids) to 17 hexadecimal digits (EC2 user guide, "Resource IDs").
+_RESERVATION, _VPC, _SUBNET = (re.compile(rf"{prefix}-[0-9a-f]{{8,17}}") for prefix in ("cr", "vpc", "subnet"))
+# Pulumi's stack names: letters, digits, '-', '_', '.', 100 at most (as infra/spec.py PlatformRef.stack reads them).
+_STACK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 
 
@@ -46,6 +49,14 @@ def _check(pattern, fix: str):
     return classmethod(check)
 
 
+def _each(check):
+    """A field validator for a list: `check` (a `_check`) on each item."""
+    return classmethod(lambda cls, v: [check.__func__(cls, item) for item in v])
+
+
+_INSTANCE_TYPE = _check(is_label_value, "is not an instance type (a node label value). Fix: e.g. p5.48xlarge")
+
+
 def _digest(cls, v):
     if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not an image pinned by digest. Fix: name@sha256:<64 hex digits>")
@@ -57,6 +68,8 @@ class HostedEnvironment(Strict):
 
     spec: str = Field(description="The serving spec, relative to the project (e.g. stacks/prod.yaml).")
     stack: str | None = Field(None, description="Its Pulumi stack name; default the spec's environment.name.")
+    _stack = field_validator("stack")(_check(_STACK, "is not a Pulumi stack name (letters, digits, '_', '.', '-', 100 "
+                                                     "at most). Fix: e.g. prod"))
     inventory: str | None = Field(None, description="nodes.mode static: the inventory naming its nodes by role "
                                                     "(the same file `pdctl preflight` reads).")
 
@@ -65,6 +78,7 @@ class SystemNodesSpec(Strict):
     """create: the managed node group every pod without a GPU runs on."""
 
     instance_types: list[str] = Field(["m7i.2xlarge"], min_length=1, description="CPU instance types.")
+    _types = field_validator("instance_types")(_each(_INSTANCE_TYPE))
     count: int = Field(3, ge=2, description="Nodes (two at least: the controllers run two replicas each).")
 
 
@@ -80,6 +94,9 @@ class ClusterSpec(Strict):
     vpc_id: str | None = Field(None, description="create: the VPC; its private subnets host the nodes.")
     private_subnet_ids: list[str] = Field([], description="Subnets of the nodes (create: the control plane's too); "
                                                           "node-groups mode needs them in both modes.")
+    _vpc = field_validator("vpc_id")(_check(_VPC, "is not a VPC id. Fix: vpc-<8 or 17 hex digits>"))
+    _subnets = field_validator("private_subnet_ids")(_each(_check(_SUBNET, "is not a subnet id. Fix: subnet-<8 or 17 "
+                                                                           "hex digits>")))
     endpoint_public_access: bool = Field(False, description="create: a public API endpoint (else private only).")
     discovery_tag: str | None = Field(None, description="Value of karpenter.sh/discovery on the subnets and "
                                                         "security groups node classes select; default the name.")
@@ -137,8 +154,7 @@ class NodeClassSpec(Strict):
     _alias = field_validator("ami_alias")(_check(_AMI_ALIAS, "is not a pinned AMI alias. Fix: e.g. al2023@v20260115 "
                                                             "(never @latest: a new AMI would replace every node)"))
     instance_types: list[str] = Field(min_length=1)
-    _types = field_validator("instance_types")(classmethod(lambda cls, v: [
-        _check(is_label_value, "is not an instance type. Fix: e.g. p5.48xlarge").__func__(cls, t) for t in v]))
+    _types = field_validator("instance_types")(_each(_INSTANCE_TYPE))
     instance_store_raid0: bool = Field(True, description="instanceStorePolicy RAID0: the NVMe instance stores as one "
                                                          "array (the weight cache lives on it).")
     efa_interfaces: Annotated[int, Field(ge=0)] = Field(
