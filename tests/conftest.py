@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.offline import OfflineRun, run_spec
+from infra.offline import run_spec
+from infra.recording import OfflineRun
 from infra.spec import SpecError, StackSpec, stack_spec_path
 from infra.spec_checks import load_spec, parse_spec
 from tests.servers import require_binary, sshd

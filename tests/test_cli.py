@@ -71,7 +71,7 @@ def test_render_writes_one_file_per_manifest(tmp_path):
 
 def test_generated_keys_never_appear_in_plain_text_in_render_or_preview(tmp_path):
     """Keys come from pulumi-random as secret outputs; what operators see or commit never holds them."""
-    from infra.offline import is_secret
+    from infra.recording import is_secret
     from infra.render.manifests import unwrap
     from tests.conftest import shipped_run
 

@@ -21,8 +21,9 @@ import yaml
 from pulumi import automation as auto
 
 from infra.components.access import API_KEYS_SECRET
-from infra.offline import manifest_of, run_offline, run_spec
+from infra.offline import run_offline, run_spec
 from infra.program import build_stack
+from infra.recording import manifest_of
 from infra.rollout.pulumi_cluster import POLICY_PACK, PROJECT, KubeTarget, PulumiCluster, step_targets
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps

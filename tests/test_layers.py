@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from infra import naming
 from infra.planning.capacity import pool_capacity
-from infra.offline import is_secret, run_spec
+from infra.offline import run_spec
+from infra.recording import is_secret
 from infra.render.manifests import manifests, unwrap
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.offline import SECRET_PLACEHOLDER
+from infra.recording import SECRET_PLACEHOLDER
 from twin.cluster import TwinError, kubectl
 from twin.paths import KUBECONFIG
 

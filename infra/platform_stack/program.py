@@ -20,6 +20,7 @@ from infra.platform_stack.components.observability import Observability, prometh
 from infra.platform_stack.checks import controller_problems, platform_problems
 from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
 from infra.platform_stack.taints import gpu_node_taints, tolerations_for
+from infra.recording import manifest_of, record
 from infra.rollout.preflight import Inventory, load_inventory
 from infra.spec import REPO_ROOT, StackSpec
 from infra.spec_checks import load_spec
@@ -91,9 +92,7 @@ def platform_objects(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> 
     """The Kubernetes objects the platform stack registers itself (CRDs, namespaces, the
     GatewayClass, Prometheus, Grafana, node classes, node patches), for a given spec: what the
     cluster twin applies before the charts (each row's chart and values: CATALOG, row.values)."""
-    from infra.offline import manifest_of, run_offline
-
-    run = run_offline(lambda: build_platform(spec, hosted), stack=spec.name)
+    run = record(lambda: build_platform(spec, hosted), stack=spec.name)
     return [m for m in (manifest_of(r) for r in run.custom()) if m]
 
 

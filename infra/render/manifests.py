@@ -25,7 +25,7 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 
 from infra.inputs import InputError, write_output
-from infra.offline import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
+from infra.recording import SECRET_PLACEHOLDER, OfflineRun, is_secret, manifest_of
 from infra.render.crd_schemas import crd_schema, schema_in
 
 

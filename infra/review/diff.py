@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from infra import naming
-from infra.offline import OfflineRun, RegisteredResource, SECRET_PLACEHOLDER, is_secret
+from infra.recording import OfflineRun, RegisteredResource, SECRET_PLACEHOLDER, is_secret
 from infra.render.engine_args import EngineLaunch
 
 IMPACT_CLASSES = ("restart", "track", "node-replacement", "roll", "scale", "traffic", "config", "create", "delete",

@@ -40,11 +40,11 @@ from typing import Callable
 
 from infra import naming
 from infra.inputs import InputError, load_yaml_mapping
-from infra.offline import OfflineRun, run_offline
+from infra.offline import run_offline
+from infra.recording import OfflineRun, manifest_of
 from infra.rollout.cluster import check_weights, fence_refused
 from infra.rollout.faultpoints import before_change
 from infra.rollout.releases import ReleaseError, ReleaseStore
-from infra.offline import manifest_of
 from infra.rollout.steps import ROUTE_RESOURCE, Step, step_of
 from infra.spec import REPO_ROOT
 from infra.tracks import plan_tracks, track_namespace

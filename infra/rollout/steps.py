@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra import naming
-from infra.offline import RegisteredResource
+from infra.recording import RegisteredResource
 from infra.render.manifests import manifest_of
 from infra.spec import StackSpec
 
