@@ -60,21 +60,29 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
     return ref, provider, mode
 
 
-def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools | None) -> dict[str, Layer]:
+def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools | None,
+                   platform: pulumi.StackReference | None = None) -> dict[str, Layer]:
     """Everything one namespace runs to serve requests: the environment's, or a release track's."""
     foundation = Foundation(f"{name}-foundation", ctx)
     storage = Storage(f"{name}-storage", ctx, after(foundation))
     kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
-    # The engines wait for what their pods read (the weights fetcher, the KV cache's config), not
-    # for the whole KV cache layer: its store comes up after them (infra/rollout/steps.py), and
-    # the real engine refuses a targeted step whose dependency is neither deployed nor targeted.
+    # The weights role, linked with the namespace and before any engine pod is admitted.
+    identity = PlatformLinks(f"{name}-identity", ctx, platform, ctx.spec.environment.name, after(foundation)) \
+        if platform is not None else None
+    # The engines wait for what their pods read (the weights fetcher and its credentials, the KV
+    # cache's config), not for the whole KV cache layer: its store comes up after them
+    # (infra/rollout/steps.py), and the real engine refuses a targeted step whose dependency is
+    # neither deployed nor targeted.
     engines = Engines(f"{name}-engines", ctx, kvcache.plan,
-                      after(*[r for r in (nodepools, storage, kvcache.config) if r]))
+                      after(*[r for r in (nodepools, storage, kvcache.config, identity) if r]),
+                      service_account_annotations=identity.service_account_annotations if identity else None)
     balancers = Balancers(f"{name}-balancers", ctx, after(engines))
     monitoring = Monitoring(f"{name}-monitoring", ctx, balancers.router.metrics_port, after(foundation))
     layers = {"foundation": foundation, "storage": storage, "kvcache": kvcache, "engines": engines,
               "balancers": balancers, "monitoring": monitoring,
               "autoscaling": Autoscaling(f"{name}-autoscaling", ctx, after(engines, monitoring))}
+    if identity is not None:
+        layers["identity"] = identity
     if ctx.spec.observability.otlp_endpoint:
         layers["tracing"] = Tracing(f"{name}-tracing", ctx, after(foundation))
     return layers
@@ -92,7 +100,7 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
     if nodes_mode == "karpenter":  # cluster-wide, sized by the newest spec's maximums
         nodepools = layers["nodepools"] = NodePools(f"{env}-nodepools", ctx)
     if not tracks:
-        layers.update(serving_layers(ctx, env, nodepools))
+        layers.update(serving_layers(ctx, env, nodepools, platform))
         backends = [Backend(ctx.namespace, layers["balancers"].router)]
         routers = [layers["balancers"]]
     else:
@@ -104,7 +112,7 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             tctx = LayerContext(spec=track.spec, namespace=track.namespace, labels=track.spec.labels(),
                                 release=str(track.revision), name_prefix=f"r{track.revision}-", provider=provider)
             name = f"{env}-r{track.revision}"
-            served = serving_layers(tctx, name, nodepools)
+            served = serving_layers(tctx, name, nodepools, platform)
             served["access"] = TrackAccess(f"{name}-access", tctx, served["balancers"].router, ctx.namespace,
                                            after(served["foundation"]))
             layers.update({f"r{track.revision}/{k}": v for k, v in served.items()})
@@ -112,10 +120,6 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             routers.append(served["balancers"])
     access = Access(f"{env}-access", ctx, backends, routers)
     layers["access"] = access
-    if platform is not None:
-        engines = [v for k, v in layers.items() if k.endswith("engines")]
-        namespaces = [t.namespace for t in tracks] if tracks else [ctx.namespace]
-        layers["identity"] = PlatformLinks(f"{env}-identity", ctx, platform, namespaces, engines)
     pulumi.export("namespace", ctx.namespace)
     pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
     pulumi.export("api_keys", pulumi.Output.secret(access.api_keys))

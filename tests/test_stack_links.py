@@ -59,3 +59,23 @@ def test_a_serving_stack_runs_on_what_an_onprem_platform_really_exports(tmp_path
     providers = [r for r in run.resources if r.type == "pulumi:providers:kubernetes"]
     assert providers and all("kubeconfig" not in p.inputs or p.inputs["kubeconfig"] in (None, "")
                              for p in providers), [p.inputs for p in providers]
+
+
+def test_irsa_puts_the_role_on_the_engine_service_account_from_its_first_version():
+    """EKS's pod identity webhook injects IRSA's token when a pod is admitted, from the
+    annotation its service account has then (docs.aws.amazon.com/eks/latest/userguide/
+    iam-roles-for-service-accounts.html): the role is written with the account itself, in every
+    namespace the engines run in, not patched onto it by a resource that waits for the engines."""
+    from infra.components.engines import ENGINE_SERVICE_ACCOUNT
+    from infra.components.platform_links import IRSA_ROLE_ANNOTATION
+    from infra.tracks import plan_tracks
+    from tests.conftest import stack_data
+
+    data = stack_data("prod")
+    data["model"]["weights"]["access"] = "irsa"
+    tracks = plan_tracks([(1, 90, data), (2, 10, data)])
+    run = run_spec(tracks[-1].spec, tracks=tracks)
+    accounts = [m for m in run.by_kind("ServiceAccount") if m["metadata"]["name"] == ENGINE_SERVICE_ACCOUNT]
+    assert sorted(a["metadata"]["namespace"] for a in accounts) == sorted(t.namespace for t in tracks)
+    assert all(IRSA_ROLE_ANNOTATION in a["metadata"].get("annotations", {}) for a in accounts), accounts
+    assert not run.of_type("kubernetes:core/v1:ServiceAccountPatch")

@@ -178,12 +178,17 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan, reads
 class Engines(Layer):
     layer = "engines"
 
-    def __init__(self, name: str, ctx: LayerContext, kv: KVCachePlan, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, ctx: LayerContext, kv: KVCachePlan, opts: pulumi.ResourceOptions | None = None,
+                 service_account_annotations: dict | None = None):
+        """`service_account_annotations`: what the platform link puts on the engine service
+        account (IRSA's role), there from the account's first version (infra/components/platform_links.py)."""
         super().__init__(name, ctx, opts)
         self.launches = all_launches(ctx.spec)
+        metadata = ctx.metadata(ENGINE_SERVICE_ACCOUNT, "engine")
+        if service_account_annotations:
+            metadata["annotations"] = dict(service_account_annotations)
         self.service_account = self.add({
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": ctx.metadata(ENGINE_SERVICE_ACCOUNT, "engine"),
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata,
             "automountServiceAccountToken": False,  # engines never call the API server
         })
         self.groups, self.services = {}, {}
