@@ -127,3 +127,27 @@ def test_the_diurnal_checks_fail_a_loop_that_swings_and_one_that_only_shrinks(mo
     step = control._step
     monkeypatch.setattr(control, "_step", lambda factor, implied: min(factor, step(factor, implied)))
     assert diurnal_loop((1.25, 0.8)).slo_minutes_missed > 600
+
+
+def test_a_rate_beyond_what_the_decode_instances_may_hold_moves_no_decode_factor():
+    """A rate the observed decode count cannot hold (its batch past the cap: KV cache, max running
+    requests, largest batch measured) is an overload the model predicts, so it says nothing about
+    the factor (README, "Correction that goes both ways"). The ITL read at the clamped batch took
+    it as a fleet far faster than measured: one such sample (a hostile or broken rate series in
+    `plan --watch`, issue #36 item 4) moved decode's factor down by the most a step may."""
+    fine = observe(60, (20, 3), (1, 1))
+    beyond = Observation(1e5, 20, 3, fine.ttft_p99_ms, fine.itl_p99_ms)
+    assert predicted(SURFACE, INPUTS, OUTPUTS, 0.0, beyond, Correction())[1] == math.inf
+    assert correct(SURFACE, INPUTS, OUTPUTS, 0.0, beyond, Correction()).decode == 1.0
+
+
+def test_the_overload_after_a_step_teaches_nothing_on_a_fleet_as_measured():
+    """After a step the new instances are not serving yet and decode holds more than it may: an
+    overload the model predicts. Read at the clamped batch it looked like a slower fleet, and the
+    decode factor climbed to 1.95 on a fleet exactly as measured, settling back only at minute 105
+    (scripts/bench_planner.py's step day: "learned at" 550 min, 70 after the step; now 0)."""
+    trace = [40.0] * 60 + [120.0] * 120
+    loop = simulate_loop(FLEET, SURFACE, SLO_BENCH, trace, INPUTS, OUTPUTS, "forecast + correction",
+                         rates=planned_rates(trace, "forecast"))
+    assert all(abs(math.log(c.decode)) < control.DEADBAND for c in loop.corrections)
+    assert loop.converged_minute() == 0

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from infra.planning.fleet_model import MEASURED_SHAPE, FleetModel, measure_capacity, serve, workload_for
-from infra.planning.pd_ratio import SLO, decode_batch_cap, plan, plan_single_figure
+from infra.planning.pd_ratio import SLO, PlanError, decode_batch_cap, plan, plan_single_figure
 from infra.planning.surface import (Correction, Lengths, Notes, Surface, decode_state, itl_ms, mean_context,
                                     prefill_load, prefill_ms)
 
@@ -70,14 +70,16 @@ class Observation:
 
 def predicted(surface: Surface, inputs: Lengths, outputs: Lengths, hit_rate: float, obs: Observation,
               correction: Correction) -> tuple[float, float]:
-    """TTFT p99 and ITL p99 the model predicts for an observation's load and counts."""
+    """TTFT p99 and ITL p99 the model predicts for an observation's load and counts; inf where
+    the model has those counts overloaded (a queue without end, or more sequences a decode
+    instance than it may hold: its ITL there is not a prediction, the batch cannot be held)."""
     notes = Notes()
     load = prefill_load(lambda which, n: prefill_ms(surface, which, n, hit_rate, notes), inputs, obs.rate,
                         correction.prefill)
     context = mean_context(inputs, outputs)
     d = decode_state(lambda b: itl_ms(surface, b, context, notes), obs.rate, obs.decode, outputs,
                      decode_batch_cap(surface, context), correction.decode)
-    return load.ttft_p99_ms(obs.prefill), d.itl_p99_ms
+    return load.ttft_p99_ms(obs.prefill), d.itl_p99_ms if d.batch_p99 <= d.batch_cap else math.inf
 
 
 def _implied(model, observed: float, lo: float, hi: float, now: float) -> float:
@@ -293,7 +295,8 @@ def replan(workload, slo: SLO, prefill_gpus: int, decode_gpus: int, history: lis
            observation: Observation | None, correction: Correction, quantile: float = 0.95) -> Replan:
     """One round of the loop on live figures: correct the model from the observation (if any),
     forecast the rate over the next `steps` points of `history` (none: the workload's rate),
-    and plan for it. The forecast's safety quantile stands in for the workload's headroom."""
+    and plan for it. The forecast's safety quantile stands in for the workload's headroom. A
+    PlanError names the rate it could not plan for."""
     surface = workload.measured_surface()
     inputs = Lengths(workload.input_tokens.mean, workload.input_tokens.p99)
     outputs = Lengths(workload.output_tokens.mean, workload.output_tokens.p99)
@@ -301,6 +304,10 @@ def replan(workload, slo: SLO, prefill_gpus: int, decode_gpus: int, history: lis
         correction = correct(surface, inputs, outputs, workload.prefix_cache_hit_rate, observation, correction)
     rate = forecast(history, steps, quantile) if history else workload.arrival_rate_rps
     margin = math.exp(DEADBAND)
-    p = plan(workload.model_copy(update={"arrival_rate_rps": max(rate, 1e-3), "headroom": 0.0}), slo,
-             prefill_gpus, decode_gpus, correction=Correction(correction.prefill * margin, correction.decode * margin))
+    try:
+        p = plan(workload.model_copy(update={"arrival_rate_rps": max(rate, 1e-3), "headroom": 0.0}), slo,
+                 prefill_gpus, decode_gpus,
+                 correction=Correction(correction.prefill * margin, correction.decode * margin))
+    except PlanError as exc:
+        raise PlanError(f"at {rate:.1f} req/s: {exc}") from None
     return Replan(rate, p, correction)
