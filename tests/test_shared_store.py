@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
@@ -274,3 +274,20 @@ def test_a_machine_whose_clock_runs_ahead_cannot_take_a_live_lease_over(kind, tm
         assert not [e for e in store.audit_entries() if e["action"] == "lease"]  # nothing "taken over"
     finally:
         held.__exit__(None, None, None)
+
+
+def test_a_lease_its_holder_just_wrote_is_alive_whatever_expiry_the_holder_s_clock_put_in_it(tmp_path):
+    """A holder whose clock runs 20 minutes behind (an older pdctl, which did not compare its
+    clock with the store's) records an expiry already past by everyone else's clock. The store
+    wrote the lease a moment ago: it is alive, and refused naming its holder, not "expired"."""
+    from infra.rollout.releases import LockHeld, ReleaseStore
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    behind = datetime.now(timezone.utc) - timedelta(minutes=20)
+    store.objects.create("lease.json", json.dumps({
+        "operation": "rollout", "actor": "alice", "pid": 4242, "host": "alice-laptop", "since": behind.isoformat(),
+        "expires": (behind + timedelta(minutes=15)).isoformat(), "token": "ab12", "fence": 1}).encode())
+    with pytest.raises(LockHeld, match="dev is locked by rollout of alice"):
+        with store.lock("abort"):
+            pass
+    assert store.audit_entries() == []
