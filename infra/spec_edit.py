@@ -34,6 +34,16 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
                          "Fix: create it, or write elsewhere")
     if target.is_dir():
         raise InputError(f"--write {target}: is a folder. Fix: name a file")
+    text, notes = planned_spec(source, result, target, f"--write {target}")
+    write_output(target, text)  # whole or not at all
+    load_spec(target)
+    return notes
+
+
+def planned_spec(source: str | Path, result, target: str | Path, label: str) -> tuple[str, list[str]]:
+    """The text `write_counts` would write for `target`, and its notes, validated by the spec's
+    own reader (a SpecError, each problem under `label`, if the spec refuses the plan); writes
+    nothing, so a dry run can ask whether the spec takes a plan."""
     yaml = YAML()  # round trip: comments, key order and flow style kept
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-fold a long line the operator wrote
@@ -78,7 +88,5 @@ def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     try:  # the spec's own reader decides whether the result is valid
         parse_spec(parse_yaml(text, target, "spec"))
     except SpecError as exc:
-        raise SpecError([f"--write {target}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
-    write_output(target, text)  # whole or not at all
-    load_spec(target)
-    return notes
+        raise SpecError([f"{label}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
+    return text, notes

@@ -5,32 +5,45 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from infra.cli import main
 from infra.spec import REPO_ROOT
+from infra.cli.plan import HISTORY_POINTS
 from tests.servers import http_server
 
 WORKLOAD = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
 
 
-def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None, hit_rate=0.0):
+def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None, hit_rate=0.0, rounds=()):
     """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts, the p99s,
-    and `lengths` {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN)."""
+    and `lengths` {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN).
+    `rounds`: per round (1, 2, ...), a dict overriding any of rate, counts, lengths for that round
+    (a round starts with its HISTORY_POINTS rate queries)."""
+    from infra.cli.plan import HISTORY_POINTS
+
+    rate_queries = [0]
+
     def answer(query: str):
+        if "e2e_request_latency_seconds_count" in query and "rate(" in query:
+            rate_queries[0] += 1
+        now = (rounds[(rate_queries[0] - 1) // HISTORY_POINTS]
+               if 0 < rate_queries[0] <= HISTORY_POINTS * len(rounds) else {})
+        at = {"rate": rate, "counts": counts, "lengths": lengths, **now}
         kind = "prompt" if "prompt_tokens" in query else "generation" if "generation_tokens" in query else None
         if "cache_hit_rate" in query:
             value = hit_rate
         elif kind:
-            mean, p99 = lengths[kind] if lengths else ("NaN", "NaN")
+            mean, p99 = at["lengths"][kind] if at["lengths"] else ("NaN", "NaN")
             value = p99 if query.startswith("histogram_quantile") else mean
         elif query.startswith("count(count by"):
-            value = counts[0] if 'role="prefill"' in query else counts[1]
+            value = at["counts"][0] if 'role="prefill"' in query else at["counts"][1]
         elif query.startswith("histogram_quantile"):
             value = ttft_s if "time_to_first_token" in query else itl_s
         elif "e2e_request_latency_seconds_count" in query:
-            value = rate
+            value = at["rate"]
         else:
             return 400, json.dumps({"status": "error", "error": f"unexpected {query}"}).encode()
         return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
@@ -122,3 +135,112 @@ def test_plan_write_sets_the_scalers_from_the_plan_and_the_stack_renders_them(tm
 def test_watch_options_are_checked_before_anything_runs(argv, says, capsys):
     assert main(["plan", "--stack", "prod", "--workload", WORKLOAD, *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+def watch(prom: str, iterations: int, *more: str) -> list[str]:
+    return ["plan", "--stack", "prod", "--workload", WORKLOAD, "--watch", "--prometheus", prom, "--interval", "0",
+            "--iterations", str(iterations), *more]
+
+
+def test_a_negative_rate_is_no_data_for_its_round_and_the_watch_goes_on(capsys):
+    """Issue #36, 4(a): a negative request rate (a counter reset seen through a broken recording
+    rule, or a hostile series) ended the watch with `unexpected error: ValueError: math domain
+    error` (the correction took it as the load and Erlang C went negative). It is no data for
+    that round, said so; the round plans from the workload file and the next from Prometheus."""
+    with stand_in(40, 0.4, 0.02, rounds=[{}, {"rate": -5}, {}]) as prom:
+        assert main(watch(prom, 3, "--dry-run", "--output", "json")) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert [r["no_data"] for r in rounds] == [
+        [], [f"rate -5 is below 0: {HISTORY_POINTS} of the {HISTORY_POINTS} points of the last 2 h like it"], []]
+    assert [r["observed"] for r in rounds] == [True, False, True]
+    assert rounds[1]["rate_from"] == "the workload file (no rate in Prometheus)"
+    assert rounds[1]["rate_rps"] == 40 and all(r["skipped"] is None for r in rounds)
+
+
+@pytest.mark.parametrize("counts, says", [
+    ((1e9, 1), "prefill_instances 1e+09 is above 9 (what the prefill pool's nodes hold: "
+               "deployment.prefill.scaling.max_instances and rollout_surge_instances, within hardware.max_gpus)"),
+    ((8, 1e300), "decode_instances 1e+300 is above 3 (what the decode pool's nodes hold"),
+    ((2.5, 1), "prefill_instances 2.5 is not a whole number"),
+    ((-1, 1), "prefill_instances -1 is below 0"),
+])
+def test_an_implausible_instance_count_is_no_data_not_an_endless_round(counts, says, capsys):
+    """Issue #36, 4(b): an instance count of 1e9 made the first round run for hours (Erlang C
+    summed term by term over the count, at every step of the correction's bisection) and 1e300
+    never ended. The pools can hold no more than their nodes (stacks/prod.yaml: prefill 8 + 1
+    surge; decode 2 + 1 surge, one NVLink domain each), and a count is whole: anything else is
+    no data for the round (no correction from it), said so, and the plan goes on."""
+    with stand_in(40, 0.4, 0.02, rounds=[{"counts": counts}, {}]) as prom:
+        assert main(watch(prom, 2, "--dry-run", "--output", "json")) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert len(rounds[0]["no_data"]) == 1 and rounds[0]["no_data"][0].startswith(says), rounds[0]["no_data"]
+    assert [r["observed"] for r in rounds] == [False, True] and rounds[1]["no_data"] == []
+    assert rounds[0]["prefill_instances"] == rounds[1]["prefill_instances"]  # planned as if it were not there
+
+
+@pytest.mark.parametrize("lengths, says", [
+    ({"prompt": (1e300, 1e300), "generation": (400, 2000)},
+     ["input_mean 1e+300 is above 131072 (model.context_length)",
+      "input_p99 1e+300 is above 131072 (model.context_length)"]),
+    ({"prompt": (3000, 12000), "generation": (1e-300, 1)}, ["output_mean 1e-300 is below 1"]),
+])
+def test_lengths_no_request_can_have_are_no_data(lengths, says, capsys):
+    """Prompts longer than model.context_length cannot have been served (the planner's
+    extrapolation overflowed: `unexpected error`), nor can a request have less than a token
+    (a mean squared underflowed to a division by zero): the workload file's lengths stand in."""
+    with stand_in(40, 0.4, 0.02, lengths=lengths) as prom:
+        assert main(watch(prom, 1, "--dry-run", "--output", "json")) == 0
+    r = json.loads(capsys.readouterr().out)["rounds"][0]
+    assert r["no_data"] == says and r["skipped"] is None
+    assert r["lengths_from"].startswith("the workload file") and r["input_tokens"] == {"mean": 3000, "p99": 12000}
+
+
+def test_a_workload_file_with_less_than_a_token_a_request_is_refused_naming_the_field(tmp_path, capsys):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(Path(WORKLOAD).read_text().replace("output_tokens: {mean: 400,", "output_tokens: {mean: 1e-300,"))
+    assert main(["plan", "--stack", "prod", "--workload", str(workload)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "output_tokens.mean: Input should be greater than or equal to 1" in err and "unexpected" not in err, err
+
+
+def test_a_round_whose_plan_the_spec_refuses_is_skipped_and_the_watch_goes_on(tmp_path, capsys):
+    """Issue #36, 4(c): one round at 1e5 req/s with --write ended the whole watch with exit 2 (the
+    planned spec needs 10,242 prefill nodes against a quota of 288 GPUs). That round is reported
+    and skipped, the rounds around it are written, and what it observed moves no correction (the
+    model has the fleet's counts overloaded at that rate: a decode batch beyond what an instance
+    may hold), where it moved decode's down by the most a step may (x0.8) before."""
+    out = tmp_path / "prod.yaml"
+    with stand_in(40, 0.4, 0.02, rounds=[{}, {"rate": 1e5}, {}]) as prom:
+        assert main(watch(prom, 3, "--write", str(out), "--output", "json")) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert [r["written"] for r in rounds] == [str(out), None, str(out)]
+    refused = rounds[1]["skipped"]
+    assert rounds[1]["changes"] == [] and refused and all(
+        line.startswith(f"the spec refuses this plan, so it is not proposed: --write {out}: the planned spec would "
+                        "be invalid: ") for line in refused)
+    assert any("hardware.max_gpus: the pools reserve" in line and "but the quota is 288" in line for line in refused)
+    assert rounds[1]["correction"] == rounds[0]["correction"] != {"prefill": 1.0, "decode": 1.0}
+
+
+def test_a_dry_run_says_when_the_spec_would_refuse_its_plan(tmp_path, capsys, monkeypatch):
+    """Issue #36, 4: with --dry-run, 1e6 req/s proposed 51,158 prefill and 14,293 decode instances
+    for prod without a word of doubt. The dry run asks the spec's own reader, as --write does,
+    and proposes nothing the spec refuses."""
+    monkeypatch.chdir(tmp_path)
+    with stand_in(1e6, 0.4, 0.02) as prom:
+        assert main(watch(prom, 1, "--dry-run")) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "prefill 51158, decode 14293" in out  # what the model asks for, printed
+    assert ("skipped: the spec refuses this plan, so it is not proposed: --dry-run: the planned spec would be "
+            "invalid: hardware.max_gpus: the pools reserve 1438488 GPUs") in out
+    assert "would change" not in out and list(tmp_path.iterdir()) == []
+
+
+def test_a_round_with_no_plan_at_all_is_skipped_and_says_the_rate(capsys):
+    """Past 65,536 instances the planner has no count: the round says so, with the rate, and the next one plans."""
+    with stand_in(40, 0.4, 0.02, rounds=[{"rate": 1e9}, {}]) as prom:
+        assert main(watch(prom, 2, "--dry-run", "--output", "json")) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert rounds[0]["skipped"] == [f"no plan this round: {WORKLOAD}: at 1000000000.0 req/s: no instance count up "
+                                    "to 65536 meets the SLO. Fix: check the workload's rate and lengths"]
+    assert rounds[0]["prefill_instances"] is None and rounds[1]["skipped"] is None

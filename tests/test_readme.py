@@ -61,8 +61,11 @@ EXPECTED = {
     ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml": Expect(0, "PD plan for prod"),
     ".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml --write out/prod-planned.yaml":
         Expect(0, "wrote out/prod-planned.yaml"),
+    # The stand-in is idle (0 req/s): the plan is one prefill instance, which the spec refuses (its host memory).
     f".venv/bin/pdctl plan --stack prod --workload stacks/workloads/prod-chat.yaml --watch --prometheus {PROM} "
-    "--dry-run --iterations 1": Expect(0, "would change: deployment.prefill.instances 8 ->", "Prometheus: the stand-in"),
+    "--dry-run --iterations 1": Expect(0, "skipped: the spec refuses this plan, so it is not proposed: --dry-run: the "
+                                      "planned spec would be invalid: deployment.prefill.host_cache_gib_per_rank",
+                                      "Prometheus: the stand-in"),
     ".venv/bin/python scripts/bench_planner.py": Expect(0, "surface planner (one measured surface) 96/96",
                                                         "with --grid-only"),
     ".venv/bin/pdctl policy --stack prod": Expect(0, "0 mandatory"),

@@ -5,6 +5,7 @@ would change (--dry-run) or write it."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from rich.markup import escape
 from rich.table import Table
@@ -88,18 +89,63 @@ def watch_queries(spec: StackSpec) -> dict[str, str]:
     return out
 
 
+def plausible(spec: StackSpec) -> dict[str, tuple[float, float, bool, str]]:
+    """What each figure one round reads can be: (lowest, highest, whole, where the highest comes
+    from). A value outside is no data for that round, said so and never planned on: a counter
+    reset, a broken exporter or a hostile series must not size the fleet, nor stop the loop.
+    Counts are whole and at most what the pool's nodes hold (its maximum and rollout surge,
+    within the quota: infra/planning/capacity.py); lengths a token at least, at most the model's
+    context."""
+    from infra.planning.capacity import pool_capacity
+
+    inf, context = math.inf, spec.model.context_length
+    out = {"rate": (0.0, inf, False, ""), "ttft_p99_s": (0.0, inf, False, ""), "itl_p99_s": (0.0, inf, False, ""),
+           "prefix_hit_rate": (0.0, 1.0, False, "a share")}
+    for role in ("prefill", "decode"):
+        pool = pool_capacity(spec, role)
+        out[f"{role}_instances"] = (0.0, pool.gpus // pool.gpus_per_instance, True,
+                                    f"what the {role} pool's nodes hold: deployment.{role}.scaling.max_instances "
+                                    "and rollout_surge_instances, within hardware.max_gpus")
+    for name in ("input_mean", "input_p99", "output_mean", "output_p99"):
+        out[name] = (1.0, float(context), False, "model.context_length")  # a request has a token at least
+    return out
+
+
+def outside(name: str, value: float, bounds: tuple[float, float, bool, str]) -> str | None:
+    """Why `value` is no data for `name`, or None if it is plausible (NaN, no series, is said elsewhere)."""
+    low, high, whole, ceiling = bounds
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return f"{name} {value:g} is not a finite number"
+    if value < low:
+        return f"{name} {value:g} is below {low:g}"
+    if value > high:
+        return f"{name} {value:g} is above {high:g}{f' ({ceiling})' if ceiling else ''}"
+    if whole and not value.is_integer():
+        return f"{name} {value:g} is not a whole number"
+    return None
+
+
 def observe(prom, spec: StackSpec, now: float):
     """The live figures one round reads: the request rate over the last two hours, the counts
     serving with the TTFT/ITL p99 they showed, the last hour's lengths {input/output:
-    (mean, p99)} and prefill's prefix-cache hit rate (None where Prometheus has no data)."""
-    import math
-
+    (mean, p99)} and prefill's prefix-cache hit rate (None where Prometheus has no data), and
+    what was taken as no data for being implausible (`plausible`), each said."""
     from infra.planning.control import Observation
 
-    q = watch_queries(spec)
+    q, bounds, no_data = watch_queries(spec), plausible(spec), []
     history = [prom.query(q["rate"], now - k * HISTORY_STEP_SECONDS) for k in range(HISTORY_POINTS - 1, -1, -1)]
-    history = [v for v in history if math.isfinite(v)]
+    wrong = [why for why in (outside("rate", v, bounds["rate"]) for v in history) if why]
+    if wrong:
+        no_data.append(f"{wrong[0]}: {len(wrong)} of the {HISTORY_POINTS} points of the last 2 h like it")
+    history = [v for v in history if not math.isnan(v) and not outside("rate", v, bounds["rate"])]
     f = {name: prom.query(q[name], now) for name in q if name != "rate"}
+    for name, value in f.items():
+        why = outside(name, value, bounds[name])
+        if why:
+            no_data.append(why)
+            f[name] = math.nan
     observation = None
     if history and all(math.isfinite(f[k]) and f[k] > 0 for k in ("prefill_instances", "decode_instances",
                                                                    "ttft_p99_s", "itl_p99_s")):
@@ -109,17 +155,21 @@ def observe(prom, spec: StackSpec, now: float):
     if not all(math.isfinite(v) and v > 0 for pair in lengths.values() for v in pair):
         lengths = None
     hit = f["prefix_hit_rate"] if math.isfinite(f["prefix_hit_rate"]) and 0 <= f["prefix_hit_rate"] < 1 else None
-    return history, observation, lengths, hit
+    return history, observation, lengths, hit, no_data
 
 
 def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
-    """Re-plan on an interval: forecast, correct, plan; print (and unless --dry-run, write) the change."""
+    """Re-plan on an interval: forecast, correct, plan; print (and unless --dry-run, write) the
+    change. A round with no plan, or one the spec refuses (spec_edit.planned_spec: the same
+    reader --write answers to), is reported and skipped, and the loop goes on."""
     import time
 
     from infra.planning.control import replan
     from infra.planning.pd_ratio import PlanError, TokenStats, Workload
     from infra.planning.surface import Correction
     from infra.prometheus import PrometheusAPI
+    from infra.spec import SpecError
+    from infra.spec_edit import planned_spec, write_counts
 
     if not args.prometheus:
         raise InputError("--watch reads the live rate and latencies: it needs --prometheus URL. Fix: add it")
@@ -135,53 +185,70 @@ def cmd_watch(args: argparse.Namespace, spec: StackSpec) -> int:
     correction, rounds, n = Correction(), [], 0
     while True:
         n += 1
-        history, observation, lengths, hit_rate = observe(prom, spec, time.time())
+        history, observation, lengths, hit_rate, no_data = observe(prom, spec, time.time())
         current = workload if lengths is None else workload.model_copy(update={
             "input_tokens": TokenStats(mean=lengths["input"][0], p99=lengths["input"][1]),
             "output_tokens": TokenStats(mean=lengths["output"][0], p99=lengths["output"][1])})
         if hit_rate is not None:
             current = current.model_copy(update={"prefix_cache_hit_rate": hit_rate})
+        step, would, written, skipped = None, [], None, None
         try:
             step = replan(current, slo_of(spec), dep.prefill.gpus_per_instance(), dep.decode.gpus_per_instance(),
                           history, max(1, round((args.interval + 600) / HISTORY_STEP_SECONDS)), observation,
                           correction)
         except PlanError as exc:
-            raise InputError(f"plan --watch: {args.workload}: {exc}") from None
-        correction = step.correction
-        would = changes(spec, step.plan)
-        written = None
-        if would and not args.dry_run:
-            from infra.spec_edit import write_counts
-
-            write_counts(spec_path(args), args.write, step.plan)
-            written = args.write
+            skipped = [f"no plan this round: {args.workload}: {exc}"]
+        if step is not None:
+            correction = step.correction
+            would = changes(spec, step.plan)
+            try:
+                if would and args.dry_run:
+                    planned_spec(spec_path(args), step.plan, spec_path(args), "--dry-run")
+                elif would:
+                    write_counts(spec_path(args), args.write, step.plan)
+                    written = args.write
+            except SpecError as exc:
+                skipped, would = ["the spec refuses this plan, so it is not proposed: " + p for p in exc.problems], []
         source = "forecast (q95) of the last 2 h" if history else "the workload file (no rate in Prometheus)"
         lengths_from = "Prometheus, last hour" if lengths else "the workload file (no length histograms in Prometheus)"
-        rounds.append({"iteration": n, "rate_rps": step.rate, "rate_from": source, "lengths_from": lengths_from,
+        rounds.append({"iteration": n, "rate_rps": step.rate if step else None, "rate_from": source,
+                       "lengths_from": lengths_from, "no_data": no_data,
                        "input_tokens": dict(current.input_tokens), "output_tokens": dict(current.output_tokens),
                        "prefix_cache_hit_rate": current.prefix_cache_hit_rate,
                        "observed": observation is not None,
                        "correction": {"prefill": correction.prefill, "decode": correction.decode},
-                       "prefill_instances": step.plan.prefill_instances, "decode_instances": step.plan.decode_instances,
-                       "changes": would, "written": written})
+                       "prefill_instances": step.plan.prefill_instances if step else None,
+                       "decode_instances": step.plan.decode_instances if step else None,
+                       "changes": would, "written": written, "skipped": skipped})
         if getattr(args, "output", "text") == "text":
-            r = rounds[-1]
-            console.print(f"round {n}: plan for {step.rate:.1f} req/s ({source}); correction prefill "
-                          f"{correction.prefill:.2f} decode {correction.decode:.2f}"
-                          f"{'' if observation else ' (no observed p99: not corrected)'}; lengths from {lengths_from} "
-                          f"(input {current.input_tokens.mean:.0f}/{current.input_tokens.p99:.0f}, output "
-                          f"{current.output_tokens.mean:.0f}/{current.output_tokens.p99:.0f} mean/p99); prefill "
-                          f"{r['prefill_instances']}, decode {r['decode_instances']}")
-            for line in would or ["nothing"]:
-                console.print(f"  {'would change' if args.dry_run else 'change'}: {escape(line)}")
-            if written:
-                console.print(f"  wrote {written}")
+            print_round(rounds[-1], args.dry_run)
         if args.iterations and n >= args.iterations:
             break
         time.sleep(args.interval)
     emit(args, "plan-watch", {"environment": spec.environment.name, "dry_run": args.dry_run, "rounds": rounds},
          lambda: None)
     return 0
+
+
+def print_round(r: dict, dry_run: bool) -> None:
+    """One round of --watch for a person: what it planned for and from what, then each value
+    taken as no data, and the changes or why the round was skipped."""
+    c, i, o = r["correction"], r["input_tokens"], r["output_tokens"]
+    planned = (f"plan for {r['rate_rps']:.1f} req/s ({r['rate_from']})" if r["rate_rps"] is not None else
+               f"no plan (rate from {r['rate_from']})")
+    counts = f"; prefill {r['prefill_instances']}, decode {r['decode_instances']}" if r["rate_rps"] is not None else ""
+    console.print(f"round {r['iteration']}: {planned}; correction prefill {c['prefill']:.2f} decode {c['decode']:.2f}"
+                  f"{'' if r['observed'] else ' (no observed p99: not corrected)'}; lengths from {r['lengths_from']} "
+                  f"(input {i['mean']:.0f}/{i['p99']:.0f}, output {o['mean']:.0f}/{o['p99']:.0f} mean/p99){counts}")
+    for why in r["no_data"]:
+        console.print(f"  [yellow]no data this round: {escape(why)}[/yellow]")
+    for why in r["skipped"] or []:
+        console.print(f"  [yellow]skipped: {escape(why)}[/yellow]")
+    if not r["skipped"]:
+        for line in r["changes"] or ["nothing"]:
+            console.print(f"  {'would change' if dry_run else 'change'}: {escape(line)}")
+    if r["written"]:
+        console.print(f"  wrote {r['written']}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -38,8 +38,11 @@ class PlanError(ValueError):
     pass
 
 class TokenStats(Strict):
-    mean: float = Field(gt=0)
-    p99: float = Field(gt=0)
+    """Tokens a request has: a prompt, or an answer, has one at least (below, a mean squared
+    underflows and the spread of service times divides by zero)."""
+
+    mean: float = Field(ge=1)
+    p99: float = Field(ge=1)
 
 
 class DecodePoint(Strict):
