@@ -276,6 +276,30 @@ def test_a_machine_whose_clock_runs_ahead_cannot_take_a_live_lease_over(kind, tm
         held.__exit__(None, None, None)
 
 
+def test_force_takes_a_lease_over_whatever_this_machine_s_clock_says_and_audits_the_skew(tmp_path, monkeypatch):
+    """The emergency path is not held up by NTP: with --force no clock judges the lease (it is
+    taken whatever its age), so a skewed clock is not refused there; the takeover's audit entry
+    records how far off this machine's clock was."""
+    import socket
+
+    from infra.rollout import releases as releases_module
+    from infra.rollout.releases import ClockSkewed, ReleaseStore
+
+    store = ReleaseStore("dev", tmp_path / "releases")
+    with monkeypatch.context() as alice:
+        alice.setattr(socket, "gethostname", lambda: "alice-laptop")
+        held = store.lock("rollout")
+        held.__enter__()
+    monkeypatch.setattr(releases_module, "datetime", ClockAhead)
+    with pytest.raises(ClockSkewed):
+        with store.lock("rollback"):
+            pass
+    with store.lock("rollback", force=True):
+        pass
+    (taken,) = [e for e in store.audit_entries() if e["action"] == "lease"]
+    assert 19 * 60 < taken["previous"]["clock_skew_seconds"] <= 20 * 60 + 5, taken
+
+
 def test_a_lease_its_holder_just_wrote_is_alive_whatever_expiry_the_holder_s_clock_put_in_it(tmp_path):
     """A holder whose clock runs 20 minutes behind (an older pdctl, which did not compare its
     clock with the store's) records an expiry already past by everyone else's clock. The store

@@ -474,7 +474,10 @@ class ReleaseStore:
         the state's), is written into the state first, and each state write under it renews
         it and carries it: a holder whose lease was taken stops at its next write (LeaseLost)."""
         seen = self._read_lease()
-        self._refuse_skewed_clock(seen)  # --force too: it is about this machine, not the holder
+        # With --force the operator takes the lease whatever its age, so no clock decides anything:
+        # an emergency rollback is not held up by NTP. The skew goes into the takeover's audit.
+        if not force:
+            self._refuse_skewed_clock(seen)
         held, etag = seen.held, seen.etag
         taken_from = None
         if isinstance(held, BrokenLease):
@@ -486,6 +489,8 @@ class ReleaseStore:
             if not why and not force:
                 raise self._locked_by(held, seen.expires(self.LEASE_SECONDS))
             taken_from = {**held.model_dump(mode="json", exclude={"token", "released"}), "why": why or "forced"}
+        if taken_from is not None and abs(seen.skew) > MAX_CLOCK_SKEW:
+            taken_from["clock_skew_seconds"] = round(seen.skew.total_seconds())
         fence = max(held.fence if isinstance(held, LeaseRecord) else 0, self.state().get("fence", 0)) + 1
         now = local_now()
         lease = LeaseRecord(operation=operation, actor=actor(), pid=os.getpid(), host=socket.gethostname(),
