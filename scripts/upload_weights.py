@@ -3,8 +3,9 @@
     scripts/upload_weights --stack prod --source /data/DeepSeek-V3
 
 Reads endpoint, bucket and prefix from the stack's spec; credentials come from the usual AWS
-variables or profile. Makes the bucket private and versioned. Run through scripts/upload_weights,
-which uses the project's environment.
+variables or profile. Makes the bucket private and versioned, and refuses one anyone may read
+(an ACL grant, or a bucket policy: the store's verdict, or the policy read where the store has
+none). Run through scripts/upload_weights, which uses the project's environment.
 """
 
 import argparse
@@ -27,6 +28,9 @@ def main() -> int:
     parser.add_argument("--spec", help="path of a spec file (overrides --stack)")
     parser.add_argument("--source", required=True, type=Path, help="local folder of weight files")
     parser.add_argument("--endpoint-url", help="S3 endpoint instead of the spec's (as the aws CLI's --endpoint-url)")
+    parser.add_argument("--unreadable-bucket-policy-ok", action="store_true",
+                        help="the store cannot say whether its bucket policy lets anyone read the weights (MinIO, "
+                             "Ceph RGW answer NotImplemented), and you have checked it yourself")
     args = parser.parse_args()
     try:
         w = load_spec(Path(args.spec) if args.spec else stack_spec_path(args.stack)).model.weights
@@ -38,7 +42,8 @@ def main() -> int:
         return 2
     try:
         return weights.main(["upload", "--endpoint", args.endpoint_url or w.endpoint_url, "--region", w.region,
-                             "--bucket", w.bucket, "--prefix", w.prefix, "--source", str(args.source)])
+                             "--bucket", w.bucket, "--prefix", w.prefix, "--source", str(args.source)]
+                            + ["--unreadable-bucket-policy-ok"] * args.unreadable_bucket_policy_ok)
     except (BotoCoreError, ClientError) as exc:
         print(f"s3://{w.bucket}/{w.prefix}: {exc}. Fix: check the endpoint and this shell's AWS credentials",
               file=sys.stderr)

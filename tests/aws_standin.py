@@ -1,20 +1,32 @@
 """A stand-in for the `aws` command the weights fetch script calls in the amazon/aws-cli image,
-for the three calls it makes, done with boto3 against the tests' S3 server (moto):
+for the one call it makes, done with boto3 against the tests' S3 server (moto):
 
-    aws --only-show-errors --endpoint-url E --region R s3 cp s3://B/KEY DEST
-    aws ... s3api head-object --bucket B --key K --query '[VersionId,ETag]' --output text
-    aws ... s3api list-objects-v2 --bucket B --prefix P --query 'Contents[].[Key,ETag,Size]' --output text
+    aws --only-show-errors --endpoint-url E --region R s3api get-object --bucket B --key K \
+        [--version-id V] [--query '[VersionId,ETag]' --output text] OUTFILE
 
-Text output as the aws CLI prints it with --output text: one row per item, tab-separated. The
-real CLI is not installable beside this project's boto3 (awscli pins an older botocore).
-Every call is logged to $AWS_STANDIN_LOG, one line each."""
+With --query, the answer's VersionId and ETag as the aws CLI prints them with --output text
+(tab-separated); without, the CLI's JSON answer (nothing the script reads). The real CLI is not
+installable beside this project's boto3 (awscli pins an older botocore). Every call is logged
+to $AWS_STANDIN_LOG, one line each."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from pathlib import Path
 
 import boto3
+
+
+def pause_after_the_first_weight_file(folder: Path) -> None:
+    """$AWS_STANDIN_PAUSE: after writing the first weight file, say so (`paused` in that folder)
+    and wait until the test says `go`: another fetch runs whole in between."""
+    if (folder / "paused").exists():
+        return
+    (folder / "paused").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.05)
 
 
 def main(argv: list[str]) -> int:
@@ -30,16 +42,15 @@ def main(argv: list[str]) -> int:
             log.write(" ".join(rest) + "\n")
     s3 = boto3.client("s3", endpoint_url=opts["--endpoint-url"], region_name=opts["--region"])
     service, op = rest[0], rest[1]
-    if (service, op) == ("s3", "cp"):
-        bucket, _, key = rest[2].removeprefix("s3://").partition("/")
-        s3.download_file(bucket, key, rest[3])
-    elif (service, op) == ("s3api", "head-object"):
-        head = s3.head_object(Bucket=opts["--bucket"], Key=opts["--key"])
-        print(f"{head.get('VersionId', 'None')}\t{head['ETag']}")
-    elif (service, op) == ("s3api", "list-objects-v2"):
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=opts["--bucket"], Prefix=opts["--prefix"]):
-            for item in page.get("Contents", []):
-                print(f"{item['Key']}\t{item['ETag']}\t{item['Size']}")
+    if (service, op) == ("s3api", "get-object"):
+        version = {"VersionId": opts["--version-id"]} if "--version-id" in opts else {}
+        got = s3.get_object(Bucket=opts["--bucket"], Key=opts["--key"], **version)
+        with open(rest[2], "wb") as out:
+            for chunk in got["Body"].iter_chunks():
+                out.write(chunk)
+        if version and os.environ.get("AWS_STANDIN_PAUSE"):
+            pause_after_the_first_weight_file(Path(os.environ["AWS_STANDIN_PAUSE"]))
+        print(f"{got.get('VersionId', 'None')}\t{got['ETag']}" if "--query" in opts else "{}")
     else:
         print(f"aws stand-in: {service} {op} is not a call the fetch script makes", file=sys.stderr)
         return 2

@@ -33,10 +33,31 @@ def test_upload_writes_manifest_and_fetch_verifies_every_file(s3_endpoint, model
     assert (dest / MANIFEST_NAME).exists()
 
 
+def _write_manifests(s3, bucket, prefix, files: dict[str, tuple[str, str]]):
+    """Both manifests as upload writes them: name -> (sha256, pinned version id)."""
+    import json
+
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS.json", Body=json.dumps(
+        {"files": {n: {"sha256": d, "version_id": v} for n, (d, v) in files.items()}}).encode())
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS",
+                  Body="".join(f"{d} {v}  {n}\n" for n, (d, v) in files.items()).encode())
+
+
+def _pin_other_bytes(s3, bucket, prefix, name, body):
+    """The manifests pin, for `name`, a version holding `body` under the digest they had: what a
+    store handing out other bytes than were uploaded looks like to a fetcher."""
+    import json
+
+    version = s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)["VersionId"]
+    files = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS.json")["Body"].read())["files"]
+    files[name]["version_id"] = version
+    _write_manifests(s3, bucket, prefix, {n: (f["sha256"], f["version_id"]) for n, f in files.items()})
+
+
 def test_corrupted_object_is_caught_and_the_engine_would_not_start(s3_endpoint, model_dir, tmp_path):
     s3 = weights.s3_client(s3_endpoint)
     weights.upload(s3, "weights-bad", "m", model_dir)
-    s3.put_object(Bucket="weights-bad", Key="m/shards/model-00001.safetensors", Body=b"bit rot")
+    _pin_other_bytes(s3, "weights-bad", "m", "shards/model-00001.safetensors", b"bit rot")
     with pytest.raises(WeightsIntegrityError) as caught:
         weights.fetch_and_verify(s3, "weights-bad", "m", tmp_path / "cache")
     assert len(caught.value.problems) == 1
@@ -62,7 +83,7 @@ def test_init_step_script_exits_nonzero_on_mismatch(s3_endpoint, model_dir, tmp_
                          "--prefix", "m", "--source", str(model_dir)], capture_output=True, text=True, env=env)
     assert up.returncode == 0, up.stderr
     s3 = weights.s3_client(s3_endpoint)
-    s3.put_object(Bucket="weights-cli", Key="m/config.json", Body=b"{}")
+    _pin_other_bytes(s3, "weights-cli", "m", "config.json", b"{}")
     fetch = subprocess.run([sys.executable, script, "fetch", "--endpoint", s3_endpoint, "--bucket", "weights-cli",
                             "--prefix", "m", "--dest", str(tmp_path / "c")], capture_output=True, text=True, env=env)
     assert fetch.returncode == 3
@@ -88,17 +109,15 @@ def _plant_manifest(s3, bucket, prefix, names: dict[str, bytes]):
     """A bucket whose manifest (both forms) names `names`, each object holding its bytes, as a
     careless or hostile uploader could leave it."""
     import hashlib
-    import json
 
     if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
         s3.create_bucket(Bucket=bucket)
-    sums = {}
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    files = {}
     for name, body in names.items():
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
-        sums[name] = hashlib.sha256(body).hexdigest()
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS.json", Body=json.dumps(sums).encode())
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS",
-                  Body="".join(f"{d}  {n}\n" for n, d in sums.items()).encode())
+        version = s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body)["VersionId"]
+        files[name] = (hashlib.sha256(body).hexdigest(), version)
+    _write_manifests(s3, bucket, prefix, files)
 
 
 ESCAPING_NAMES = ["../escaped.txt", "shards/../../escaped.txt", "/tmp/pdstack-escaped.txt", "a//b", "./x",
@@ -232,7 +251,7 @@ def test_aws_cli_script_fetches_verifies_repairs_and_skips_a_warm_cache(s3_endpo
     done = _run_fetch_script(aws_cli_env, "weights-sh")
     assert done.returncode == 0, done.stderr
     assert target.read_bytes() == (model_dir / "shards/model-00002.safetensors").read_bytes()
-    s3.put_object(Bucket="weights-sh", Key="m/config.json", Body=b"tampered")
+    _pin_other_bytes(s3, "weights-sh", "m", "config.json", b"tampered")
     (dest / "config.json").unlink()
     done = _run_fetch_script(aws_cli_env, "weights-sh")
     assert done.returncode == 3 and "config.json: sha256 does not match" in done.stderr
@@ -244,7 +263,257 @@ def test_aws_cli_script_refuses_a_name_that_leaves_the_cache_folder(s3_endpoint,
     _plant_manifest(s3, "weights-sh-escape", "m", {"config.json": b"{}", bad: b"evil"})
     done = _run_fetch_script(aws_cli_env, "weights-sh-escape")
     assert done.returncode == 3 and "nothing fetched" in done.stderr
-    cache = Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"])
-    assert sorted(p.name for p in cache.iterdir()) == [".SHA256SUMS.new"]  # the sums it read, nothing else
-    assert _tree(tmp_path / "node") == ["cache", "cache/m", "cache/m/.SHA256SUMS.new"]
+    assert _tree(tmp_path / "node") == ["cache", "cache/m"]  # its work folder gone with it, nothing else written
     assert not Path("/tmp/pdstack-escaped.txt").exists()
+
+
+# --- a bucket policy that lets anyone read (issue #36 item 5) ---------------------------------
+
+
+def _store_answering_not_implemented(s3, *operations):
+    """`s3` as MinIO or Ceph RGW answer it: NotImplemented (HTTP 501) to each of `operations`.
+    A stub on the client (botocore's before-call event, whose answer replaces the request), for
+    moto implements them all; the S3 server still answers every other call."""
+    from botocore.awsrequest import AWSResponse
+
+    def not_implemented(**_):
+        return AWSResponse("", 501, {}, None), {"Error": {"Code": "NotImplemented", "Message": "A header you "
+                                                          "provided implies functionality that is not implemented"}}
+
+    for op in operations:
+        s3.meta.events.register(f"before-call.s3.{op}", not_implemented)
+    return s3
+
+
+def _public_read_policy(bucket, principal, **condition):
+    import json
+
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Sid": "PublicRead", "Effect": "Allow", "Principal": principal, "Action": ["s3:GetObject"],
+        "Resource": [f"arn:aws:s3:::{bucket}/*"], **({"Condition": condition} if condition else {})}]})
+
+
+def _nothing_uploaded(s3, bucket):
+    return s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_upload_refuses_a_bucket_whose_policy_lets_anyone_read(s3_endpoint, model_dir):
+    """Before, only ACL grants were read: a policy allowing s3:GetObject to "*" uploaded the
+    weights into a public bucket. Where the store judges its own policy (GetBucketPolicyStatus,
+    AWS S3 API Reference: PolicyStatus.IsPublic; moto implements it), its verdict refuses it."""
+    s3 = weights.s3_client(s3_endpoint)
+    s3.create_bucket(Bucket="weights-policy-public")
+    s3.put_bucket_policy(Bucket="weights-policy-public", Policy=_public_read_policy("weights-policy-public", "*"))
+    with pytest.raises(BucketPostureError, match="policy lets anyone read it"):
+        weights.upload(s3, "weights-policy-public", "m", model_dir)
+    assert _nothing_uploaded(s3, "weights-policy-public")
+
+
+def test_a_store_that_cannot_judge_its_policy_has_it_read_and_an_allow_to_everyone_refused(s3_endpoint, model_dir):
+    """MinIO and Ceph RGW answer NotImplemented to GetBucketPolicyStatus and PutPublicAccessBlock
+    (the error was swallowed and nothing else looked). Their policy is read instead: MinIO's own
+    anonymous-download policy (`mc anonymous set download`: Principal {"AWS": ["*"]}) is refused,
+    one allowing a named role is not."""
+    import json
+
+    s3 = _store_answering_not_implemented(weights.s3_client(s3_endpoint), "GetBucketPolicyStatus",
+                                          "PutPublicAccessBlock")
+    s3.create_bucket(Bucket="weights-minio-public")
+    s3.put_bucket_policy(Bucket="weights-minio-public",
+                         Policy=_public_read_policy("weights-minio-public", {"AWS": ["*"]}))
+    with pytest.raises(BucketPostureError, match=r"allows \['s3:GetObject'\] to everyone \(statement PublicRead\)"):
+        weights.upload(s3, "weights-minio-public", "m", model_dir)
+    assert _nothing_uploaded(s3, "weights-minio-public")
+
+    s3.create_bucket(Bucket="weights-minio-private")
+    s3.put_bucket_policy(Bucket="weights-minio-private", Policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/weights-reader"},
+        "Action": "s3:GetObject", "Resource": "arn:aws:s3:::weights-minio-private/*"}]}))
+    assert set(weights.upload(s3, "weights-minio-private", "m", model_dir)) >= {"config.json"}
+
+
+def test_where_the_store_cannot_say_the_upload_needs_the_operators_word(s3_endpoint, model_dir, capsys, monkeypatch):
+    """A store that answers neither call, or an allow to everyone under conditions this does not
+    judge: refused, saying so, with nothing uploaded, unless the operator passes
+    --unreadable-bucket-policy-ok (weights.py, as upload_weights runs it: exit 3, then 0)."""
+    talking = _store_answering_not_implemented(weights.s3_client(s3_endpoint), "GetBucketPolicyStatus")
+    s3 = _store_answering_not_implemented(weights.s3_client(s3_endpoint), "GetBucketPolicyStatus",
+                                          "PutPublicAccessBlock", "GetBucketPolicy")
+    monkeypatch.setattr(weights, "s3_client", lambda *_: s3)
+    s3.create_bucket(Bucket="weights-mute")
+    command = ["upload", "--endpoint", s3_endpoint, "--bucket", "weights-mute", "--prefix", "m",
+               "--source", str(model_dir)]
+    assert weights.main(command) == 3
+    err = capsys.readouterr().err
+    assert "answers neither GetBucketPolicyStatus nor GetBucketPolicy (NotImplemented)" in err, err
+    assert "--unreadable-bucket-policy-ok" in err and _nothing_uploaded(s3, "weights-mute")
+    assert weights.main([*command, "--unreadable-bucket-policy-ok"]) == 0
+
+    talking.create_bucket(Bucket="weights-conditional")
+    talking.put_bucket_policy(Bucket="weights-conditional", Policy=_public_read_policy(
+        "weights-conditional", "*", IpAddress={"aws:SourceIp": "10.0.0.0/8"}))
+    with pytest.raises(BucketPostureError, match="under conditions this does not judge"):
+        weights.upload(talking, "weights-conditional", "m", model_dir)
+    assert _nothing_uploaded(talking, "weights-conditional")
+    weights.upload(talking, "weights-conditional", "m", model_dir, unreadable_policy_ok=True)
+
+
+# --- uploads cut half way or run side by side (issue #36 item 6) ------------------------------
+
+
+def _changed_copy(source: Path, to: Path, mark: bytes) -> Path:
+    """The same names as `source`, every file's bytes different: a new version of the model."""
+    import shutil
+
+    shutil.copytree(source, to)
+    for f in (p for p in to.rglob("*") if p.is_file()):
+        f.write_bytes(f.read_bytes() + mark)
+    return to
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    names = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
+def test_an_upload_cut_half_way_changes_nothing_a_fresh_node_fetches(s3_endpoint, model_dir, tmp_path, aws_cli_env,
+                                                                      monkeypatch):
+    """Before: a re-upload into the same prefix cut after two files left the old manifest over
+    two new objects and two old ones; a fetcher took each key's latest version, so every node
+    fetching afresh failed verification (its pods never started) while warm nodes kept serving.
+    Now the manifests pin each object's version and both fetchers fetch those (GetObject's
+    versionId, AWS S3 API Reference; `aws s3api get-object --version-id`)."""
+    s3 = weights.s3_client(s3_endpoint)
+    before = weights.upload(s3, "weights-cut", "m", model_dir)
+    sent, real = [], s3.upload_file
+
+    def cut_after_two(*args, **kwargs):
+        if len(sent) == 2:
+            raise ConnectionError("the uploader's connection was cut")
+        sent.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s3, "upload_file", cut_after_two)
+    with pytest.raises(ConnectionError):
+        weights.upload(s3, "weights-cut", "m", _changed_copy(model_dir, tmp_path / "model-2", b"v2"))
+    assert len(sent) == 2  # two keys' latest versions are the new upload's, the manifests the old one's
+    assert weights.fetch_and_verify(s3, "weights-cut", "m", tmp_path / "fresh-node") == before
+    assert _same_files(model_dir, tmp_path / "fresh-node")
+    done = _run_fetch_script(aws_cli_env, "weights-cut")
+    assert done.returncode == 0, done.stderr
+    assert _same_files(model_dir, Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"]))
+
+
+def test_a_file_sent_in_parts_is_pinned_at_the_version_its_completion_made(s3_endpoint, model_dir):
+    """upload_file sends a file over its multipart threshold (8 MiB, boto3's TransferConfig
+    default) in parts; its version is in CompleteMultipartUpload's answer, not PutObject's."""
+    import json
+
+    (model_dir / "shards" / "large.safetensors").write_bytes(b"\1" * (9 * 1024 * 1024))
+    s3 = weights.s3_client(s3_endpoint)
+    weights.upload(s3, "weights-parts", "m", model_dir)
+    files = json.loads(s3.get_object(Bucket="weights-parts", Key="m/SHA256SUMS.json")["Body"].read())["files"]
+    for name, pinned in files.items():
+        assert pinned["version_id"] == s3.head_object(Bucket="weights-parts", Key=f"m/{name}")["VersionId"], name
+    assert s3.head_object(Bucket="weights-parts", Key="m/shards/large.safetensors")["ETag"].endswith('-2"')  # 2 parts
+
+
+def test_two_uploads_into_one_prefix_at_once_one_stands_whole_and_the_other_is_refused(s3_endpoint, model_dir,
+                                                                                       tmp_path, monkeypatch):
+    """Upload A is under way when upload B runs whole. Before, A went on writing over B's objects
+    and then its own manifest: a mix no fresh node could verify. Now A's manifest write is
+    conditional on the manifest A began over (If-Match / If-None-Match, the S3 API's conditional
+    PutObject), so A is refused, changes no manifest, and B's weights are what nodes fetch."""
+    s3 = weights.s3_client(s3_endpoint)
+    weights.upload(s3, "weights-race", "m", model_dir)
+    a, b = (_changed_copy(model_dir, tmp_path / name, name.encode()) for name in ("model-a", "model-b"))
+    real, others = s3.upload_file, []
+
+    def b_runs_whole_meanwhile(*args, **kwargs):
+        real(*args, **kwargs)
+        if not others:
+            others.append(weights.upload(weights.s3_client(s3_endpoint), "weights-race", "m", b))
+
+    monkeypatch.setattr(s3, "upload_file", b_runs_whole_meanwhile)
+    with pytest.raises(weights.ConcurrentUploadError, match="written by another upload while this one ran"):
+        weights.upload(s3, "weights-race", "m", a)
+    assert weights.fetch_and_verify(s3, "weights-race", "m", tmp_path / "fresh-node") == others[0]
+    assert _same_files(b, tmp_path / "fresh-node")
+
+
+# --- two fetches into one node cache at once (issue #36 item 10) ------------------------------
+
+
+def test_two_fetches_into_one_node_cache_take_turns(s3_endpoint, model_dir, tmp_path, monkeypatch):
+    """Two pods starting on one node run two fetches into one hostPath cache. Before, both wrote
+    `<file>.partial` and one's os.replace found the file gone (FileNotFoundError, the init
+    container crashed). Now a fetch holds an flock of the cache folder's .pdstack-fetch.lock: the
+    first is paused inside its first download, the lock is held (a non-blocking flock is
+    refused), a second fetch waits its turn, and both finish with the weights verified."""
+    import fcntl
+    import threading
+
+    s3 = weights.s3_client(s3_endpoint)
+    manifest = weights.upload(s3, "weights-two", "m", model_dir)
+    dest, paused, go, results = tmp_path / "cache", threading.Event(), threading.Event(), []
+    first_client = weights.s3_client(s3_endpoint)
+    real = first_client.download_file
+
+    def pause_after_the_first_file(*args, **kwargs):
+        real(*args, **kwargs)
+        if not paused.is_set():
+            paused.set()
+            go.wait()
+
+    monkeypatch.setattr(first_client, "download_file", pause_after_the_first_file)
+
+    def fetch(client):
+        try:
+            results.append(weights.fetch_and_verify(client, "weights-two", "m", dest))
+        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's own error
+            results.append(exc)
+
+    first = threading.Thread(target=fetch, args=(first_client,), daemon=True)
+    first.start()
+    try:
+        assert paused.wait(300)
+        with open(dest / weights.LOCK_NAME) as lock, pytest.raises(BlockingIOError):
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        second = threading.Thread(target=fetch, args=(weights.s3_client(s3_endpoint),), daemon=True)
+        second.start()
+    finally:
+        go.set()
+    first.join()
+    second.join()
+    assert results == [manifest, manifest]
+    assert _same_files(model_dir, dest)
+
+
+def test_two_aws_cli_fetches_into_one_node_cache_both_finish(s3_endpoint, model_dir, aws_cli_env, tmp_path):
+    """The aws-cli image's script: the first run pauses after its first weight file (the `aws`
+    stand-in's AWS_STANDIN_PAUSE), a second runs whole meanwhile, then the first goes on. Each
+    keeps what it has not finished in a work folder of its own, so neither removes or renames
+    the other's files; both exit 0 and leave no work folder."""
+    import time
+
+    weights.upload(weights.s3_client(s3_endpoint), "weights-sh-two", "m", model_dir)
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    from infra.components.storage import aws_cli_fetch_script
+
+    first = subprocess.Popen(["/bin/sh", "-c", aws_cli_fetch_script()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**aws_cli_env, "PDSTACK_WEIGHTS_BUCKET": "weights-sh-two",
+                                             "AWS_STANDIN_PAUSE": str(pause)})
+    try:
+        while not (pause / "paused").exists() and first.poll() is None:
+            time.sleep(0.05)
+        assert (pause / "paused").exists(), first.communicate()
+        second = _run_fetch_script(aws_cli_env, "weights-sh-two")
+        assert second.returncode == 0, second.stderr
+    finally:
+        (pause / "go").touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    dest = Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"])
+    assert _same_files(model_dir, dest)
+    assert sorted(p.name for p in dest.iterdir() if p.name.startswith(".")) == [".pdstack-verified"]

@@ -16,7 +16,7 @@ import pulumi
 from infra.components.k8s import Layer, LayerContext
 from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
 from infra.spec import StackSpec
-from infra.weights import SAFE_NAME, SUMS_NAME
+from infra.weights import SAFE_NAME, SUMS_NAME, VERSION_ID
 
 VERIFIED_SHELL_MARKER = ".pdstack-verified"  # the aws-cli script's marker (infra/weights.py writes .json)
 
@@ -45,15 +45,20 @@ def aws_cli_fetch_script() -> str:
     """Shell for an image with only `aws` and coreutils (amazon/aws-cli has no python3 or boto3).
 
     Constant text: what it fetches comes from PDSTACK_WEIGHTS_* in its environment, expanded
-    inside double quotes only. Every name in SHA256SUMS is checked against SAFE_NAME (and for
-    symbolic links on its way) before any is used, and only those names are fetched, so nothing
-    is written or removed outside the cache folder.
+    inside double quotes only. Every line of SHA256SUMS (`<sha256> <version id>  <name>`) is
+    checked against SAFE_NAME and VERSION_ID (and its name for symbolic links on its way) before
+    any is used, and only those names are fetched, so nothing is written or removed outside the
+    cache folder. Each file is fetched at the object version SHA256SUMS pins (`aws s3api
+    get-object --version-id`: GetObject's versionId, S3 API Reference), so an upload cut half
+    way, or going on, changes nothing this fetches.
 
-    Verified once per object version, as infra/weights.py does: the marker records the manifest's
-    VersionId and ETag, every object's ETag and size, and each cached file's size; a start that
-    finds them unchanged reads no file. Otherwise every file is checked with `sha256sum -c`,
-    WORKERS slices at once; the missing or failing ones are fetched (to a .partial file, then
-    renamed) and checked again, and a second failure fails the pod.
+    Verified once per manifest, as infra/weights.py does: the marker records SHA256SUMS's
+    VersionId and ETag (from the same GetObject that read it) and each cached file's size; a
+    start that finds them unchanged reads no file. Otherwise every file is checked with
+    `sha256sum -c`, WORKERS slices at once; the missing or failing ones are fetched and checked
+    again, and a second failure fails the pod. Everything but the finished files lives in a
+    work folder of this run's own (mktemp), and a file enters the cache whole, by a rename: two
+    fetches into one cache (two pods starting on one node) never write under each other.
     """
     sums, marker = SUMS_NAME, VERIFIED_SHELL_MARKER
     return "\n".join([
@@ -61,44 +66,49 @@ def aws_cli_fetch_script() -> str:
         "export LC_ALL=C",
         'aws() { command aws --only-show-errors --endpoint-url "$PDSTACK_WEIGHTS_ENDPOINT" '
         '--region "$PDSTACK_WEIGHTS_REGION" "$@"; }',
-        'src="s3://$PDSTACK_WEIGHTS_BUCKET/$PDSTACK_WEIGHTS_PREFIX"',
         'mkdir -p -- "$PDSTACK_WEIGHTS_DEST" && cd -- "$PDSTACK_WEIGHTS_DEST"',
-        f'aws s3 cp "$src/{sums}" .{sums}.new',
-        f"if grep -Evxq -e {shlex.quote('[0-9a-f]{64}  ' + SAFE_NAME)} .{sums}.new; then",
-        f'  echo "{sums}: a name that leaves the cache folder, or not a sha256 line; nothing fetched" >&2; exit 3',
+        'work="$(mktemp -d .pdstack-fetch.XXXXXX)"',
+        "trap 'rm -rf -- \"$work\"' EXIT",
+        # the sums and, from the same answer, the version they are: what a verification is made against
+        f'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/{sums}" '
+        "--query '[VersionId,ETag]' --output text \"$work/sums\" > \"$work/state\"",
+        f"if grep -Evxq -e {shlex.quote('[0-9a-f]{64} ' + VERSION_ID + '  ' + SAFE_NAME)} \"$work/sums\"; then",
+        f'  echo "{sums}: a name that leaves the cache folder, or not a sha256, version and name line; '
+        'nothing fetched" >&2; exit 3',
         "fi",
-        "while read -r _ f; do p=; for part in $(echo \"$f\" | tr / ' '); do p=\"${p:+$p/}$part\"",
+        "while read -r _ _ f; do p=; for part in $(echo \"$f\" | tr / ' '); do p=\"${p:+$p/}$part\"",
         '  if [ -L "$p" ]; then echo "$p: a symbolic link in the weights cache; nothing is written through one" >&2; '
         "exit 3; fi",
-        f"done; done < .{sums}.new",
-        # what the bucket holds now and what this node holds: the marker is both, as last verified
-        f'aws s3api head-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/{sums}" '
-        "--query '[VersionId,ETag]' --output text > .pdstack-state.new",
-        'aws s3api list-objects-v2 --bucket "$PDSTACK_WEIGHTS_BUCKET" --prefix "$PDSTACK_WEIGHTS_PREFIX/" '
-        "--query 'Contents[].[Key,ETag,Size]' --output text >> .pdstack-state.new",
+        'done; done < "$work/sums"',
+        # the same lines in `sha256sum -c` form
+        "sed 's/^\\([0-9a-f]*\\) [^ ]* /\\1 /' \"$work/sums\" > \"$work/check\"",
         'sizes() { while read -r _ f; do if [ -f "$f" ]; then echo "$f $(wc -c < "$f")"; else echo "$f missing"; fi; '
-        f"done < .{sums}.new; }}",
-        f"if [ -f {marker} ] && {{ cat .pdstack-state.new; sizes; }} | cmp -s - {marker}; then",
-        f"  rm -f .pdstack-state.new .{sums}.new; echo 'weights: verified before, for these object versions'; exit 0",
+        'done < "$work/check"; }',
+        f'if [ -f {marker} ] && {{ cat "$work/state"; sizes; }} | cmp -s - {marker}; then',
+        "  echo 'weights: verified before, for these object versions'; exit 0",
         "fi",
         f"rm -f {marker}",
-        # $2 over WORKERS slices of the list $1 at once; each slice's output in .pdstack-part.*.out
+        # $2 over WORKERS slices of the list $1 at once; each slice's output in $work/part.*.out
         "parallel() {",
-        '  rm -f .pdstack-part.*; split -n "l/$PDSTACK_WEIGHTS_WORKERS" "$1" .pdstack-part.',
-        '  for part in .pdstack-part.??; do [ -s "$part" ] && $2 "$part" > "$part.out" 2>/dev/null & done',
+        '  rm -f "$work"/part.*; split -n "l/$PDSTACK_WEIGHTS_WORKERS" "$1" "$work/part."',
+        '  for part in "$work"/part.??; do [ -s "$part" ] && $2 "$part" > "$part.out" 2>/dev/null & done',
         "  wait",
         "}",
-        # the names `sha256sum -c` reports missing or wrong, into .pdstack-failed
-        f"verify() {{ parallel .{sums}.new 'sha256sum -c'; cat .pdstack-part.*.out | sed -n 's/: FAILED.*$//p' "
-        "> .pdstack-failed; rm -f .pdstack-part.*; [ ! -s .pdstack-failed ]; }",
-        'fetch_listed() { while read -r f; do mkdir -p -- "$(dirname -- "$f")"; rm -f -- "$f.partial"; '
-        'aws s3 cp "$src/$f" "$f.partial" && mv -f -- "$f.partial" "$f"; done < "$1"; }',
+        # the names `sha256sum -c` reports missing or wrong, into $work/failed
+        """verify() { parallel "$work/check" 'sha256sum -c'; cat "$work"/part.*.out | sed -n 's/: FAILED.*$//p' """
+        '> "$work/failed"; rm -f "$work"/part.*; [ ! -s "$work/failed" ]; }',
+        # each listed name at its pinned version, into the work folder, then renamed into place whole
+        'fetch_listed() { while read -r v f; do mkdir -p -- "$(dirname -- "$f")" "$(dirname -- "$work/files/$f")"; '
+        'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/$f" --version-id "$v" '
+        '"$work/files/$f" > /dev/null && mv -f -- "$work/files/$f" "$f"; done < "$1"; }',
         "if ! verify; then",
-        "  parallel .pdstack-failed fetch_listed; rm -f .pdstack-part.*",
-        "  verify || { sed 's/$/: sha256 does not match the manifest/' .pdstack-failed >&2; exit 3; }",
+        '  while read -r _ v f; do if grep -Fxq -e "$f" "$work/failed"; then echo "$v $f"; fi; done < "$work/sums" '
+        '> "$work/fetch"',
+        '  parallel "$work/fetch" fetch_listed; rm -f "$work"/part.*',
+        """  verify || { sed 's/$/: sha256 does not match the manifest/' "$work/failed" >&2; exit 3; }""",
         "fi",
-        f"{{ cat .pdstack-state.new; sizes; }} > {marker}.tmp && mv {marker}.tmp {marker}",
-        f"mv .{sums}.new {sums} && rm -f .pdstack-state.new .pdstack-failed",
+        f'{{ cat "$work/state"; sizes; }} > "$work/marker" && mv -f "$work/marker" {marker}',
+        f'mv -f "$work/check" {sums}',
     ]) + "\n"
 
 
