@@ -31,8 +31,9 @@ def namespace_conditions(hosted: list[StackSpec], key: str, value: str = "{}", e
     in place of {}) names the environment's namespace or one of its release tracks'
     (infra/tracks.py namespace_globs), nothing else. One block each, because one environment's
     exclusions must not reach another's namespace. `excluded` is the excluded patterns' value:
-    where `value` already fixes how it starts, `*` may stand for that, which keeps an IRSA trust
-    policy inside IAM's 2,048 characters (IAM User Guide, "IAM and AWS STS quotas")."""
+    where `value` already fixes how it starts, `*` may stand for that: an IRSA trust policy holds
+    33 patterns per environment, and IAM's default quota for one is 2,048 characters (IAM User
+    Guide, "IAM and AWS STS quotas")."""
     blocks = []
     for namespace in sorted({s.environment.namespace for s in hosted}):
         like, not_like = namespace_globs(namespace)
