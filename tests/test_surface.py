@@ -191,3 +191,23 @@ def test_erlang_c_at_a_huge_count_reaches_the_halfin_whitt_limit(servers):
     # Beyond what a float's rho can tell from 1 at 1e300 servers, every load below c waits with
     # probability 0 (beta is at least 1e134), and it says so at once.
     assert erlang_c(10 ** 300, 0.999999 * 1e300) == 0.0
+
+
+def test_an_old_capacity_file_whose_curve_plateaus_at_the_engines_cap_is_planned(tmp_path, capsys):
+    """Issue #41 item 3: a capacity curve measured past the engine's cap repeats its concurrency
+    (the engine held 128 however many were asked); `pdctl plan` ended in `unexpected error:
+    ValidationError ... batches must be positive and rising`, an internal field. The format is
+    read (README: "still read"): the repeat is one point at the slowest TPOT, and the plan says so."""
+    from infra.cli import main
+
+    old = tmp_path / "old.yaml"
+    old.write_text("arrival_rate_rps: 10\ninput_tokens: {mean: 2000, p99: 4000}\noutput_tokens: {mean: 300, p99: 600}\n"
+                   "capacity:\n  prefill_tokens_per_second: 20000\n  decode:\n"
+                   "    - {tpot_ms: 20, concurrency: 8}\n    - {tpot_ms: 30, concurrency: 64}\n"
+                   "    - {tpot_ms: 40, concurrency: 128}\n    - {tpot_ms: 55, concurrency: 128}\n")
+    capsys.readouterr()
+    assert main(["plan", "--stack", "prod", "--workload", str(old)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "capacity.decode: a concurrency measured more than once" in out and "ValidationError" not in out
+    surface = load_model(old, Workload, "workload").measured_surface()
+    assert surface.decode.batches == [8, 64, 128] and surface.decode.itl_ms == [[20, 30, 55]]

@@ -31,7 +31,8 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.inputs import Strict
 from infra.planning.surface import (Correction, DecodeSurface, Lengths, Notes, PrefillPoint, Surface, decode_state,
-                                    itl_ms, mean_context, prefill_load, prefill_ms, queued_per_instance, smallest)
+                                    held_batches, itl_ms, mean_context, prefill_load, prefill_ms, queued_per_instance,
+                                    smallest)
 
 
 class PlanError(ValueError):
@@ -100,12 +101,11 @@ class Workload(Strict):
         if self.surface is not None:
             return self.surface
         cap = self.capacity
-        points = sorted(cap.decode, key=lambda p: p.concurrency)
+        points = held_batches([(p.concurrency, p.tpot_ms) for p in cap.decode])
         return Surface(
             prefill=[PrefillPoint(input_tokens=1000, ttft_ms=1000 * 1000 / cap.prefill_tokens_per_second,
                                   tokens_per_second=cap.prefill_tokens_per_second)],
-            decode=DecodeSurface(contexts=[1], batches=[p.concurrency for p in points],
-                                 itl_ms=[[p.tpot_ms for p in points]]),
+            decode=DecodeSurface(contexts=[1], batches=[b for b, _ in points], itl_ms=[[t for _, t in points]]),
             degenerate=True)
 
 
@@ -238,6 +238,9 @@ def plan(workload: Workload, slo: SLO, prefill_gpus: int, decode_gpus: int,
     also diagnoses today's spec; `correction` scales the measured times (the control loop's)."""
     surface = workload.measured_surface()
     notes = Notes()
+    if workload.capacity is not None and len(workload.capacity.decode) > len(surface.decode.batches):
+        notes.add("capacity.decode: a concurrency measured more than once (a curve that plateaus at the engine's "
+                  "cap) is read as one point, at the slowest tpot_ms measured there")
     if surface.degenerate:
         notes.add("capacity is one figure per phase (a degenerate surface): the same prefill tokens/s at every "
                   "prompt length and one decode curve at every context. Fix: measure a surface with "

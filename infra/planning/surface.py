@@ -83,6 +83,17 @@ class DecodeSurface(Strict):
         return self
 
 
+def held_batches(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(batch, ITL) points as one rising curve: a batch measured more than once (a sweep that
+    reached the engine's cap, whose running requests then stay at it whatever the concurrency
+    asked) is one point, at the slowest ITL measured there (an upper bound: errs towards more
+    instances)."""
+    slowest: dict[float, float] = {}
+    for batch, itl in points:
+        slowest[batch] = max(itl, slowest.get(batch, itl))
+    return sorted(slowest.items())
+
+
 class Surface(Strict):
     """What one instance of each pool does, measured (`pdctl validate-deployment --profile-out`)."""
 
