@@ -79,7 +79,8 @@ def test_gpu_daemonsets_tolerate_every_pool_taint(name):
     default = pinned_chart("gpu-operator")["defaults"]["daemonsets"]["tolerations"]
     assert not tolerates(default, role_taint)
     rows = [r for r in CATALOG if r.gpu_toleration_paths and r.enabled(ctx)]
-    assert {"gpu-operator", "nvidia-dra-driver-gpu"} <= {r.name for r in rows}
+    assert {"gpu-operator", "aws-efa-k8s-device-plugin"} <= {r.name for r in rows}
+    assert ("nvidia-dra-driver-gpu" in {r.name for r in rows}) == ctx.compute_domains
     for row in rows:
         values = row.values(ctx)
         for path in row.gpu_toleration_paths:
@@ -625,12 +626,12 @@ def test_keda_and_the_metrics_adapter_are_installed_only_for_the_scaler_a_hosted
 
 def test_charts_from_pinned_modules_refuse_a_row_whose_chart_no_module_carries():
     """chart_source: pinned-modules renders each chart from its source in a pinned module; a row
-    whose chart is only in a registry (KEDA's, the DRA driver's) must be the user's, said so."""
+    whose chart is only in a registry (KEDA's, the EFA plugin's) must be the user's, said so."""
     dev = load_spec("stacks/dev.yaml")
     spec = onprem_twin_spec(chart_source="pinned-modules")
     problems = controller_problems(platform_context(spec, [dev]))
     assert sorted(p.split("but ")[1].split("'s chart")[0] for p in problems) == [
-        "aws-efa-k8s-device-plugin", "keda", "nvidia-dra-driver-gpu"]  # dev's fabric is EFA
+        "aws-efa-k8s-device-plugin", "keda"]  # dev's fabric is EFA; it makes no ComputeDomain (no DRA driver)
     assert all("Fix: install it yourself" in p and "controllers.user_installed" in p for p in problems)
 
     spec = onprem_twin_spec(chart_source="pinned-modules",

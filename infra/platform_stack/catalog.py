@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from infra.naming import ROLE_LABEL
 from infra.platform_stack.spec import PlatformSpec
 
 KARPENTER = "github.com/aws/karpenter-provider-aws"
@@ -59,6 +60,7 @@ class PlatformContext:
     gpu_tolerations: tuple[dict, ...]
     fabrics: frozenset[str]  # efa | infiniband | roce, over the hosted environments
     scalers: frozenset[str] = frozenset({"keda"})  # keda | hpa, over the hosted environments that autoscale
+    compute_domains: bool = False  # some hosted environment's pool makes a ComputeDomain (IMEX across nodes)
     karpenter_gates: dict[str, bool] = field(default_factory=dict)
 
 
@@ -101,6 +103,25 @@ def karpenter_values(ctx: PlatformContext) -> dict:
                      "featureGates": {"staticCapacity": ctx.karpenter_gates.get("staticCapacity", False),
                                       "reservedCapacity": ctx.karpenter_gates.get("reservedCapacity", False)}},
     }
+
+
+# The roles of GPU pools, whose nodes carry them as naming.ROLE_LABEL (infra/components/nodepools.py).
+POOL_ROLES = ("prefill", "decode", "colocated")
+
+
+def dra_driver_values(ctx: PlatformContext) -> dict:
+    values = {"resources": {"gpus": {"enabled": False}},  # GPUs stay with the device plugin: ComputeDomains only
+              "kubeletPlugin": {"tolerations": _tolerations(ctx)}}
+    if _aws(ctx):
+        # The chart's controller.affinity (v25.12.0 values.yaml) requires a control-plane node,
+        # which EKS never shows: the controller goes to a node no GPU pool owns instead (the system
+        # node group, pdstack.io/role: system; an existing cluster's unlabelled CPU nodes). Helm
+        # replaces lists, so this term replaces the chart's; no control-plane taint to tolerate.
+        values["controller"] = {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": ROLE_LABEL, "operator": "NotIn", "values": list(POOL_ROLES)}]}]}}},
+            "tolerations": []}
+    return values
 
 
 def gpu_operator_values(ctx: PlatformContext) -> dict:
@@ -188,13 +209,11 @@ CATALOG: tuple[Controller, ...] = (
     Controller(
         "nvidia-dra-driver-gpu", "25.12.0", "nvidia-dra-driver-gpu", "ComputeDomains: IMEX channels across a rack",
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "nvidia-dra-driver-gpu", "25.12.0"),
-        # GPUs stay with the device plugin; the DRA driver serves ComputeDomains only.
-        values=lambda ctx: {"resources": {"gpus": {"enabled": False}},
-                            "kubeletPlugin": {"tolerations": _tolerations(ctx)}},
+        values=dra_driver_values,
         unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
         # deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_computedomains.yaml at v25.12.0
         chart_crds=(("resource.nvidia.com", "ComputeDomain"),),
-        gpu_toleration_paths=("kubeletPlugin.tolerations",)),
+        gpu_toleration_paths=("kubeletPlugin.tolerations",), enabled=lambda ctx: ctx.compute_domains),
     Controller(
         "aws-efa-k8s-device-plugin", "v0.5.6", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
         chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.6"),

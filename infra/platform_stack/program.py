@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pulumi
 
+from infra.components.engines import uses_multi_node_nvlink
 from infra.components.k8s import logical_name
 from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import PlatformContext, controller, installed
@@ -51,6 +52,7 @@ def platform_context(spec: PlatformSpec, serving: list[StackSpec]) -> PlatformCo
         spec=spec, gpu_tolerations=tuple(tolerations_for(gpu_node_taints(serving))),
         fabrics=frozenset(s.hardware.fabric.kind for s in serving if s.hardware.fabric),
         scalers=frozenset(s.deployment.autoscaling.scaler for s in serving if s.deployment.autoscaling.enabled),
+        compute_domains=any(uses_multi_node_nvlink(s, r) for s in serving for r in s.deployment.pools()),
         karpenter_gates={"staticCapacity": static, "reservedCapacity": reserved})
 
 
