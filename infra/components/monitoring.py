@@ -12,7 +12,8 @@ from infra.components.engines import ENGINE_PORT_NAME
 from infra.components.k8s import Layer, LayerContext
 from infra.render.engine_args import all_launches
 from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL,
-                                  ROUTER_REQUESTS, alert_rules, p99, series_label, workers_export_metrics)
+                                  ROUTER_REQUESTS, alert_rules, p99, pools_selector, prefix_cache_roles,
+                                  prefix_hit_ratio, series_label, workers_export_metrics)
 
 
 def leaders_only_roles(ctx: LayerContext) -> list[str]:
@@ -68,7 +69,7 @@ def dashboard(ctx: LayerContext) -> dict:
                 "fieldConfig": {"defaults": {"unit": unit}},
                 "targets": [{"expr": e, "legendFormat": legend, "refId": chr(65 + j)} for j, (e, legend) in enumerate(exprs)]}
 
-    role_sel = lambda role: f'{{{ROLE_SERIES_LABEL}="{role}"}}'  # noqa: E731
+    role_sel = lambda role: pools_selector(ctx.spec.environment.namespace, [role])  # noqa: E731
     panels = [
         panel(0, "TTFT p99 by stage", [(p99(m.ttft_bucket, role_sel(r)), r) for r in roles], "s"),
         panel(1, "TPOT p99 by stage", [(p99(m.tpot_bucket, role_sel(r)), r) for r in roles], "s"),
@@ -81,7 +82,9 @@ def dashboard(ctx: LayerContext) -> dict:
                 f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}")], "short"),
         panel(4, "KV cache usage per instance", [(f"max by (namespace, pod) ({m.kv_cache_usage})", "{{pod}}")],
               "percentunit"),
-        panel(5, "Prefix-cache hit rate", [(m.prefix_hit_ratio, "hit rate")], "percentunit"),
+        panel(5, "Prefix-cache hit rate",
+              [(prefix_hit_ratio(ctx.spec), f"{{{{{ROLE_SERIES_LABEL}}}}}")] if prefix_cache_roles(ctx.spec) else [],
+              "percentunit"),
         panel(6, "KV transfer failures", [(f"sum(rate({m.kv_transfer_failures}[5m]))", "failures/s")], "short"),
         panel(7, "Router requests", [(f"sum(rate({ROUTER_REQUESTS[lb]}[5m]))", "req/s")], "reqps"),
     ]

@@ -17,6 +17,25 @@ launch_dummy_health_check_server with metrics). A headless vLLM worker serves no
 0.33.0, entrypoints/cli/serve.py run_headless); the leader's API server reports every DP
 engine (label `engine`). So queries read scheduler gauges summed over all of a pool's pods,
 and count instances by their leaders.
+
+Which role exports what in PD mode decides which pools an alert reads (`alert_rules`):
+- TTFT: SGLang's prefill never observes it; the decode server's tokenizer does, from the
+  request's arrival (sent to both at once) to its first token, so the client's TTFT (sglang
+  0.5.23 srt/managers/tokenizer_manager.py collect_metrics: "PD prefill workers never observe
+  TTFT"). vLLM observes it on both, each from the request's arrival at that instance (vllm
+  0.33.0 v1/metrics/stats.py update_from_output): prefill's queue and prompt, decode's KV pull
+  and first step. Either role's p99 above the SLO puts the client's above it too; summed
+  together, one role's tail is hidden in the other's samples.
+- Inter-token latency: only where tokens are decoded (a prefill instance makes one token).
+- Prefix-cache hit rate: owned by the roles that compute prompts (`spec.runs_prefix_cache`).
+  An SGLang decode scheduler publishes sglang:cache_hit_rate as a constant 0 (srt/managers/
+  scheduler_components/metrics_reporter.py: only report_prefill_stats sets it, and a PD decode
+  batch has no prefill stats; observability/metrics_collector.py log_stats publishes it
+  anyway); a vLLM decode instance counts its own local lookups in vllm:prefix_cache_queries
+  (v1/core/sched/scheduler.py record_prefix_cache_stats, at every admission).
+Every rule selects one namespace, its own: the environment's, or its release track's
+(`<namespace>-r<revision>`, whose PrometheusRule the track renders), so a canary's series never
+enter the serving revision's alerts (the canary is judged by its gates, infra/rollout/canary.py).
 """
 
 from __future__ import annotations
@@ -28,7 +47,7 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.render.flagsets import PINNED_DIR
-from infra.spec import StackSpec
+from infra.spec import StackSpec, runs_prefix_cache
 
 DCGM_METRICS = frozenset({"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"})
 ENGINE_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
@@ -50,6 +69,8 @@ POD_TARGET_LABELS = (naming.ROLE_LABEL, naming.RELEASE_LABEL, naming.LWS_GROUP_I
 # ServiceMonitors), and the pod labels the monitors copy.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "endpoint", "job", "instance", "service",
                            *(series_label(k) for k in POD_TARGET_LABELS)})
+# What an alert about a pool says it is about: its namespace (environment or release track) and role.
+BY_POOL = ("namespace", ROLE_SERIES_LABEL)
 
 
 @functools.cache
@@ -85,7 +106,7 @@ class EngineMetrics:
     queue_depth: str
     running: str
     kv_cache_usage: str  # 0..1
-    prefix_hit_ratio: str  # PromQL expression, 0..1
+    prefix_hit_ratio: str  # PromQL expression, 0..1, per pool (BY_POOL); narrow it with every_series_with_selector
     kv_transfer_failures: str  # counter
     requests_total: str  # counter of finished requests
     requests_started: str  # counter of requests received (the error-rate denominator)
@@ -103,7 +124,7 @@ ENGINE_METRICS = {
         queue_depth="sglang:num_queue_reqs",
         running="sglang:num_running_reqs",
         kv_cache_usage="sglang:token_usage",
-        prefix_hit_ratio="avg(sglang:cache_hit_rate)",
+        prefix_hit_ratio=f"avg by ({', '.join(BY_POOL)}) (sglang:cache_hit_rate)",
         kv_transfer_failures="sglang:num_transfer_failed_reqs_total",
         requests_total="sglang:e2e_request_latency_seconds_count",
         requests_started="sglang:num_requests_total",
@@ -119,7 +140,9 @@ ENGINE_METRICS = {
         queue_depth="vllm:num_requests_waiting",
         running="vllm:num_requests_running",
         kv_cache_usage="vllm:kv_cache_usage_perc",
-        prefix_hit_ratio="sum(rate(vllm:prefix_cache_hits_total[5m])) / clamp_min(sum(rate(vllm:prefix_cache_queries_total[5m])), 1)",
+        # No lookups give 0/0, no value: an idle pool is no low hit rate.
+        prefix_hit_ratio=f"sum by ({', '.join(BY_POOL)}) (rate(vllm:prefix_cache_hits_total[5m])) / "
+                         f"sum by ({', '.join(BY_POOL)}) (rate(vllm:prefix_cache_queries_total[5m]))",
         kv_transfer_failures="vllm:nixl_num_failed_transfers_total",
         requests_total="vllm:e2e_request_latency_seconds_count",
         requests_started="vllm:request_success_total",
@@ -148,8 +171,15 @@ def every_series_with_selector(expression: str, selector: str) -> str:
     return re.sub(r"\b(?:sglang|vllm):[A-Za-z_]+\b(?!\{)", lambda m: with_selector(m.group(0), selector), expression)
 
 
-def p99(bucket: str, selector: str = "", window: str = "5m") -> str:
-    return f"histogram_quantile(0.99, sum by (le) (rate({with_selector(bucket, selector)}[{window}])))"
+def p99(bucket: str, selector: str = "", window: str = "5m", by: tuple[str, ...] = ()) -> str:
+    """The 99th percentile of a histogram's samples in `window`, one per `by` group."""
+    return f"histogram_quantile(0.99, sum by ({', '.join((*by, 'le'))}) (rate({with_selector(bucket, selector)}[{window}])))"
+
+
+def pools_selector(namespace: str, roles: list[str]) -> str:
+    """The series of some pools of one namespace: an environment's, or one release track's."""
+    role = f'="{roles[0]}"' if len(roles) == 1 else f'=~"{"|".join(roles)}"'
+    return f'{{namespace="{namespace}",{ROLE_SERIES_LABEL}{role}}}'
 
 
 def summary_mean(summary: str, selector: str, window: str, over: str = "rate") -> str:
@@ -194,6 +224,17 @@ def instances_query(metric: str, selector: str) -> str:
     return f"count(count by (namespace, pod) ({leaders}))"
 
 
+def prefix_cache_roles(spec: StackSpec) -> list[str]:
+    """Pools that own a prefix cache: those that compute prompts (the module docstring)."""
+    return [role for role in spec.deployment.pools() if runs_prefix_cache(spec, role)]
+
+
+def prefix_hit_ratio(spec: StackSpec) -> str:
+    """The prefix-cache hit rate of this namespace's pools that own one, per pool."""
+    return every_series_with_selector(ENGINE_METRICS[spec.engine.kind].prefix_hit_ratio,
+                                      pools_selector(spec.environment.namespace, prefix_cache_roles(spec)))
+
+
 @dataclass(frozen=True)
 class AlertRule:
     name: str
@@ -204,37 +245,53 @@ class AlertRule:
 
 
 def alert_rules(spec: StackSpec) -> list[AlertRule]:
+    """The SLO alerts of one namespace (the module docstring says which role exports what), each
+    labelled with the namespace and role it judges."""
     m = ENGINE_METRICS[spec.engine.kind]
-    slo = spec.slo
+    slo, ns = spec.slo, spec.environment.namespace
     ttft, tpot = slo.ttft_p99_ms / 1000, slo.tpot_p99_ms / 1000
+    roles = list(spec.deployment.pools())
+    every_pool = pools_selector(ns, roles)
+    decoding = pools_selector(ns, [r for r in roles if r != "prefill"])
+    by_pod = ", ".join((*BY_POOL, "pod"))
     rules = []
     for severity, factor in (("warning", 1), ("critical", 2)):
         rules += [
-            AlertRule(f"PdstackTTFTp99{severity.title()}", f"{p99(m.ttft_bucket)} > {ttft * factor:g}", severity,
-                      f"TTFT p99 above {factor}x the SLO of {slo.ttft_p99_ms:g} ms"),
-            AlertRule(f"PdstackTPOTp99{severity.title()}", f"{p99(m.tpot_bucket)} > {tpot * factor:g}", severity,
-                      f"TPOT p99 above {factor}x the SLO of {slo.tpot_p99_ms:g} ms"),
+            AlertRule(f"PdstackTTFTp99{severity.title()}", f"{p99(m.ttft_bucket, every_pool, by=BY_POOL)} > {ttft * factor:g}",
+                      severity, f"TTFT p99 above {factor}x the SLO of {slo.ttft_p99_ms:g} ms"),
+            AlertRule(f"PdstackTPOTp99{severity.title()}", f"{p99(m.tpot_bucket, decoding, by=BY_POOL)} > {tpot * factor:g}",
+                      severity, f"TPOT p99 above {factor}x the SLO of {slo.tpot_p99_ms:g} ms"),
         ]
     rules += [
         # Per scheduler (an SGLang DP rank, a vLLM engine): one full rank is one whose requests wait.
-        AlertRule("PdstackQueueDepthHigh", f"max by (namespace, pod) ({m.queue_depth}) > 64", "warning",
-                  "requests queue on an instance: decode waits for prefill, or the pool is too small"),
-        AlertRule("PdstackKVCacheNearlyFull", f"max by (namespace, pod) ({m.kv_cache_usage}) > 0.92", "warning",
-                  "KV cache nearly full: KV piles up on decode"),
-        AlertRule("PdstackKVCacheFull", f"max by (namespace, pod) ({m.kv_cache_usage}) > 0.98", "critical",
-                  "KV cache full: requests will be preempted or rejected"),
-        AlertRule("PdstackPrefixCacheHitRateLow", f"{m.prefix_hit_ratio} < 0.2", "warning",
-                  "prefix-cache hit rate below 20%: check router affinity and cache capacity", for_="30m"),
-        AlertRule("PdstackKVTransferErrors", f"sum(increase({m.kv_transfer_failures}[5m])) > 0", "critical",
-                  "KV transfers from prefill to decode failed or timed out", for_="1m"),
+        AlertRule("PdstackQueueDepthHigh", f"max by ({by_pod}) ({with_selector(m.queue_depth, every_pool)}) > 64",
+                  "warning", "requests queue on an instance: decode waits for prefill, or the pool is too small"),
+        AlertRule("PdstackKVCacheNearlyFull", f"max by ({by_pod}) ({with_selector(m.kv_cache_usage, every_pool)}) > 0.92",
+                  "warning", "KV cache nearly full: KV piles up on decode"),
+        AlertRule("PdstackKVCacheFull", f"max by ({by_pod}) ({with_selector(m.kv_cache_usage, every_pool)}) > 0.98",
+                  "critical", "KV cache full: requests will be preempted or rejected"),
+    ]
+    if prefix_cache_roles(spec):  # no pool caches prefixes: no hit rate to judge
+        rules.append(AlertRule("PdstackPrefixCacheHitRateLow", f"{prefix_hit_ratio(spec)} < 0.2",
+                               "warning", "prefix-cache hit rate below 20%: check router affinity and cache capacity",
+                               for_="30m"))
+    rules += [
+        AlertRule("PdstackKVTransferErrors",
+                  f"sum by ({', '.join(BY_POOL)}) (increase({with_selector(m.kv_transfer_failures, every_pool)}[5m])) > 0",
+                  "critical", "KV transfers from prefill to decode failed or timed out", for_="1m"),
+        # dcgm-exporter labels each GPU with the namespace and pod it serves (its Kubernetes
+        # mapping, as infra/reports/cost.py reads it): this namespace's GPUs only.
         AlertRule("PdstackGPUMemoryHigh",
-                  "max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)) > 0.97",
+                  f'max by (namespace, pod, Hostname, gpu) (DCGM_FI_DEV_FB_USED{{namespace="{ns}"}} / '
+                  f'(DCGM_FI_DEV_FB_USED{{namespace="{ns}"}} + DCGM_FI_DEV_FB_FREE{{namespace="{ns}"}})) > 0.97',
                   "warning", "GPU framebuffer almost full"),
     ]
-    if balancedness_roles(spec):
+    balanced = balancedness_roles(spec)
+    if balanced:
         rules.append(AlertRule("PdstackExpertImbalance",
-                               f"min({summary_mean(m.expert_balancedness, '', '15m')}) < 0.6", "warning",
-                               "expert load imbalanced: rerun pdctl eplb on recent loads", for_="15m"))
+                               f"min by ({', '.join(BY_POOL)}) "
+                               f"({summary_mean(m.expert_balancedness, pools_selector(ns, balanced), '15m')}) < 0.6",
+                               "warning", "expert load imbalanced: rerun pdctl eplb on recent loads", for_="15m"))
     return rules
 
 
