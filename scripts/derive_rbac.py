@@ -24,8 +24,9 @@ writes infra/render/pinned/rbac-needs.json, from which infra/render/rbac.py rend
 
 Go modules, llm-d-inference-scheduler's included, come from the Go module proxy at the versions
 upstream/go.mod and go.sum fix (`go mod download` verifies them against the checksum database);
-the wheel from PyPI (`pip download --no-deps`). (An earlier run read llm-d v0.8.0 from a mirror of
-its repository, which the proxy does not serve, while everything else pinned v0.7.1.)
+the wheel from PyPI (`pip download --no-deps`, once: scripts/pinned_wheels.py). (An earlier run
+read llm-d v0.8.0 from a mirror of its repository, which the proxy does not serve, while
+everything else pinned v0.7.1.)
 
     python scripts/derive_rbac.py            # rewrite infra/render/pinned/rbac-needs.json
     python scripts/derive_rbac.py --check    # exit 1 if the source now says otherwise
@@ -41,9 +42,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from generated import write_or_check
+from pinned_wheels import pinned_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "infra" / "render" / "pinned" / "rbac-needs.json"
@@ -191,12 +194,7 @@ def llmd_facts(llmd: Module) -> dict:
 
 
 def router_needs(wheel: Path | None, previous: dict) -> dict:
-    if wheel is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", tmp,
-                            f"{ROUTER_WHEEL[0]}=={ROUTER_WHEEL[1]}"], check=True)
-            (wheel,) = Path(tmp).glob("*.whl")
-            return router_needs(wheel, previous)
+    wheel = wheel or pinned_wheel(*ROUTER_WHEEL)
     data = wheel.read_bytes()
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         router = z.read("sglang_router/router.py").decode()
@@ -240,16 +238,10 @@ def derive(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
-    p.add_argument("--router-wheel", type=Path, help="the sglang-router wheel (default: pip download it)")
+    p.add_argument("--router-wheel", type=Path, help="the sglang-router wheel (default: upstream/.cache/wheels, downloaded once)")
     args = p.parse_args(argv)
     derived = json.dumps(derive(args), indent=1, sort_keys=True) + "\n"
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == derived
-        print(f"{OUT.relative_to(ROOT)}: {'matches the source' if same else 'differs from the source'}")
-        return 0 if same else 1
-    OUT.write_text(derived)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check({OUT: derived}, args.check, "the source", "python scripts/derive_rbac.py")
 
 
 if __name__ == "__main__":

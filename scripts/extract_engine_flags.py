@@ -2,12 +2,14 @@
 
 Why: every engine flag pdstack renders is checked against the exact argparse parser of
 the engine version we pin. The parser is only buildable where the engine imports (it
-needs torch and friends), so this script is run by hand in a scratch virtualenv that has
-the pinned wheels installed with --no-deps, and its JSON output is committed:
+needs torch and friends), so the tables are built in a scratch virtualenv: the packages
+upstream/engine-venv-requirements.txt lists and the pinned wheels (scripts/pinned_wheels.py),
+all installed with --no-deps into upstream/.cache/engines-<hash of both>/, once (~5.5 GB).
+Run from anywhere, this builds that virtualenv if needed and runs itself again inside it:
 
-    pip download --no-deps sglang==0.5.23 vllm==0.33.0 sglang-router==0.3.2
-    pip install --no-deps <the three wheels> torch msgspec ...   # whatever the imports ask for
-    VLLM_TARGET_DEVICE=cpu python scripts/extract_engine_flags.py infra/render/pinned [ENGINE ...]
+    python scripts/extract_engine_flags.py [ENGINE ...]          # rewrite the tables
+    python scripts/extract_engine_flags.py --check [ENGINE ...]  # exit 1 if a committed table differs
+    python scripts/extract_engine_flags.py --venv V [--out DIR]  # another virtualenv or folder
 
 It records, for each option string, whether it takes a value and its choices; every
 Prometheus metric name the package's source (or, for the Rust router, its binary) declares;
@@ -21,12 +23,27 @@ RECORD, so a table can be traced to the exact wheel and re-checked.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from importlib.metadata import distribution
 from pathlib import Path
+
+from generated import write_or_check
+from pinned_wheels import CACHE, pinned_wheel
+
+ROOT = Path(__file__).resolve().parent.parent
+PINNED = ROOT / "infra" / "render" / "pinned"
+REQUIREMENTS = ROOT / "upstream" / "engine-venv-requirements.txt"
+sys.path.insert(0, str(ROOT))
+
+from infra.render.flagsets import PINNED_FILES  # noqa: E402  (the tables pdstack reads name the pins)
 
 
 class Reads:
@@ -149,15 +166,52 @@ SOURCES = {
 }
 
 
-def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "infra/render/pinned")
-    only = sys.argv[2:] or list(SOURCES)  # engine names, to regenerate some tables only
+def pinned_version(name: str) -> str:
+    return PINNED_FILES[name].removeprefix(f"{name}-").removesuffix(".json")
+
+
+def venv_key() -> str:
+    """What the virtualenv holds: the requirements file's text and the engines' pins."""
+    pins = sorted((SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES)
+    return hashlib.sha256((REQUIREMENTS.read_text() + json.dumps(pins)).encode()).hexdigest()[:16]
+
+
+def engine_venv() -> Path:
+    """upstream/.cache/engines-<key>: built in a scratch folder beside it and renamed into place whole,
+    so an interrupted build leaves nothing that looks finished (only bin/python is run, which finds
+    its packages relative to itself, so the rename does not matter to it)."""
+    venv = CACHE / f"engines-{venv_key()}"
+    if venv.is_dir():
+        return venv
+    wheels = [pinned_wheel(SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES]
+    build = Path(tempfile.mkdtemp(dir=CACHE, prefix=".building-"))
+    print(f"building {venv.relative_to(ROOT)} (once; ~5.5 GB)", file=sys.stderr)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(build)], check=True)
+        subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary",
+                        ":all:", "-r", str(REQUIREMENTS), *map(str, wheels)], check=True)
+        os.rename(build, venv)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        shutil.rmtree(build, ignore_errors=True)
+        if venv.is_dir():  # another run finished first
+            return venv
+        raise SystemExit(f"extract_engine_flags: building the engines' virtualenv failed ({exc}). Fix: run it where "
+                         "PyPI is reachable") from None
+    return venv
+
+
+def tables(only: list[str]) -> dict[str, str]:
+    """Build each table with the engines this interpreter imports; file name -> text."""
     from importlib.metadata import version
 
+    written = {}
     for name, (dist, build, source, entrypoint, metric_prefix, (env_file, env_pattern)) in SOURCES.items():
         if name not in only:
             continue
         pinned = version(dist.replace("_", "-"))
+        if pinned != pinned_version(name):
+            raise SystemExit(f"{sys.prefix} has {dist} {pinned}, infra/render/flagsets.py reads {PINNED_FILES[name]}. "
+                             "Fix: run it in the virtualenv this script builds (no --venv)")
         reads = Reads(dist)
         flags = describe(build())
         parser_sources(dist, reads)
@@ -171,10 +225,35 @@ def main() -> None:
             "env_vars": env_names(dist, env_file, env_pattern, reads),
             "origin": reads.origin(),
         }
-        path = out / f"{name}-{pinned}.json"
-        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        print(f"{path}: {len(table['flags'])} flags, {len(table['metrics'])} metrics")
+        written[f"{name}-{pinned}.json"] = json.dumps(table, indent=1, sort_keys=True) + "\n"
+        print(f"{name}-{pinned}.json: {len(table['flags'])} flags, {len(table['metrics'])} metrics", file=sys.stderr)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("engines", nargs="*", metavar="ENGINE", help=f"some of {', '.join(SOURCES)} (default: all)")
+    p.add_argument("--check", action="store_true", help="compare with the committed tables; exit 1 on a difference")
+    p.add_argument("--out", type=Path, default=PINNED, help="where the tables go (default infra/render/pinned)")
+    p.add_argument("--venv", type=Path, help="a virtualenv with the pinned engines (default: build upstream/.cache/engines-*)")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # the run in the virtualenv
+    args = p.parse_args(argv)
+    only = args.engines or list(SOURCES)
+    if unknown := sorted(set(only) - set(SOURCES)):
+        p.error(f"unknown engine {', '.join(unknown)}: choose from {', '.join(SOURCES)}")
+    if args.inside:
+        for name, text in tables(only).items():
+            (args.out / name).write_text(text)
+        return 0
+    venv = args.venv or engine_venv()
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([str(venv / "bin" / "python"), __file__, "--inside", "--out", tmp, *only],
+                              env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+        if done.returncode != 0:
+            return done.returncode
+        made = {args.out / f.name: f.read_text() for f in sorted(Path(tmp).glob("*.json"))}
+    return write_or_check(made, args.check, "what the pinned engine parses", "python scripts/extract_engine_flags.py")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,8 +11,9 @@ function that builds them, see LABEL_SOURCES), its gauge multiprocess mode, and 
 (which process exports it: SGLang's tokenizer metrics come from the HTTP server on the group's
 rank-0 node, its scheduler metrics from each scheduler, on every node).
 
-    python scripts/extract_engine_metrics.py                 # pip download the pinned wheels
+    python scripts/extract_engine_metrics.py                 # the pinned wheels (scripts/pinned_wheels.py)
     python scripts/extract_engine_metrics.py --wheel-dir DIR # or read them from DIR
+    python scripts/extract_engine_metrics.py --check         # exit 1 if a committed table differs
 
 writes infra/render/pinned/<engine>-<version>-metrics.json with the wheel's name and sha256.
 """
@@ -24,15 +25,20 @@ import ast
 import hashlib
 import io
 import json
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
+from generated import write_or_check
+from pinned_wheels import WHEELS, pinned_wheel
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "infra" / "render" / "pinned"
-ENGINES = {"sglang": ("sglang", "0.5.23", "sglang:"), "vllm": ("vllm", "0.33.0", "vllm:")}
+sys.path.insert(0, str(ROOT))
+
+from infra.spec import PINNED_ENGINE_VERSIONS  # noqa: E402  (the one pin of each engine)
+
+ENGINES = {engine: (engine, PINNED_ENGINE_VERSIONS[engine], f"{engine}:") for engine in ("sglang", "vllm")}
 TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
 
 # Collector base labels that arrive as a constructor argument: (engine, class, variable) ->
@@ -227,23 +233,18 @@ def extract(engine: str, wheel: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--wheel-dir", type=Path, help="folder holding the pinned wheels (default: pip download them)")
+    p.add_argument("--wheel-dir", type=Path, default=WHEELS,
+                   help="folder holding the pinned wheels (default: upstream/.cache/wheels, downloaded once)")
+    p.add_argument("--check", action="store_true", help="compare with the committed tables instead of writing; "
+                   "exit 1 on a difference")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.wheel_dir or Path(tmp)
-        for engine, (dist, version, _) in ENGINES.items():
-            wheels = sorted(folder.glob(f"{dist}-{version}-*.whl"))
-            if not wheels:
-                subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(folder),
-                                f"{dist}=={version}"], check=True)
-                wheels = sorted(folder.glob(f"{dist}-{version}-*.whl"))
-            table = extract(engine, wheels[0])
-            out = OUT_DIR / f"{engine}-{version}-metrics.json"
-            out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-            unresolved = sum(1 for m in table["metrics"].values() if m["labels"] is None)
-            print(f"wrote {out.relative_to(ROOT)}: {len(table['metrics'])} metrics, {unresolved} with labels unresolved")
-    return 0
-
+    files = {}
+    for engine, (dist, version, _) in ENGINES.items():
+        table = extract(engine, pinned_wheel(dist, version, args.wheel_dir))
+        files[OUT_DIR / f"{engine}-{version}-metrics.json"] = json.dumps(table, indent=1, sort_keys=True) + "\n"
+        unresolved = sum(1 for m in table["metrics"].values() if m["labels"] is None)
+        print(f"{engine} {version}: {len(table['metrics'])} metrics, {unresolved} with labels unresolved")
+    return write_or_check(files, args.check, "the pinned wheels' source", "python scripts/extract_engine_metrics.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,17 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for module in modules_used():
         print(f"{module}@{pin(module).version}: {module_dir(module)}")
-    files = wanted()
-    if args.check:
-        stale = [n for n, text in files.items() if not (PINNED / n).is_file() or (PINNED / n).read_text() != text]
-        for n in stale:
-            print(f"differs: infra/platform_stack/pinned/{n}")
-        return 1 if stale else 0
     PINNED.mkdir(exist_ok=True)
-    for n, text in files.items():
-        (PINNED / n).write_text(text)
-        print(f"wrote infra/platform_stack/pinned/{n}")
-    return 0
+    return write_or_check({PINNED / n: text for n, text in wanted().items()}, args.check, "the pinned modules",
+                          "python scripts/platform_sources.py")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""The pinned PyPI wheels the generators of upstream-derived files read, downloaded once.
+
+Why: `make test` regenerates every upstream-derived file and compares it with the committed one
+(upstream/PROVENANCE.json lists them). The engines' wheels are large (vLLM's is ~340 MB), so each
+is fetched once per version into upstream/.cache/wheels/ (ignored by git, upstream/.gitignore)
+and read from there afterwards. pip picks the wheel this interpreter installs (CPython 3.11,
+manylinux x86_64): the one whose sha256 the generated files record, so a different wheel shows
+as a difference, never silently.
+
+    from pinned_wheels import pinned_wheel   # in scripts/ (a script's own folder is on sys.path)
+    wheel = pinned_wheel("vllm", "0.33.0")   # upstream/.cache/wheels/vllm-0.33.0-cp38-abi3-....whl
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "upstream" / ".cache"
+WHEELS = CACHE / "wheels"
+
+
+def wheel_stem(dist: str, version: str) -> str:
+    """How a wheel's file name starts (PEP 427: the name with runs of -_. as one underscore)."""
+    return f"{re.sub(r'[-_.]+', '_', dist).lower()}-{version}-"
+
+
+def pinned_wheel(dist: str, version: str, folder: Path = WHEELS) -> Path:
+    """The wheel of `dist==version` in `folder`, downloaded (without dependencies) if not there yet.
+    The download lands in a scratch folder beside it and is renamed in whole, so a test reading
+    the cache at the same time never sees half a wheel."""
+    stem = wheel_stem(dist, version)
+    found = sorted(p for p in folder.glob("*.whl") if p.name.lower().startswith(stem)) if folder.is_dir() else []
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                               "-d", tmp, f"{dist}=={version}"], capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not got:
+            raise SystemExit(f"pip download {dist}=={version}: {done.stderr.strip() or 'no wheel'}. Fix: run it where "
+                             f"PyPI is reachable, or put the wheel in {folder}")
+        os.replace(got[0], folder / got[0].name)
+        return folder / got[0].name
