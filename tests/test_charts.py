@@ -3,12 +3,18 @@ would have made, where their controllers can schedule, which nodes their DaemonS
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from infra import naming
-from infra.platform_stack.catalog import controller, installed
+from infra.offline import run_spec
+from infra.platform_stack.catalog import CATALOG, ENVOY_GATEWAY_CERTGEN_SECRETS, controller, installed
+from infra.platform_stack.charts import chart_hooks
+from infra.platform_stack.modules import module_dir, module_file
 from infra.platform_stack.program import platform_context
 from infra.platform_stack.spec import load_platform_spec
+from infra.render.manifests import manifests, unwrap
 from infra.spec_checks import load_spec
 from tests.test_platform import context, onprem_twin_spec
 
@@ -72,3 +78,97 @@ def test_the_dra_controller_fits_an_eks_system_node_and_no_gpu_node():
 def test_installed_rows_follow_what_the_hosted_stacks_use(name):
     ctx = context(name)
     assert ctx.compute_domains == (name == "platform-prod")
+
+
+def listed_hooks(row) -> dict[str, frozenset[str]]:
+    return {where: frozenset(hook.events) for hook in row.hooks for where in hook.where}
+
+
+def test_every_hook_of_every_chart_is_listed_with_what_provides_what_it_makes():
+    """The pinned provider renders charts with hooks off: pulumi-kubernetes provider
+    v4.0.0-20260115033456-f47bc2d6f199 (engine/kubernetes/go.mod) pkg/provider/helm/v4/chart.go
+    sets `cmd.DisableHooks = true` and registers only `release.Manifest` (Helm v3.18.6
+    pkg/action/install.go keeps hooks apart, in `release.Hooks`). A hook never runs, so what it
+    makes never exists unless something else makes it: Envoy Gateway v1.9.0's certgen Job made
+    the TLS Secret its controller mounts, and without it no Gateway was ever programmed.
+    Every hook in every chart source a pinned module carries (templates and values, subcharts
+    too) must be listed on its row with what it makes and what provides that; a registry-only
+    chart says where its hooks were read."""
+    for row in CATALOG:
+        if row.chart is None:
+            continue
+        if row.values_source:
+            found = chart_hooks(module_dir(row.values_source.module) / row.values_source.path)
+            assert found == listed_hooks(row), row.name
+        else:
+            assert row.hooks_read_from, f"{row.name}: say where its chart's hooks were read"
+        for hook in row.hooks:
+            assert hook.makes and hook.provided_by, (row.name, hook.where)
+    assert listed_hooks(controller("envoy-gateway"))["templates/certgen.yaml"] == {"pre-install", "pre-upgrade"}
+
+
+def test_a_hook_found_in_a_chart_that_its_row_does_not_list_is_seen(tmp_path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "job.yaml").write_text(
+        'metadata:\n  annotations:\n    "helm.sh/hook": pre-install, pre-upgrade  # makes the Secret\n')
+    (tmp_path / "templates" / "made.yaml").write_text("metadata:\n  annotations:\n    helm.sh/hook: {{ .Values.when }}\n")
+    (tmp_path / "values.yaml").write_text("check:\n  jobAnnotations:\n    helm.sh/hook: post-install\n")
+    assert chart_hooks(tmp_path) == {"templates/job.yaml": {"pre-install", "pre-upgrade"},
+                                     "templates/made.yaml": {"{{ .Values.when }}"},
+                                     "values.yaml:check.jobAnnotations": {"post-install"}}
+
+
+@pytest.fixture(scope="module")
+def prod_platform():
+    return run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+
+
+def test_envoy_gateways_certgen_runs_as_a_job_the_stack_makes_before_the_chart(prod_platform):
+    """Envoy Gateway v1.9.0: charts/gateway-helm/templates/certgen.yaml and certgen-rbac.yaml (the
+    hook: `envoy-gateway certgen`, ENVOY_GATEWAY_NAMESPACE from the pod's namespace, a Role on
+    secrets get/create/update, `--disable-topology-injector` when topologyInjector is off);
+    internal/provider/kubernetes/secrets.go CertsToSecret (the Secrets it makes);
+    templates/envoy-gateway-deployment.yaml (the controller mounts Secret `envoy-gateway`)."""
+    row = controller("envoy-gateway")
+    ns = row.namespace
+    made = {(o["kind"], o["metadata"]["name"]): o for o in map(unwrap, manifests(prod_platform))
+            if o["metadata"].get("namespace") == ns}
+    job = made[("Job", "envoy-gateway-certgen")]
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["envoy-gateway", "certgen"]
+    assert container["args"] == ["--disable-topology-injector"]
+    assert row.values(context("platform-prod"))["topologyInjector"] == {"enabled": False}
+    assert container["image"] == "docker.io/envoyproxy/gateway:v1.9.0"  # the chart's default: gateway:<Chart.Version>
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ENVOY_GATEWAY_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is True
+    account = pod["serviceAccountName"]
+    assert ("ServiceAccount", account) in made
+    binding = made[("RoleBinding", account)]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": ns}]
+    rules = made[("Role", binding["roleRef"]["name"])]["rules"]
+    assert rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]}]
+
+    source = module_file(row.values_source.module, "internal/provider/kubernetes/secrets.go").read_text()
+    assert set(re.findall(r'newSecret\(\s*corev1\.SecretType\w+,\s*"([^"]+)"', source)) == set(ENVOY_GATEWAY_CERTGEN_SECRETS)
+    chart = module_dir(row.values_source.module) / row.values_source.path / "templates"
+    mounted = set(re.findall(r"secretName:\s*(\S+)", (chart / "envoy-gateway-deployment.yaml").read_text()))
+    assert mounted and mounted <= set(ENVOY_GATEWAY_CERTGEN_SECRETS)
+
+
+def test_the_gateway_chart_waits_for_its_certgen_job(monkeypatch):
+    """A pre-install hook runs before the release's objects: the chart depends on the Job, whose
+    completion Pulumi awaits (pulumi-kubernetes await logic for batch/v1 Job)."""
+    from infra.platform_stack.components import controllers
+
+    waits_for, chart = {}, controllers.k8s.helm.v4.Chart
+
+    def recording(name, *args, opts=None, **kwargs):
+        waits_for[name] = {d._name for d in opts.depends_on}
+        return chart(name, *args, opts=opts, **kwargs)
+
+    monkeypatch.setattr(controllers.k8s.helm.v4, "Chart", recording)
+    run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    assert {"job-envoy-gateway-certgen", "rolebinding-envoy-gateway-certgen"} <= waits_for["envoy-gateway"]
+    assert not any("certgen" in d for name, deps in waits_for.items() if name != "envoy-gateway" for d in deps)

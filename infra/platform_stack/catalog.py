@@ -11,6 +11,10 @@ tolerations of DaemonSets that must run on the GPU nodes.
 
 A row whose chart no registry this project reaches carries has `values_source=None` and says
 why in `unchecked`: its values are set but not checked against the chart.
+
+Each row lists its chart's Helm hooks (`hooks`): the pinned Kubernetes provider installs a chart
+without them (`Hook` says why), so what a hook makes is made here, or the row says why nothing
+needs it.
 """
 
 from __future__ import annotations
@@ -68,6 +72,23 @@ Values = Callable[[PlatformContext], dict]
 
 
 @dataclass(frozen=True)
+class Hook:
+    """A Helm hook of a row's chart: objects annotated `helm.sh/hook`, which Helm creates around
+    an install instead of with it. helm.v4.Chart never creates them: the pinned provider
+    (pulumi-kubernetes provider v4.0.0-20260115033456-f47bc2d6f199, engine/kubernetes/go.mod)
+    renders with `DisableHooks = true` (pkg/provider/helm/v4/chart.go) and registers only the
+    release's manifest. So a hook's Job never runs, and what it would make exists only if the
+    stack makes it (`objects`, registered before the chart, which waits for them) or nothing
+    needs it (`provided_by` says why)."""
+
+    where: tuple[str, ...]  # the chart's files carrying the annotation, or `values.yaml:<path>` of a value setting it
+    events: tuple[str, ...]  # its helm.sh/hook events
+    makes: str  # what running it leaves in the cluster
+    provided_by: str  # what makes that here, or why nothing needs it
+    objects: Callable[[Controller, PlatformContext], list[dict]] | None = None
+
+
+@dataclass(frozen=True)
 class Controller:
     name: str
     version: str
@@ -84,6 +105,9 @@ class Controller:
     chart_crds: tuple[tuple[str, str], ...] = ()
     gpu_toleration_paths: tuple[str, ...] = ()  # dotted values paths: tolerations of GPU-node DaemonSets
     enabled: Callable[[PlatformContext], bool] = lambda ctx: True
+    hooks: tuple[Hook, ...] = ()  # every Helm hook of the chart at this version (tests/test_charts.py finds them)
+    # A chart in no pinned module: where its hooks were read (repository, tag, commit, folder).
+    hooks_read_from: str | None = None
 
 
 def _tolerations(ctx: PlatformContext) -> list[dict]:
@@ -124,6 +148,67 @@ def dra_driver_values(ctx: PlatformContext) -> dict:
     return values
 
 
+# What Envoy Gateway's certgen makes (v1.9.0 internal/provider/kubernetes/secrets.go CertsToSecret):
+# kubernetes.io/tls Secrets with ca.crt, tls.crt and tls.key from one new CA (the controller's,
+# the proxies' and the rate limiter's), and the Opaque envoy-oidc-hmac (hmac-secret), in the
+# controller's namespace. It never overwrites one that exists (no --overwrite).
+ENVOY_GATEWAY_CERTGEN_SECRETS = ("envoy-gateway", "envoy", "envoy-rate-limit", "envoy-oidc-hmac")
+
+
+def envoy_gateway_values(ctx: PlatformContext) -> dict:
+    return {"deployment": {"replicas": ctx.spec.controllers.envoy_gateway_replicas},
+            "config": {"envoyGateway": {"extensionApis": {"enableBackend": True}}},
+            # Its webhook is a hook too, never installed (the row's hooks); pdstack routes nothing by zone.
+            "topologyInjector": {"enabled": False}}
+
+
+def envoy_gateway_certgen(row: Controller, ctx: PlatformContext) -> list[dict]:
+    """The chart's certgen hook as plain objects (charts/gateway-helm/templates/certgen.yaml and
+    certgen-rbac.yaml at v1.9.0): the same command, image and permissions, with the chart's own
+    security contexts and cluster domain (its values.yaml at that version). Its Secrets' keys
+    never pass through Pulumi. Without a TTL, the finished Job stays, so `pulumi refresh` does not
+    find it gone and run it again (it would change nothing: certgen keeps existing Secrets)."""
+    from infra.platform_stack.values import pinned_chart  # reads pinned/, which imports nothing of the catalog
+
+    defaults = pinned_chart(row.name)["defaults"]
+    job = defaults["certgen"]["job"]
+    name = f"{row.name}-certgen"  # the chart's {{ eg.fullname }}-certgen for release envoy-gateway
+    meta = {"name": name, "namespace": row.namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta), "automountServiceAccountToken": False},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
+         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": row.namespace}]},
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": dict(meta), "spec": {
+            "backoffLimit": 1, "completions": 1, "parallelism": 1,
+            "template": {"metadata": {"labels": {"app": "certgen"}}, "spec": {
+                "automountServiceAccountToken": True,
+                "securityContext": job["pod"]["securityContext"],
+                "containers": [{
+                    "name": "envoy-gateway-certgen",
+                    # the chart's default image: docker.io/envoyproxy/gateway:{{ .Chart.Version }} (_helpers.tpl)
+                    "image": f"docker.io/envoyproxy/gateway:{row.chart.version}",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["envoy-gateway", "certgen"],
+                    "args": [] if envoy_gateway_values(ctx)["topologyInjector"]["enabled"]
+                    else ["--disable-topology-injector"],
+                    "env": [{"name": "ENVOY_GATEWAY_NAMESPACE",
+                             "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+                            {"name": "KUBERNETES_CLUSTER_DOMAIN", "value": defaults["kubernetesClusterDomain"]}],
+                    "securityContext": job["securityContext"]}],
+                "restartPolicy": "Never",
+                "serviceAccountName": name}}}},
+    ]
+
+
+# Hooks that make nothing the stack needs, by why.
+_AT_DELETE = "nothing at install: it runs when the release is deleted"
+_CRDS_OURS = ("the row's CRDs, registered by the stack from the pinned module (an upgrade of the row "
+              "upgrades them)")
+
+
 def gpu_operator_values(ctx: PlatformContext) -> dict:
     preinstalled = ctx.spec.controllers.gpu_driver_preinstalled
     return {
@@ -147,6 +232,10 @@ CATALOG: tuple[Controller, ...] = (
         chart=Chart("oci://quay.io/jetstack/charts", "cert-manager", "v1.21.2"),
         values=lambda ctx: {"replicaCount": ctx.spec.controllers.cert_manager_replicas, "crds": {"enabled": False}},
         values_source=Source(CERT_MANAGER, "deploy/charts/cert-manager"),
+        hooks=(Hook(tuple(f"values.yaml:startupapicheck.{v}" for v in ("jobAnnotations", "rbac.annotations",
+                                                                       "serviceAccount.annotations")),
+                    ("post-install",), "nothing: the startupapicheck Job waits until the API accepts a Certificate",
+                    "nothing needs it: what uses cert-manager is created after the chart, and Pulumi retries"),),
         crds=tuple(Source(CERT_MANAGER, f"deploy/crds/{n}.yaml") for n in (
             "acme.cert-manager.io_challenges", "acme.cert-manager.io_orders", "cert-manager.io_certificaterequests",
             "cert-manager.io_certificates", "cert-manager.io_clusterissuers", "cert-manager.io_issuers"))),
@@ -171,6 +260,7 @@ CATALOG: tuple[Controller, ...] = (
         enabled=lambda ctx: "keda" in ctx.scalers,
         unchecked="KEDA's chart lives in kedacore/charts, which is no Go module; github.com/kedacore/keda/v2 "
                   "(pinned) carries only its CRDs",
+        hooks_read_from="github:kedacore/charts keda 2.20.2 (cbb9bb8ce0809dc9048f72302f7c09765d66ed56) keda/: no hooks",
         crds=tuple(Source(KEDA, f"config/crd/bases/{n}.yaml") for n in (
             "keda.sh_scaledobjects", "keda.sh_scaledjobs", "keda.sh_triggerauthentications",
             "keda.sh_clustertriggerauthentications", "eventing.keda.sh_cloudeventsources",
@@ -178,9 +268,15 @@ CATALOG: tuple[Controller, ...] = (
     Controller(
         "envoy-gateway", "v1.9.0", "envoy-gateway-system", "the Gateway, its policies (API keys, rate limits)",
         chart=Chart("oci://docker.io/envoyproxy", "gateway-helm", "v1.9.0"),
-        values=lambda ctx: {"deployment": {"replicas": ctx.spec.controllers.envoy_gateway_replicas},
-                            "config": {"envoyGateway": {"extensionApis": {"enableBackend": True}}}},
+        values=envoy_gateway_values,
         values_source=Source(ENVOY_GATEWAY, "charts/gateway-helm"),
+        hooks=(Hook(("templates/certgen.yaml", "templates/certgen-rbac.yaml"), ("pre-install", "pre-upgrade"),
+                    f"Secrets {', '.join(ENVOY_GATEWAY_CERTGEN_SECRETS)}: the controller mounts envoy-gateway, "
+                    "the proxies and the rate limiter the others",
+                    "the same certgen, run as a Job the stack makes before the chart", envoy_gateway_certgen),
+               Hook(("templates/envoy-proxy-topology-injector-webhook.yaml",), ("pre-install", "pre-upgrade"),
+                    "the MutatingWebhookConfiguration that writes each Envoy pod's zone (zone-aware routing)",
+                    "nothing needs it: pdstack routes by no zone, so the injector is off (topologyInjector)")),
         crds=(*(Source(GATEWAY_API, f"config/crd/standard/gateway.networking.k8s.io_{n}.yaml") for n in (
             "gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants", "backendtlspolicies")),
               *(Source(ENVOY_GATEWAY, f"charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_{n}.yaml")
@@ -196,6 +292,8 @@ CATALOG: tuple[Controller, ...] = (
         values=lambda ctx: {"prometheus": {"url": f"http://prometheus-operated.{ctx.spec.monitoring_namespace}.svc",
                                            "port": 9090}},
         unchecked=_PROXY_REFUSES.format("sigs.k8s.io/prometheus-adapter"),
+        hooks_read_from="github:prometheus-community/helm-charts prometheus-adapter 4.11.0 "
+                        "(cfa7307424fd2e3572e0580287676c386fc91604) charts/prometheus-adapter: no hooks",
         enabled=lambda ctx: "hpa" in ctx.scalers),
     Controller(
         "gpu-operator", "v25.3.4", "gpu-operator", "device plugin, GPU feature discovery (clique labels), "
@@ -205,27 +303,53 @@ CATALOG: tuple[Controller, ...] = (
         crds=(Source(GPU_OPERATOR, "deployments/gpu-operator/crds/nvidia.com_clusterpolicies.yaml"),
               Source(GPU_OPERATOR, "deployments/gpu-operator/crds/nvidia.com_nvidiadrivers.yaml"),
               Source(GPU_OPERATOR, "deployments/gpu-operator/charts/node-feature-discovery/crds/nfd-api-crds.yaml")),
-        gpu_toleration_paths=("daemonsets.tolerations", "node-feature-discovery.worker.tolerations")),
+        gpu_toleration_paths=("daemonsets.tolerations", "node-feature-discovery.worker.tolerations"),
+        hooks=(Hook(("templates/upgrade_crd.yaml",), ("pre-upgrade",), "the chart's CRDs, applied again", _CRDS_OURS),
+               Hook(("templates/cleanup_crd.yaml",), ("pre-delete",), "the CRDs deleted",
+                    "nothing: the stack keeps CRDs when it deletes them (PlatformLayer.add)"),
+               Hook(("charts/node-feature-discovery/templates/post-delete-job.yaml",), ("post-delete",),
+                    "NFD's node labels removed", _AT_DELETE))),
     Controller(
         "nvidia-dra-driver-gpu", "25.12.0", "nvidia-dra-driver-gpu", "ComputeDomains: IMEX channels across a rack",
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "nvidia-dra-driver-gpu", "25.12.0"),
         values=dra_driver_values,
         unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
-        # deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_computedomains.yaml at v25.12.0
-        chart_crds=(("resource.nvidia.com", "ComputeDomain"),),
+        # deployments/helm/nvidia-dra-driver-gpu/crds/ at v25.12.0
+        chart_crds=(("resource.nvidia.com", "ComputeDomain"), ("resource.nvidia.com", "ComputeDomainClique")),
+        hooks_read_from="github:NVIDIA/k8s-dra-driver-gpu v25.12.0 (0882da8720c28763137e0987778ec476ec4cf8df) "
+                        "deployments/helm/nvidia-dra-driver-gpu: no hooks",
         gpu_toleration_paths=("kubeletPlugin.tolerations",), enabled=lambda ctx: ctx.compute_domains),
     Controller(
         "aws-efa-k8s-device-plugin", "v0.5.6", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
         chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.6"),
         values=lambda ctx: {"tolerations": _tolerations(ctx)},
         unchecked="the chart lives in aws/eks-charts, which is no Go module",
+        hooks_read_from="github:aws/eks-charts (bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec) "
+                        "stable/aws-efa-k8s-device-plugin: no hooks",
         gpu_toleration_paths=("tolerations",), enabled=lambda ctx: "efa" in ctx.fabrics),
     Controller(
         "network-operator", "25.4.0", "nvidia-network-operator", "InfiniBand/RoCE: OFED, RDMA device plugin",
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "network-operator", "25.4.0"),
-        values=lambda ctx: {"operator": {"tolerations": _tolerations(ctx)}},
+        # Its NFD subchart is off: the GPU operator runs NFD, whose CRDs are that row's.
+        values=lambda ctx: {"operator": {"tolerations": _tolerations(ctx)}, "nfd": {"enabled": False}},
         unchecked=_PROXY_REFUSES.format("github.com/Mellanox/network-operator"),
         gpu_toleration_paths=("operator.tolerations",),
+        # deployment/network-operator/crds/ at v25.4.0: what its CRD hook would apply
+        chart_crds=(("mellanox.com", "NicClusterPolicy"), ("mellanox.com", "HostDeviceNetwork"),
+                    ("mellanox.com", "IPoIBNetwork"), ("mellanox.com", "MacvlanNetwork"),
+                    ("k8s.cni.cncf.io", "NetworkAttachmentDefinition")),
+        hooks_read_from="github:Mellanox/network-operator v25.4.0 (8d20dc73b105cffd40434c5ea52e31975557cefa) "
+                        "deployment/network-operator",
+        hooks=(Hook(("templates/upgrade-crd-hook.yaml",), ("pre-install", "pre-upgrade"),
+                    "the CRDs of the operator and its enabled subcharts, applied from its image",
+                    "the chart's own crds/, installed with it (chart_crds: skipCrds off)"),
+               Hook(("templates/keep-ncp-hook.yaml",), ("pre-install", "pre-upgrade"),
+                    "an existing NicClusterPolicy marked to outlive the release",
+                    "nothing: the NicClusterPolicy is the user's, and the stack deletes none"),
+               Hook(("charts/node-feature-discovery/templates/post-delete-job.yaml",), ("post-delete",),
+                    "NFD's node labels removed", _AT_DELETE),
+               Hook(("charts/sriov-network-operator/templates/pre-delete-webooks.yaml",), ("pre-delete",),
+                    "the SR-IOV operator's webhooks removed", _AT_DELETE)),
         enabled=lambda ctx: bool(ctx.fabrics & {"infiniband", "roce"})),
 )
 

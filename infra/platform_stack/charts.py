@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -95,3 +96,48 @@ def _stamp(chart_yaml: Path, version: str, app_version: str) -> None:
     meta["version"] = version
     meta["appVersion"] = app_version
     chart_yaml.write_text(yaml.safe_dump(meta, sort_keys=False))
+
+
+# A hook annotation as templates write it: helm.sh/hook: <events>, the key and value quoted or not.
+_HOOK_LINE = re.compile(r"""^\s*["']?helm\.sh/hook["']?\s*:\s*(.+?)\s*(?:#.*)?$""")
+HOOK_KEY = "helm.sh/hook"
+
+
+def _events(value: str) -> frozenset[str]:
+    """The events of a hook annotation's value; one set from a value (a template expression
+    that Helm fills in) stays whole, so it must be listed as it is written."""
+    value = value.strip().strip("\"'")
+    if "{{" in value:
+        return frozenset({value})
+    return frozenset(e.strip() for e in value.split(",") if e.strip())
+
+
+def chart_hooks(folder: Path) -> dict[str, frozenset[str]]:
+    """Where a chart's source makes Helm hooks, and at which events: each template (its
+    subcharts' too) annotated `helm.sh/hook`, and each values map that sets the annotation for a
+    template to copy (cert-manager's startupapicheck.jobAnnotations), as `<values file>:<path>`.
+    Read from the source, not rendered: a hook behind a condition the values turn off is listed
+    too, so every hook a chart can make is accounted for."""
+    found: dict[str, frozenset[str]] = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        if not path.is_file():
+            continue
+        if "templates" in path.relative_to(folder).parts[:-1]:
+            events = frozenset().union(*(_events(m.group(1)) for m in map(_HOOK_LINE.match, path.read_text().splitlines())
+                                         if m))
+            if events:
+                found[relative] = events
+        elif path.name in ("values.yaml", "values.tmpl.yaml"):
+            for where, value in _hook_values(yaml.safe_load(path.read_text()) or {}):
+                found[f"{relative}:{where}"] = _events(str(value))
+    return found
+
+
+def _hook_values(node, where: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == HOOK_KEY:
+                yield where, value
+            else:
+                yield from _hook_values(value, f"{where}.{key}" if where else str(key))

@@ -131,12 +131,19 @@ class ControllerInstall(PlatformLayer):
             self.crds += crds
             self.resources = [self.add(d, first + crds) for d in docs if d["kind"] != "CustomResourceDefinition"]
         if row.chart:
+            # What the chart's hooks would make (catalog.Hook: the provider runs none), each object
+            # after the ones before it (the Job after its RBAC), all before the chart, as a
+            # pre-install hook runs; Pulumi awaits a Job's completion.
+            made: list[pulumi.Resource] = []
+            for hook in row.hooks:
+                for doc in hook.objects(row, ctx) if hook.objects else ():
+                    made.append(self.add(doc, first + made))
             self.chart = k8s.helm.v4.Chart(
                 row.name, **chart_location(row, ctx.spec.controllers.chart_source),
                 namespace=row.namespace,
                 values=self.values,
                 skip_crds=not row.chart_crds,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=first + self.crds,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=first + self.crds + made,
                                             transforms=[retain_crds] if row.chart_crds else None))
             self.resources.append(self.chart)
         self.register_outputs({"version": row.version})
