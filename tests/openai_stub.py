@@ -5,9 +5,11 @@ a configured share of requests with HTTP 500, and requires an API key (401 witho
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import random
+import threading
 import time
 from dataclasses import dataclass
 
@@ -20,9 +22,12 @@ class Behaviour:
     itl_s: float = 0.02
     error_rate: float = 0.0
     api_key: str | None = "test-key"  # None: serve anyone
+    max_running: int | None = None  # an engine's running-request cap: a request past it waits for a slot
 
 
 def _handler(b: Behaviour, rng: random.Random):
+    slots = threading.BoundedSemaphore(b.max_running) if b.max_running else contextlib.nullcontext()
+
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # the body ends when the connection closes: simplest streaming
 
@@ -54,14 +59,15 @@ def _handler(b: Behaviour, rng: random.Random):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            time.sleep(b.ttft_s)
-            for i in range(tokens):
-                if i:
-                    time.sleep(b.itl_s)
-                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub",
-                         "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
+            with slots:
+                time.sleep(b.ttft_s)
+                for i in range(tokens):
+                    if i:
+                        time.sleep(b.itl_s)
+                    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+                             "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
 
     return Handler

@@ -291,6 +291,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         m = workload.measured
         console.print(f"capacity measured by {m.tool} ({m.scenario}) at {m.where} on {m.when}" if m else
                       "capacity typed in by hand: measure it with `pdctl validate-deployment --profile-out`")
+        for note in m.notes if m else ():
+            console.print(f"measured: {escape(note)}")
         for note in notes:
             console.print(f"[yellow]{escape(note)}[/yellow]")
         if written:

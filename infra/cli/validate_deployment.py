@@ -19,6 +19,9 @@ from infra.cli.render import print_validation
 from infra.inputs import InputError, http_url, write_output
 from infra.prometheus import PrometheusAPI
 from infra.spec import StackSpec
+from infra.validation.profile import DEFAULT_MAX_CONCURRENCY
+
+REQUESTS_PER_CONCURRENCY = 2  # a level runs at least this many requests a slot: most of it at its concurrency
 
 
 def register(sub) -> None:
@@ -29,11 +32,16 @@ def register(sub) -> None:
     p.add_argument("--model", help="model name to request (default: the spec's model.name)")
     p.add_argument("--scenario", default="chat-shared-prefix", help="dataset shape: chat-shared-prefix, "
                                                                     "long-input-short-output, short-input-long-output")
-    p.add_argument("--concurrency", default="1,8,32",
-                   help="concurrency levels of the sweep (default 1,8,32), or plan: 25/50/100/125%% of the "
-                        "decode concurrency the planner predicts from --workload")
+    p.add_argument("--concurrency",
+                   help="concurrency levels of the sweep (e.g. 1,8,32; the default without --profile-out), or "
+                        "capacity (the default with it): from 1, doubled until the SLO breaks, the KV cache fills "
+                        "or the engine holds no more, then refined; or plan: 25/50/100/125%% of the decode "
+                        "concurrency the planner predicts from --workload")
+    p.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY,
+                   help=f"with --concurrency capacity: the most it asks for (default {DEFAULT_MAX_CONCURRENCY})")
     p.add_argument("--workload", help="with --concurrency plan: the workload file pdctl plan reads")
-    p.add_argument("--requests", type=int, default=200, help="requests per level (default 200)")
+    p.add_argument("--requests", type=int, default=200,
+                   help=f"requests per level (default 200), at least {REQUESTS_PER_CONCURRENCY}x its concurrency")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the scenario's token counts by this share")
     p.add_argument("--tokenizer", help="tokenizer aiperf counts with (default: the spec's model.name)")
     p.add_argument("--aiperf", default=str(Path(sys.prefix).parent / ".venv-loadtest/bin/aiperf"),
@@ -142,27 +150,60 @@ def prompt_length(scenario, share: float) -> int:
     return max(1, round(scenario.input_tokens * share))
 
 
-def other_length_runs(args, spec, model, scenario, levels: dict[int, set[int]], api_key,
-                      out: Path) -> tuple[dict[int, list], list[str]]:
-    """The scenario at other prompt lengths (tokens -> concurrency levels): alone (level 1) for
-    the prefill surface, the whole sweep for a decode row at another context. Returns the runs
-    by prompt length, and what could not be measured (the surface is narrower then, the
-    verdict unchanged)."""
+@dataclasses.dataclass
+class Runner:
+    """One aiperf run of a scenario at a concurrency, judged, and with --prometheus what the
+    decode engines held during it (their running-requests gauge, the KV cache's usage)."""
+
+    args: argparse.Namespace
+    spec: StackSpec
+    model: str
+    api_key: str | None
+    out: Path
+    prometheus: PrometheusAPI | None
+    decode_role: str
+
+    def __call__(self, scenario, concurrency: int):
+        import math
+        import time
+
+        from infra.validation.health import held_batch_query, kv_usage_query
+        from infra.validation.run import run_sweep
+
+        started = time.time()
+        result, gates = run_sweep(self.args.aiperf, self.args.url, self.model, scenario, [concurrency],
+                                  max(self.args.requests, REQUESTS_PER_CONCURRENCY * concurrency), self.out,
+                                  self.args.tokenizer or self.spec.model.name, self.api_key, self.spec.slo,
+                                  dict(os.environ)).runs[0]
+        if self.prometheus is None:
+            return result, gates
+        seconds = math.ceil(time.time() - started)
+        kind, ns = self.spec.engine.kind, self.spec.environment.namespace
+        held = self.prometheus.query(held_batch_query(kind, ns, self.decode_role, seconds))
+        usage = self.prometheus.query(kv_usage_query(kind, ns, self.decode_role, seconds))
+        return dataclasses.replace(result, held_batch=held if math.isfinite(held) else None,
+                                   kv_usage=usage if math.isfinite(usage) else None), gates
+
+
+def other_length_runs(run: Runner, scenario, levels: dict[tuple[int, int], set[int]]) -> tuple[dict, list[str]]:
+    """The scenario at other prompt lengths and output lengths ((input, output) tokens ->
+    concurrency levels): alone (level 1) for the prefill surface, under load with one output token
+    (infra/validation/profile.py prefill_concurrency), the sweep's levels for a decode row at
+    another context. Returns the runs by (input, output), and what could not be measured (the
+    surface is narrower then, the verdict unchanged)."""
     from infra.validation.loadtest import LoadTestError
-    from infra.validation.run import run_sweep
 
     runs, missing = {}, []
-    for n, concurrencies in sorted(levels.items()):
-        if n == scenario.input_tokens:
+    for (n, o), concurrencies in sorted(levels.items()):
+        if (n, o) == (scenario.input_tokens, scenario.output_tokens):
             continue  # the sweep itself
-        variant = dataclasses.replace(scenario, name=f"{scenario.name}-prompt{n}", input_tokens=n)
-        try:
-            runs[n] = [r for r, _ in run_sweep(args.aiperf, args.url, model, variant, sorted(concurrencies),
-                                               args.requests, out, args.tokenizer or spec.model.name, api_key,
-                                               spec.slo, dict(os.environ)).runs]
-        except LoadTestError as exc:
-            missing.append(f"prompts of {n} tokens at concurrency {','.join(map(str, sorted(concurrencies)))}: "
-                           f"not measured ({exc})")
+        name = f"{scenario.name}-prompt{n}" + (f"-out{o}" if o != scenario.output_tokens else "")
+        variant = dataclasses.replace(scenario, name=name, input_tokens=n, output_tokens=o)
+        for c in sorted(concurrencies):
+            try:
+                runs.setdefault((n, o), []).append(run(variant, c)[0])
+            except LoadTestError as exc:
+                missing.append(f"prompts of {n} tokens ({o} out) at concurrency {c}: not measured ({exc})")
     return runs, missing
 
 
@@ -183,21 +224,32 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     import datetime
 
     from infra.rollout.canary import Gate
-    from infra.validation.loadtest import SCENARIOS, LoadTestError, measured_workload
-    from infra.validation.run import Validation, endpoint_gates, read_sweep, run_sweep
+    from infra.validation.loadtest import SCENARIOS, LoadTestError, Sweep, measured_workload
+    from infra.validation.profile import capacity_sweep
+    from infra.validation.run import Validation, endpoint_gates, read_sweep
 
     spec = spec_from_args(args)
     if args.scenario not in SCENARIOS:
         raise InputError(f"--scenario {args.scenario}: not a scenario. Fix: one of {', '.join(SCENARIOS)}")
-    if args.concurrency == "plan":
+    elsewhere = args.render_job or args.results  # a sweep whose levels are fixed before any run
+    asked = args.concurrency or ("capacity" if args.profile_out and not elsewhere else "1,8,32")
+    concurrencies: list[int] | None = None  # None: the capacity sweep finds them
+    if asked == "capacity":
+        if elsewhere:
+            raise InputError(f"--concurrency capacity chooses each level from the run before, and "
+                             f"{'--render-job' if args.render_job else '--results'} needs them fixed. Fix: give "
+                             "the levels, e.g. --concurrency 1,8,32")
+        if args.max_concurrency < 1:
+            raise InputError("--max-concurrency: 1 or more. Fix: e.g. --max-concurrency 16384")
+    elif asked == "plan":
         concurrencies = planned_sweep(args, spec)
     else:
         try:
-            concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
+            concurrencies = sorted({int(c) for c in asked.split(",")})
             if not concurrencies or concurrencies[0] < 1:
                 raise ValueError
         except ValueError:
-            raise InputError(f"--concurrency {args.concurrency}: whole numbers of 1 or more (e.g. 1,8,32), or plan "
+            raise InputError(f"--concurrency {asked}: whole numbers of 1 or more (e.g. 1,8,32), capacity, or plan "
                              "(with --workload)") from None
     profile_shares = shares_option(args.profile_lengths, "--profile-lengths")
     context_shares = shares_option(args.profile_contexts, "--profile-contexts")
@@ -211,7 +263,7 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     http_url(args.url, "--url", "https://api.example.com")
     if args.compare_url:
         http_url(args.compare_url, "--compare-url", "https://baseline.example.com")
-    fleet = None
+    fleet, prometheus = None, None
     if args.prometheus and not args.render_job:  # asked once now: down, or refusing a query, is said before the load
         from infra.render.metrics import balancedness_roles
         from infra.validation.health import fleet_queries
@@ -227,6 +279,10 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         return render_loadtest_jobs(args, spec, scenario, concurrencies)
     out = Path(args.out)
     result = Validation(args.url)
+    pools = spec.deployment.pools()
+    decode_role = "decode" if "decode" in pools else "colocated"
+    run = Runner(args, spec, model, api_key, out, prometheus, decode_role)
+    sweep_notes: list[str] = []
     if args.results:  # the in-cluster Jobs' result folders, copied off their PVC: judged, not run again
         out = Path(args.results)
         try:
@@ -236,8 +292,13 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     elif result.add("endpoint", endpoint_gates(args.url, model, api_key)):
         out.mkdir(parents=True, exist_ok=True)  # only once there is something to measure
         try:
-            result.sweep = run_sweep(args.aiperf, args.url, model, scenario, concurrencies, args.requests, out,
-                                     args.tokenizer or spec.model.name, api_key, spec.slo, dict(os.environ))
+            if concurrencies is None:
+                found = capacity_sweep(scenario.name, lambda c: run(scenario, c), pools[decode_role].instances,
+                                       pools[decode_role].max_running_requests, args.max_concurrency)
+                result.sweep, concurrencies = found.sweep(), found.concurrencies
+                sweep_notes.append(f"decode sweep {found.stopped}")
+            else:
+                result.sweep = Sweep(scenario.name, [run(scenario, c) for c in concurrencies])
         except LoadTestError as exc:
             result.add("load test", [Gate("aiperf", False, str(exc))])
     if result.sweep:  # the lightest load is judged: it must meet the SLO (the rest measures capacity)
@@ -255,21 +316,28 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
     if args.profile_out and result.sweep and result.passed:
         import yaml
 
-        dep = spec.deployment
-        pools = dep.pools()
+        from infra.spec import prefill_chunk_tokens
+        from infra.validation.profile import prefill_concurrency
+
+        prefill_pool = pools.get("prefill", pools.get("colocated"))
+        chunk = prefill_chunk_tokens(spec) * (prefill_pool.gpus_per_instance() if prefill_pool.dp_attention else 1)
         context_lengths = {prompt_length(scenario, share) for share in context_shares}
-        levels: dict[int, set[int]] = {}
-        for share in profile_shares:
-            levels.setdefault(prompt_length(scenario, share), set()).add(1)
+        levels: dict[tuple[int, int], set[int]] = {}
+        for n in {scenario.input_tokens} | {prompt_length(scenario, share) for share in profile_shares}:
+            levels.setdefault((n, scenario.output_tokens), set()).add(1)  # alone: TTFT
+            levels.setdefault((n, 1), set()).add(prefill_concurrency(n, chunk, prefill_pool.instances))  # under load
         for n in context_lengths:
-            levels.setdefault(n, set()).update(concurrencies)
-        others, profile_notes = ({}, []) if args.results else other_length_runs(
-            args, spec, model, scenario, levels, api_key, out)
-        lengths = [r for runs in others.values() for r in runs if r.concurrency == 1]
-        contexts = [[r for r in runs if r.concurrency in concurrencies] for n, runs in others.items()
-                    if n in context_lengths]
+            levels.setdefault((n, scenario.output_tokens), set()).update(concurrencies)
+        others, profile_notes = ({}, []) if args.results else other_length_runs(run, scenario, levels)
+        alone = {n: r for (n, o), runs in others.items() for r in runs if r.concurrency == 1 and
+                 o == scenario.output_tokens}
+        alone[scenario.input_tokens] = min((r for r, _ in result.sweep.runs), key=lambda r: r.concurrency)
+        loaded = [(alone[n], r) for (n, o), runs in others.items() if o == 1 != scenario.output_tokens and n in alone
+                  for r in runs]
+        lengths = [r for n, r in alone.items() if n != scenario.input_tokens]
+        contexts = [[r for r in runs if r.concurrency in concurrencies] for (n, o), runs in others.items()
+                    if n in context_lengths and o == scenario.output_tokens]
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-        decode_role = "decode" if "decode" in pools else "colocated"
         kv_tokens = None
         if fleet:
             from infra.validation.health import kv_capacity_query, kv_tokens_per_instance
@@ -281,14 +349,14 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
                              f"the KV cache of a {decode_role} instance: not measured (" +
                              ("no --prometheus" if not fleet else "its engines report no KV cache size") +
                              "); the planner caps the batch by max running requests only")
-        profile = measured_workload(result.sweep, pools.get("prefill", pools.get("colocated")).instances,
-                                    pools[decode_role].instances, args.url, when, lengths=lengths,
-                                    contexts=contexts, max_running_requests=pools[decode_role].max_running_requests,
-                                    kv_cache_tokens=kv_tokens)
-        rows = len(profile["surface"]["decode"]["contexts"])
-        if rows < 1 + len(contexts):
-            profile_notes.append(f"decode: {1 + len(contexts) - rows} context row(s) left out: they did not measure "
-                                 "every level of the sweep")
+        if prometheus is None:
+            sweep_notes.append("decode batches: the sequences each instance held by Little's law on aiperf's "
+                               "figures (no --prometheus: the engines' running-requests gauge was not read)")
+        profile = measured_workload(result.sweep, prefill_pool.instances, pools[decode_role].instances, args.url,
+                                    when, lengths=lengths, contexts=contexts, loaded=loaded,
+                                    max_running_requests=pools[decode_role].max_running_requests,
+                                    kv_cache_tokens=kv_tokens, notes=sweep_notes)
+        profile_notes += profile["measured"].get("notes", [])
         write_output(args.profile_out, f"# measured by pdctl validate-deployment ({spec.environment.name}); read by "
                                        "pdctl plan --workload. capacity is per instance; arrival_rate_rps is what the "
                                        "test sustained inside the SLO: set the production peak to plan for demand\n"

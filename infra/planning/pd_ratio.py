@@ -75,6 +75,8 @@ class Measurement(Strict):
     when: str
     tool: str
     scenario: str
+    notes: list[str] = Field(default_factory=list, description="how: where the sweep stopped and why, what was "
+                             "estimated")
 
 
 class Workload(Strict):

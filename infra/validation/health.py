@@ -97,3 +97,18 @@ def kv_tokens_per_instance(engine: str, series: list[tuple[dict[str, str], float
             pools[(labels.get("pod", ""), labels.get("engine", ""))] = float(tokens)
     totals = [sum(pools.values()) for pools in per_instance.values() if pools]
     return min(totals) if totals else None
+
+
+def held_batch_query(engine: str, namespace: str, role: str, seconds: int) -> str:
+    """Sequences one instance of a pool held over the last `seconds` (one load-test run), on
+    average over its instances: the engines' running-requests gauge, an instance's being its
+    group's (as fleet_queries sums it)."""
+    m = ENGINE_METRICS[engine]
+    per_instance = f"sum by (namespace, {GROUP_SERIES_LABEL}) ({with_selector(m.running, role_selector(namespace, role))})"
+    return f"avg(avg_over_time(({per_instance})[{max(1, seconds)}s:]))"
+
+
+def kv_usage_query(engine: str, namespace: str, role: str, seconds: int) -> str:
+    """The highest share of KV cache in use (0..1) on any engine of a pool over the last `seconds`."""
+    m = ENGINE_METRICS[engine]
+    return f"max(max_over_time({with_selector(m.kv_cache_usage, role_selector(namespace, role))}[{max(1, seconds)}s]))"

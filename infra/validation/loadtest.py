@@ -9,11 +9,13 @@ PyTorch (1.2 GB against guidellm's 6 GB with torch; inference-perf needs Python 
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.planning.surface import held_batches
 from infra.rollout.canary import Gate  # one gate type for every verdict: name, passed, detail
 
 AIPERF_VERSION = "0.13.0"  # pinned in pyproject.toml's `loadtest` extra; the Job's image is the same release
@@ -121,6 +123,25 @@ class LoadResult:
     input_tokens_p99: float
     output_tokens_mean: float
     output_tokens_p99: float
+    # Read from the engines' metrics over the run (validate-deployment --prometheus), None where not:
+    held_batch: float | None = None  # sequences one decode instance held (its running-requests gauge)
+    kv_usage: float | None = None  # the decode pool's highest share of KV cache in use
+
+
+def littles_law_batch(result: LoadResult, decode_instances: int) -> float:
+    """Sequences one decode instance held during a run, from aiperf's own figures (Little's law):
+    output tokens/s over the tokens/s one sequence makes (1000 / ITL), at most the concurrency
+    asked. Ramp-up and the last requests' tail count in the run's tokens/s: it errs low, which
+    puts each ITL at a smaller batch (towards more instances)."""
+    asked = result.concurrency / decode_instances
+    if not (math.isfinite(result.output_tokens_per_second) and math.isfinite(result.itl_p50_ms)):
+        return asked
+    return min(asked, result.output_tokens_per_second * result.itl_p50_ms / 1000 / decode_instances)
+
+
+def held_batch(result: LoadResult, decode_instances: int) -> float:
+    """The batch a run's decode instances held: the running-requests gauge's where it was read."""
+    return result.held_batch if result.held_batch is not None else littles_law_batch(result, decode_instances)
 
 
 def read_result(path: Path, scenario: str, concurrency: int) -> LoadResult:
@@ -186,39 +207,71 @@ def _context(runs: list[LoadResult]) -> float:
     return round(sum(r.input_tokens_mean + r.output_tokens_mean / 2 for r in runs) / len(runs), 1)
 
 
-def _decode_row(runs: list[LoadResult], decode_instances: int) -> dict[float, float]:
-    """ITL (p50) by batch, a batch being a run's concurrency per decode instance."""
-    return {round(r.concurrency / decode_instances, 3): round(r.itl_p50_ms, 2) for r in runs
-            if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0}
+def _decode_row(runs: list[LoadResult], decode_instances: int) -> list[tuple[float, float]]:
+    """ITL (p50) by the batch the engine held, one point a batch (held_batches: past the
+    engine's cap several runs held the same)."""
+    return held_batches([(round(held_batch(r, decode_instances), 3), round(r.itl_p50_ms, 2)) for r in runs
+                         if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0])
 
 
-def decode_grid(rows: dict[float, dict[float, float]]) -> dict:
-    """The decode surface's grid from rows of ITL by batch, one row a context. The first row
-    (the sweep's own) sets the batches; another row joins only if it has them all, and one
-    context per value."""
+def _on_batches(row: list[tuple[float, float]], batches: list[float]) -> tuple[list[float], int]:
+    """A row's ITL at these batches: linear between its points, along its last (first) segment past
+    them (ITL affine in the batch; a batch past what a longer context held is one its KV cannot
+    hold, which the planner's KV cap refuses). Returns the ITLs and how many were extrapolated."""
+    xs, ys = [b for b, _ in row], [t for _, t in row]
+    out, outside = [], 0
+    for b in batches:
+        i = min(max(bisect.bisect_left(xs, b), 1), len(xs) - 1)
+        outside += not xs[0] <= b <= xs[-1]
+        t = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+        out.append(round(max(ys[i - 1] + t * (ys[i] - ys[i - 1]), min(ys)), 2))
+    return out, outside
+
+
+def decode_grid(rows: dict[float, list[tuple[float, float]]], notes: list[str] | None = None) -> dict:
+    """The decode surface's grid from rows of ITL by held batch, one row a context. The first row
+    (the sweep's own) sets the batches; another row, measured at the batches its engines held,
+    is read at them (_on_batches) if it has two points or more, and left out, said so, if not."""
     first = next(iter(rows.values()))
-    batches = sorted(first)
-    whole = {c: row for c, row in rows.items() if all(b in row for b in batches)}
-    contexts = sorted(whole)
-    return {"contexts": contexts, "batches": batches, "itl_ms": [[whole[c][b] for b in batches] for c in contexts]}
+    batches = [b for b, _ in first]
+    grid = {next(iter(rows)): [t for _, t in first]}
+    for context, row in list(rows.items())[1:]:
+        if len(row) < 2 or context in grid:
+            if notes is not None:
+                notes.append(f"decode: the row at a context of {context:g} tokens is left out: "
+                             f"{'one' if len(row) < 2 else 'a second'} row there")
+            continue
+        grid[context], outside = _on_batches(row, batches)
+        if outside and notes is not None:
+            notes.append(f"decode: at a context of {context:g} tokens the engines held {row[0][0]:g} to "
+                         f"{row[-1][0]:g} sequences; the ITL of {outside} other batch(es) of the grid is "
+                         "extrapolated along the row's end segments")
+    contexts = sorted(grid)
+    return {"contexts": contexts, "batches": batches, "itl_ms": [grid[c] for c in contexts]}
 
 
 def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: int, where: str, when: str,
                       headroom: float = 0.2, lengths: list[LoadResult] | tuple = (),
                       contexts: list[list[LoadResult]] | tuple = (), max_running_requests: int | None = None,
-                      kv_cache_tokens: float | None = None) -> dict:
+                      kv_cache_tokens: float | None = None,
+                      loaded: list[tuple[LoadResult, LoadResult]] | tuple = (),
+                      notes: list[str] | tuple = ()) -> dict:
     """The workload profile `pdctl plan --workload` reads, from a sweep: the traffic shape seen,
     and the surface one instance of each pool showed (infra/planning/surface.py), with where and
-    when it was measured:
+    when it was measured, and `notes` on how (where the sweep stopped and why):
     - prefill, by prompt length: TTFT (p50) of a prompt alone, from every run at concurrency 1
-      (the sweep's own and `lengths`, the same scenario at other prompt lengths), and the prompt
-      tokens/s that makes (one prompt at a time, the planner's model); with no run at
-      concurrency 1, the sweep's lightest run stands in (its TTFT holds some queueing: errs up);
+      (the sweep's own and `lengths`, the same scenario at other prompt lengths; with none, the
+      sweep's lightest run stands in: its TTFT holds some queueing, errs up), and the prompt
+      tokens/s one instance computes under load, from `loaded`: (a run alone, the same prompts
+      under load: several in flight, one output token each, infra/validation/profile.py); a length
+      with no run under load keeps a prompt alone's tokens/s (errs low: an engine batches
+      prompts), said in the notes;
     - decode, by context and batch: ITL (p50, the typical step; the planner adds the batch's
-      spread) at each concurrency per decode instance, at the context the sequences hold on
-      average (input + output / 2): the sweep's row, and one row for each of `contexts` (the same
-      sweep at other prompt lengths) that measured every batch the sweep did (a grid has no
-      holes); past the longest the planner extrapolates, and says so;
+      spread) at the batch each decode instance held (its running-requests gauge, or Little's
+      law on aiperf's figures: held_batch), at the context the sequences hold on average
+      (input + output / 2): the sweep's row, and one row for each of `contexts` (the same levels
+      at other prompt lengths), read at the first row's batches (decode_grid); past the longest
+      context the planner extrapolates, and says so;
     - the engine's max running requests from the spec, and the KV cache one decode instance
       holds, in tokens, as its engines report it (`kv_cache_tokens`, from Prometheus: see
       infra/validation/health.py kv_tokens_per_instance), or none if that was not read."""
@@ -226,6 +279,7 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
     if best is None:
         raise LoadTestError(f"{sweep.scenario}: no run met the SLO, so no capacity can be stated. Fix: the "
                             "deployment (balancing and cache settings first), or a lighter sweep")
+    notes = list(notes)
     runs = [r for r, _ in sweep.runs]
     alone = [r for r in [*runs, *lengths] if r.concurrency == 1 and r.ttft_p50_ms > 0] or \
         [min(runs, key=lambda r: r.concurrency)]
@@ -235,11 +289,18 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
     if not prefill or not decode:
         raise LoadTestError(f"{sweep.scenario}: aiperf reported no TTFT or ITL, so no surface can be stated. Fix: "
                             "a streaming endpoint (TTFT and ITL are measured per chunk)")
+    throughput = _loaded_throughput(loaded, prefill_instances)
+    alone_only = [f"{n:g}" for n in sorted(prefill) if n not in throughput]
+    if alone_only:
+        notes.append(f"prefill at {', '.join(alone_only)} tokens: no run under load, so the tokens/s of a prompt "
+                     "alone (an engine that batches prompts computes more: errs towards more instances)")
     surface = {
-        "prefill": [{"input_tokens": n, "ttft_ms": round(t, 2), "tokens_per_second": round(n / t * 1000, 1)}
+        "prefill": [{"input_tokens": n, "ttft_ms": round(t, 2),
+                     "tokens_per_second": round(throughput.get(n, n / t * 1000), 1)}
                     for n, t in sorted(prefill.items())],
         "decode": decode_grid({_context([best]): decode,
-                               **{_context(other): _decode_row(other, decode_instances) for other in contexts if other}}),
+                               **{_context(other): _decode_row(other, decode_instances) for other in contexts if other}},
+                              notes),
     }
     if kv_cache_tokens:
         surface["kv_cache_tokens"] = round(kv_cache_tokens)
@@ -251,5 +312,18 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
         "output_tokens": {"mean": round(best.output_tokens_mean, 1), "p99": round(best.output_tokens_p99, 1)},
         "headroom": headroom,
         "surface": surface,
-        "measured": {"where": where, "when": when, "tool": f"aiperf {AIPERF_VERSION}", "scenario": sweep.scenario},
+        "measured": {"where": where, "when": when, "tool": f"aiperf {AIPERF_VERSION}", "scenario": sweep.scenario,
+                     **({"notes": notes} if notes else {})},
     }
+
+
+def _loaded_throughput(loaded, prefill_instances: int) -> dict[float, float]:
+    """Prompt tokens/s one prefill instance computed under load, by the length its prompts had
+    alone (a multi-turn scenario's prompts are shorter with one output token a turn: the pair
+    says which runs are the same prompts)."""
+    out: dict[float, float] = {}
+    for alone, r in loaded:
+        if math.isfinite(r.input_tokens_mean) and math.isfinite(r.requests_per_second) and not r.errors and \
+                r.requests_per_second > 0 and math.isfinite(alone.input_tokens_mean):
+            out[round(alone.input_tokens_mean, 1)] = r.input_tokens_mean * r.requests_per_second / prefill_instances
+    return out
