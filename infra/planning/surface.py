@@ -24,8 +24,9 @@ The model (README, "The planner's model", says where it stops holding):
   fluctuates like a Poisson count, so its p99 is B + z99 sqrt(B); ITL p99 is ITL at
   that batch. The batch may not pass the engine's max running requests nor the
   sequences whose KV (C tokens each) fits the instance's KV cache.
-- Outside the measured range. Longer prompts: TTFT(L) and S(L) grow as (L / L_max)^2
-  from the longest measured one (an upper bound while cost is at most quadratic in L).
+- Outside the measured range. Longer prompts: TTFT(L) and S(L) grow from the longest
+  measured one along a + bL + cL^2 fitted to the measured lengths (three or more; an
+  estimate), or as (L / L_max)^2 (fewer; an upper bound while cost is at most quadratic in L).
   Longer contexts: ITL grows as C / C_max from the longest measured context (an upper
   bound while ITL is affine in C with a non-negative intercept). A batch beyond the
   largest measured one is never planned. Every extrapolation is named in the plan's notes.
@@ -36,6 +37,7 @@ The model (README, "The planner's model", says where it stops holding):
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -174,12 +176,42 @@ def _prefill_curve(surface: Surface, which: str, length: float, notes: Notes) ->
     if surface.degenerate:
         return ys[0] * length / xs[0]
     if length > xs[-1]:
-        notes.add(f"prompts of up to {length:.0f} tokens: beyond the longest measured ({xs[-1]:.0f}); "
-                  "prefill extrapolated as (L / L_max)^2 from it (an upper bound)")
-        return ys[-1] * (length / xs[-1]) ** 2
+        return _beyond_longest(xs, ys, length, notes)
     if length <= xs[0] or len(xs) == 1:
         return ys[0]  # shorter than the shortest measured: at most its cost (the cost rises with L)
     return _interp(xs, ys, length)
+
+
+def _beyond_longest(xs: list[float], ys: list[float], length: float, notes: Notes) -> float:
+    """A prompt longer than the longest measured. With three lengths or more: along the
+    a + b L + c L^2 (none negative: fixed cost, per-token work, attention) that fits the measured
+    points best, anchored at the longest, and never below the last chord extended (a convex cost
+    lies above it): an estimate, said so. With fewer: (L / L_max)^2 from the longest, an upper
+    bound while cost is at most quadratic in L (it over-sizes a cost that is mostly linear:
+    measure more lengths)."""
+    if len(xs) < 3:
+        notes.add(f"prompts of up to {length:.0f} tokens: beyond the longest measured ({xs[-1]:.0f}); prefill "
+                  "extrapolated as (L / L_max)^2 from it (an upper bound). Fix: measure longer prompts "
+                  "(validate-deployment --profile-lengths)")
+        return ys[-1] * (length / xs[-1]) ** 2
+    fit = _quadratic_fit(tuple(xs), tuple(ys))
+    chord = ys[-1] + (length - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    notes.add(f"prompts of up to {length:.0f} tokens: beyond the longest measured ({xs[-1]:.0f}); prefill "
+              "extrapolated along a + bL + cL^2 fitted to the measured lengths (an estimate, not a measurement). "
+              "Fix: measure longer prompts (validate-deployment --profile-lengths)")
+    return max(chord, ys[-1] * fit(length) / fit(xs[-1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _quadratic_fit(xs: tuple[float, ...], ys: tuple[float, ...]):
+    """a + b x + c x^2, a, b, c >= 0, least squares relative to each point (scipy's NNLS)."""
+    from scipy.optimize import nnls
+
+    rows = [[1 / y, x / y, x * x / y] for x, y in zip(xs, ys)]
+    (a, b, c), _ = nnls(rows, [1.0] * len(xs))
+    if a + b * xs[-1] + c * xs[-1] ** 2 <= 0:
+        return lambda x: x * x  # nothing fitted: the upper bound's shape
+    return lambda x: a + b * x + c * x * x
 
 
 def prefill_ms(surface: Surface, which: str, length: float, hit_rate: float, notes: Notes) -> float:
