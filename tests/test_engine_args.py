@@ -132,7 +132,7 @@ def test_live_load_policies_by_default():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert launch.args[launch.args.index("--prefill-policy") + 1] == "cache_aware"
-        assert launch.args[launch.args.index("--decode-policy") + 1] == "power_of_two"
+        assert launch.args[launch.args.index("--decode-policy") + 1] == "cache_aware"
 
 
 def test_epp_has_prefix_queue_and_kv_scorers_with_spec_weights_and_pd_profiles():

@@ -1,11 +1,12 @@
 """Spec to the balancers' configs: encoder, prefill/decode router, expert placement. Pure.
 
 Prefill and decode instances are picked by live load with prefix-cache affinity:
-- `sglang_router`: the SGLang model gateway in PD mode. Prefill uses `cache_aware`
-  (radix-tree affinity, falling back to the least-loaded worker when the load spread
-  passes the balance thresholds); decode uses `power_of_two` (two random workers, the
-  less loaded wins), both on live load. Workers are found by Kubernetes service discovery
-  on the pool labels, so scaling needs no router restart.
+- `sglang_router`: the SGLang model gateway in PD mode, `cache_aware` on both sides (radix-tree
+  affinity, and the worker with the fewest requests in flight when the prompt matches little or
+  the load spread passes the balance thresholds). Its load is the router's own count of the
+  requests it has in flight on each worker, which needs nothing from the engine; decode does not
+  use `power_of_two`, whose load the pinned engine does not serve (POLICY_POLLS). Workers are
+  found by Kubernetes service discovery on the pool labels, so scaling needs no router restart.
 - `gateway_epp`: the endpoint picker of llm-d-inference-scheduler (built on the Gateway API
   Inference Extension) with prefix-cache, queue and KV-cache-utilisation scorers and its
   disaggregation profile handler; llm-d's routing sidecar on decode pods runs the prefill hop.
@@ -23,18 +24,33 @@ from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT, SIDECAR_ENGINE
 from infra.render.epp_contract import config_problems, contract, flag_problems, require
 from infra.render.flagsets import flagset
 from infra.render.tracing import router_trace_args
-from infra.spec import StackSpec
+from infra.spec import SpecError, StackSpec
 
 ROUTER_PORT = 8000
 ROUTER_METRICS_PORT = 29000
 
 # Spec strategy -> sglang-router policy for the prefill side and the decode side.
 SGLANG_POLICIES = {
-    "cache_aware": ("cache_aware", "power_of_two"),
-    "least_load": ("cache_aware", "power_of_two"),
+    "cache_aware": ("cache_aware", "cache_aware"),
+    "least_load": ("cache_aware", "cache_aware"),
     "power_of_two": ("power_of_two", "power_of_two"),
     "round_robin": ("round_robin", "round_robin"),
 }
+# The worker endpoint a sglang-router 0.3.2 policy polls for load: its LoadMonitor polls
+# `{worker}/get_load` for the power_of_two policies alone (src/core/worker_manager.rs
+# parse_load_response, monitor_loop); an unanswered poll reads -1, and with both candidates at -1
+# power_of_two keeps its first random pick (src/policies/power_of_two.rs). Every other policy
+# counts the router's own requests in flight (WorkerLoadGuard, src/routers/http/pd_router.rs).
+POLICY_POLLS = {"power_of_two": "/get_load"}
+# The load endpoints the pinned engine serves: SGLang 0.5.23 serves /v1/loads
+# (srt/entrypoints/v1_loads.py, included by srt/entrypoints/http_server.py) and no /get_load.
+# tests/test_router_load_source.py reads both from the pinned packages.
+ENGINE_LOAD_ROUTES = {"sglang": frozenset({"/v1/loads"})}
+
+
+def unserved_load_polls(engine: str, policies: tuple[str, ...]) -> list[str]:
+    """The policies among `policies` whose load endpoint the pinned `engine` does not serve."""
+    return [p for p in policies if p in POLICY_POLLS and POLICY_POLLS[p] not in ENGINE_LOAD_ROUTES[engine]]
 
 
 class RoundRobinWarning(UserWarning):
@@ -69,6 +85,12 @@ def _selector_args(selector: dict[str, str]) -> list[str]:
 def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
     lb, t = spec.deployment.load_balancer, spec.timeouts
     prefill_policy, decode_policy = SGLANG_POLICIES[lb.strategy]
+    unserved = unserved_load_polls(spec.engine.kind, (prefill_policy, decode_policy))
+    if unserved:
+        raise SpecError([
+            f"deployment.load_balancer.strategy: {lb.strategy} makes sglang-router poll each worker's "
+            f"{POLICY_POLLS[unserved[0]]}, which {spec.engine.kind} {spec.engine.version} does not serve: every "
+            "worker would read as unloaded and the first random pick would win. Fix: cache_aware or least_load"])
     w = lb.weights
     args = [
         "--host", "0.0.0.0",
