@@ -309,29 +309,41 @@ def upload(s3, bucket: str, prefix: str, source: Path, workers: int = DEFAULT_WO
     return manifest
 
 
-def checked_manifest(body: bytes) -> dict[str, tuple[str, str]]:
-    """The manifest's names, each with its sha256 and the object version it pins, refused whole
-    if any name could leave the folder."""
+UNPINNED_WARNING = (
+    "WARNING: the weights manifest pins no object versions (written by an upload_weights before manifests pinned "
+    "them): each file's latest version is fetched and verified by its sha256 only, so an upload cut half way or "
+    "going on fails fresh nodes. Fix: upload the weights again with scripts/upload_weights")
+
+
+def checked_manifest(body: bytes) -> dict[str, tuple[str, str | None]]:
+    """The manifest's names, each with its sha256 and the object version it pins (None: a manifest
+    written before manifests pinned versions, `{name: sha256}`, whose files are fetched at their
+    latest version as then), refused whole if any name could leave the folder."""
     try:
         manifest = json.loads(body)
     except ValueError:
         raise WeightsManifestError(f"{MANIFEST_NAME} is not JSON. Fix: upload the weights again") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict) or not all(isinstance(f, dict) for f in files.values()):
-        raise WeightsManifestError(f"{MANIFEST_NAME} is not {{\"files\": {{name: {{sha256, version_id}}}}}} (one written "
-                                   "before manifests pinned object versions, or not upload_weights'). Fix: upload "
-                                   "the weights again with scripts/upload_weights")
-    problems = [why for name in files if (why := unsafe_name(name))]
-    problems += [f"{name!r}: {f.get('sha256')!r} is not a sha256 digest" for name, f in files.items()
-                 if not (isinstance(f.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", f["sha256"]))]
-    problems += [f"{name!r}: {f.get('version_id')!r} is not an object version id" for name, f in files.items()
-                 if not (isinstance(f.get("version_id"), str) and re.fullmatch(VERSION_ID, f["version_id"]))]
-    problems += [f"{name!r} is a name pdstack keeps for itself" for name in files
+    versioned = isinstance(files, dict) and all(isinstance(f, dict) for f in files.values())
+    if versioned:
+        listed = {name: (f.get("sha256"), f.get("version_id")) for name, f in files.items()}
+    elif isinstance(manifest, dict) and all(isinstance(digest, str) for digest in manifest.values()):
+        listed = {name: (digest, None) for name, digest in manifest.items()}  # as upload_weights wrote it before
+    else:
+        raise WeightsManifestError(f"{MANIFEST_NAME} is not {{\"files\": {{name: {{sha256, version_id}}}}}} nor "
+                                   "{name: sha256}, as upload_weights writes it. Fix: upload the weights again with "
+                                   "scripts/upload_weights")
+    problems = [why for name in listed if (why := unsafe_name(name))]
+    problems += [f"{name!r}: {digest!r} is not a sha256 digest" for name, (digest, _) in listed.items()
+                 if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest))]
+    problems += [f"{name!r}: {version!r} is not an object version id" for name, (_, version) in listed.items()
+                 if versioned and not (isinstance(version, str) and re.fullmatch(VERSION_ID, version))]
+    problems += [f"{name!r} is a name pdstack keeps for itself" for name in listed
                  if name.split("/")[0] in (MANIFEST_NAME, SUMS_NAME, VERIFIED_NAME, LOCK_NAME)]
     if problems:
         raise WeightsManifestError(f"{MANIFEST_NAME} refused, nothing fetched: " + "; ".join(problems[:5])
                                    + ". Fix: upload the weights again with scripts/upload_weights")
-    return {name: (f["sha256"], f["version_id"]) for name, f in files.items()}
+    return listed
 
 
 def _no_link_on_the_way(dest: Path, name: str) -> None:
@@ -371,6 +383,8 @@ def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DE
     got = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))
     body = got["Body"].read()
     manifest = checked_manifest(body)  # before anything is written
+    if any(version is None for _, version in manifest.values()):
+        print(UNPINNED_WARNING, file=sys.stderr)  # each start says it, in the init container's log
     for name in (*manifest, LOCK_NAME):
         _no_link_on_the_way(dest, name)
     dest.mkdir(parents=True, exist_ok=True)
@@ -380,7 +394,7 @@ def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DE
 
 
 def _fetch_and_verify_locked(s3, bucket: str, prefix: str, dest: Path, workers: int, got: dict, body: bytes,
-                             manifest: dict[str, tuple[str, str]]) -> dict[str, str]:
+                             manifest: dict[str, tuple[str, str | None]]) -> dict[str, str]:
     marker = dest / VERIFIED_NAME
     against = {"bucket": bucket, "prefix": prefix.strip("/"),
                "manifest": {"version_id": got.get("VersionId"), "etag": got.get("ETag")}}
@@ -394,7 +408,7 @@ def _fetch_and_verify_locked(s3, bucket: str, prefix: str, dest: Path, workers: 
         return digests
     marker.unlink(missing_ok=True)  # a verification stopped half way leaves no marker
 
-    def check(item: tuple[str, tuple[str, str]]) -> str | None:
+    def check(item: tuple[str, tuple[str, str | None]]) -> str | None:
         name, (expected, version_id) = item
         target = dest / name
         if not (target.is_file() and sha256_file(target) == expected):
@@ -402,9 +416,11 @@ def _fetch_and_verify_locked(s3, bucket: str, prefix: str, dest: Path, workers: 
             partial = target.with_name(target.name + ".partial")
             partial.unlink(missing_ok=True)  # never write through whatever was left there
             try:
-                s3.download_file(bucket, _key(prefix, name), str(partial), ExtraArgs={"VersionId": version_id})
+                s3.download_file(bucket, _key(prefix, name), str(partial),
+                                 ExtraArgs={"VersionId": version_id} if version_id else {})
             except s3.exceptions.ClientError as exc:
-                return f"{name}: version {version_id} the manifest pins cannot be fetched ({exc})"
+                return f"{name}: {f'version {version_id} the manifest pins' if version_id else 'its latest version'} " \
+                       f"cannot be fetched ({exc})"
             os.replace(partial, target)
             actual = sha256_file(target)
             if actual != expected:

@@ -7,7 +7,7 @@ for the one call it makes, done with boto3 against the tests' S3 server (moto):
 With --query, the answer's VersionId and ETag as the aws CLI prints them with --output text
 (tab-separated); without, the CLI's JSON answer (nothing the script reads). The real CLI is not
 installable beside this project's boto3 (awscli pins an older botocore). Every call is logged
-to $AWS_STANDIN_LOG, one line each."""
+to $AWS_STANDIN_LOG, one line each, its arguments as given."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
             rest.append(a)
     if os.environ.get("AWS_STANDIN_LOG"):
         with open(os.environ["AWS_STANDIN_LOG"], "a") as log:
-            log.write(" ".join(rest) + "\n")
+            log.write(" ".join(argv) + "\n")
     s3 = boto3.client("s3", endpoint_url=opts["--endpoint-url"], region_name=opts["--region"])
     service, op = rest[0], rest[1]
     if (service, op) == ("s3api", "get-object"):

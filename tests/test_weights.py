@@ -517,3 +517,100 @@ def test_two_aws_cli_fetches_into_one_node_cache_both_finish(s3_endpoint, model_
     dest = Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"])
     assert _same_files(model_dir, dest)
     assert sorted(p.name for p in dest.iterdir() if p.name.startswith(".")) == [".pdstack-verified"]
+
+
+# --- manifests written before versions were pinned, on upgrade (#36 item 6 follow-up) ---------
+
+
+def _upload_the_old_way(s3, bucket, prefix, source: Path) -> dict[str, str]:
+    """The files and both manifests as upload_weights wrote them before manifests pinned versions
+    (infra/weights.py at a311ade~1): SHA256SUMS.json `{name: sha256}`, SHA256SUMS lines
+    `<sha256>  <name>` (coreutils `sha256sum` output, two spaces), each file its key's latest version."""
+    import json
+
+    manifest = weights.build_manifest(source)
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    for rel in manifest:
+        s3.upload_file(str(source / rel), bucket, f"{prefix}/{rel}")
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS",
+                  Body="".join(f"{digest}  {rel}\n" for rel, digest in sorted(manifest.items())).encode())
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/SHA256SUMS.json",
+                  Body=json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return manifest
+
+
+def test_a_manifest_written_before_versions_were_pinned_is_still_fetched_and_verified(s3_endpoint, model_dir,
+                                                                                      tmp_path, capsys):
+    """Upgrading the stack ships the new fetcher to every pod that starts next; the bucket still
+    holds the manifest the last upload wrote. Before, a `{name: sha256}` manifest was refused
+    ("upload again"): a restarted engine pod or a new group never started while warm pods served.
+    Now it is fetched as then (each key's latest version, verified by sha256), with a warning in
+    the init container's log to upload again; a file that does not match still fails the pod."""
+    s3 = weights.s3_client(s3_endpoint)
+    old = _upload_the_old_way(s3, "weights-legacy", "m", model_dir)
+    dest = tmp_path / "cache"
+    assert weights.main(["fetch", "--endpoint", s3_endpoint, "--bucket", "weights-legacy", "--prefix", "m",
+                         "--dest", str(dest)]) == 0
+    err = capsys.readouterr().err
+    assert "pins no object versions" in err and "upload the weights again with scripts/upload_weights" in err, err
+    assert _same_files(model_dir, dest)
+    assert weights.fetch_and_verify(s3, "weights-legacy", "m", dest) == old  # warm: the same answer, and said again
+    assert "pins no object versions" in capsys.readouterr().err
+    s3.put_object(Bucket="weights-legacy", Key="m/shards/model-00001.safetensors", Body=b"bit rot")
+    with pytest.raises(WeightsIntegrityError) as caught:
+        weights.fetch_and_verify(s3, "weights-legacy", "m", tmp_path / "fresh-node")
+    assert [p.split(":")[0] for p in caught.value.problems] == ["shards/model-00001.safetensors"]
+    assert not (tmp_path / "fresh-node" / MANIFEST_NAME).exists()
+
+
+def test_aws_cli_script_fetches_and_verifies_a_manifest_written_before_versions_were_pinned(
+        s3_endpoint, model_dir, aws_cli_env, tmp_path):
+    """The aws-cli image's script with SHA256SUMS in its old shape (`<sha256>  <name>`, every
+    line): each key's latest version is fetched (no --version-id) and checked by `sha256sum -c`,
+    with the warning on stderr; a key whose latest bytes do not match still exits 3."""
+    s3 = weights.s3_client(s3_endpoint)
+    _upload_the_old_way(s3, "weights-sh-legacy", "m", model_dir)
+    done = _run_fetch_script(aws_cli_env, "weights-sh-legacy")
+    assert done.returncode == 0, done.stderr
+    assert "pins no object versions" in done.stderr and "scripts/upload_weights" in done.stderr
+    dest = Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"])
+    assert _same_files(model_dir, dest)
+    fetched = [line for line in (tmp_path / "aws.log").read_text().splitlines() if "/SHA256SUMS " not in line]
+    assert len(fetched) == 4 and not any("--version-id" in line for line in fetched), fetched
+    done = _run_fetch_script(aws_cli_env, "weights-sh-legacy")
+    assert done.returncode == 0 and "verified before" in done.stdout and "pins no object versions" in done.stderr
+    s3.put_object(Bucket="weights-sh-legacy", Key="m/config.json", Body=b"tampered")
+    (dest / "config.json").unlink()
+    done = _run_fetch_script(aws_cli_env, "weights-sh-legacy")
+    assert done.returncode == 3 and "config.json: sha256 does not match" in done.stderr
+
+
+@pytest.mark.parametrize("sums", [
+    "{d}  config.json\n{d} 3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY  shards/a\n",  # both shapes in one file
+    "{d}  ../escaped.txt\n",  # the old shape, a name that leaves the folder
+    "{d} config.json\n",  # one space: neither shape
+    "{d}   config.json\n",  # three spaces: neither shape
+])
+def test_aws_cli_script_takes_only_the_two_line_shapes_whole(s3_endpoint, aws_cli_env, tmp_path, sums):
+    """The old shape is taken only for a whole file of it; anything else is refused before a byte
+    is fetched, as before."""
+    s3 = weights.s3_client(s3_endpoint)
+    _plant_manifest(s3, "weights-sh-shapes", "m", {"config.json": b"{}"})
+    s3.put_object(Bucket="weights-sh-shapes", Key="m/SHA256SUMS", Body=sums.format(d="0" * 64).encode())
+    done = _run_fetch_script(aws_cli_env, "weights-sh-shapes")
+    assert done.returncode == 3 and "nothing fetched" in done.stderr, done.stderr
+    assert _tree(tmp_path / "node") == ["cache", "cache/m"]
+
+
+@pytest.mark.parametrize("body", [
+    {"../escaped.txt": "0" * 64},  # the old shape, a name that leaves the folder
+    {"config.json": "not a digest"},
+    {"config.json": "0" * 64, "shards": {"sha256": "0" * 64, "version_id": "v1"}},  # the two shapes mixed
+    {"files": {"config.json": {"sha256": "0" * 64}}},  # the new shape without its version
+])
+def test_a_manifest_of_neither_shape_whole_is_refused_before_anything_is_fetched(body):
+    import json
+
+    with pytest.raises(weights.WeightsManifestError, match="Fix: upload the weights again"):
+        weights.checked_manifest(json.dumps(body).encode())

@@ -16,7 +16,7 @@ import pulumi
 from infra.components.k8s import Layer, LayerContext
 from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
 from infra.spec import StackSpec
-from infra.weights import SAFE_NAME, SUMS_NAME, VERSION_ID
+from infra.weights import SAFE_NAME, SUMS_NAME, UNPINNED_WARNING, VERSION_ID
 
 VERIFIED_SHELL_MARKER = ".pdstack-verified"  # the aws-cli script's marker (infra/weights.py writes .json)
 
@@ -50,7 +50,10 @@ def aws_cli_fetch_script() -> str:
     any is used, and only those names are fetched, so nothing is written or removed outside the
     cache folder. Each file is fetched at the object version SHA256SUMS pins (`aws s3api
     get-object --version-id`: GetObject's versionId, S3 API Reference), so an upload cut half
-    way, or going on, changes nothing this fetches.
+    way, or going on, changes nothing this fetches. A SHA256SUMS all of whose lines are
+    `<sha256>  <name>` (upload_weights before it pinned versions) is followed as then, each key's
+    latest version checked by its sha256, saying so on stderr: an upgrade does not stop the pods
+    that start next. Any other line, or the two shapes mixed, is refused.
 
     Verified once per manifest, as infra/weights.py does: the marker records SHA256SUMS's
     VersionId and ETag (from the same GetObject that read it) and each cached file's size; a
@@ -72,9 +75,15 @@ def aws_cli_fetch_script() -> str:
         # the sums and, from the same answer, the version they are: what a verification is made against
         f'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/{sums}" '
         "--query '[VersionId,ETag]' --output text \"$work/sums\" > \"$work/state\"",
+        # every line one of two shapes: `<sha256> <version id>  <name>`, or, all of them, `<sha256>  <name>` as
+        # upload_weights wrote it before manifests pinned versions (each file's latest version, shown as `-`)
         f"if grep -Evxq -e {shlex.quote('[0-9a-f]{64} ' + VERSION_ID + '  ' + SAFE_NAME)} \"$work/sums\"; then",
-        f'  echo "{sums}: a name that leaves the cache folder, or not a sha256, version and name line; '
-        'nothing fetched" >&2; exit 3',
+        f"  if grep -Evxq -e {shlex.quote('[0-9a-f]{64}  ' + SAFE_NAME)} \"$work/sums\"; then",
+        f'    echo "{sums}: a name that leaves the cache folder, or a line of neither shape (<sha256> <version id>  '
+        '<name>, or <sha256>  <name> on every line); nothing fetched" >&2; exit 3',
+        "  fi",
+        f"  echo {shlex.quote(UNPINNED_WARNING)} >&2",
+        "  sed 's/^\\([0-9a-f]*\\)  /\\1 -  /' \"$work/sums\" > \"$work/latest\" && mv -f \"$work/latest\" \"$work/sums\"",
         "fi",
         "while read -r _ _ f; do p=; for part in $(echo \"$f\" | tr / ' '); do p=\"${p:+$p/}$part\"",
         '  if [ -L "$p" ]; then echo "$p: a symbolic link in the weights cache; nothing is written through one" >&2; '
@@ -99,8 +108,9 @@ def aws_cli_fetch_script() -> str:
         '> "$work/failed"; rm -f "$work"/part.*; [ ! -s "$work/failed" ]; }',
         # each listed name at its pinned version, into the work folder, then renamed into place whole
         'fetch_listed() { while read -r v f; do mkdir -p -- "$(dirname -- "$f")" "$(dirname -- "$work/files/$f")"; '
-        'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/$f" --version-id "$v" '
-        '"$work/files/$f" > /dev/null && mv -f -- "$work/files/$f" "$f"; done < "$1"; }',
+        'if [ "$v" = - ]; then v=; fi; '
+        'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/$f" '
+        '${v:+--version-id "$v"} "$work/files/$f" > /dev/null && mv -f -- "$work/files/$f" "$f"; done < "$1"; }',
         "if ! verify; then",
         '  while read -r _ v f; do if grep -Fxq -e "$f" "$work/failed"; then echo "$v $f"; fi; done < "$work/sums" '
         '> "$work/fetch"',
