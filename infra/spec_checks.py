@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from infra.inputs import InputError, load_yaml_mapping, validation_problems
 from infra.planning.capacity import capacity_problems as reserved_capacity_problems
+from infra.render.router_config import router_policy_problems
 from infra.spec import PINNED_ENGINE_VERSIONS, SpecError, StackSpec, cross_field_problems
 
 
@@ -38,7 +39,7 @@ def parse_spec(data: object) -> StackSpec:
         spec = StackSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(validation_problems(exc, StackSpec, _ratio_hint)) from None
-    problems = cross_field_problems(spec) + planning_problems(spec)
+    problems = cross_field_problems(spec) + planning_problems(spec) + router_policy_problems(spec)
     if problems:
         raise SpecError(problems)
     return spec

@@ -48,9 +48,19 @@ POLICY_POLLS = {"power_of_two": "/get_load"}
 ENGINE_LOAD_ROUTES = {"sglang": frozenset({"/v1/loads"})}
 
 
-def unserved_load_polls(engine: str, policies: tuple[str, ...]) -> list[str]:
-    """The policies among `policies` whose load endpoint the pinned `engine` does not serve."""
-    return [p for p in policies if p in POLICY_POLLS and POLICY_POLLS[p] not in ENGINE_LOAD_ROUTES[engine]]
+def router_policy_problems(spec: StackSpec) -> list[str]:
+    """A strategy whose sglang-router policies poll a load endpoint the pinned engine does not serve
+    (infra/spec_checks.py reads the spec with it, so `pdctl validate` says it too)."""
+    lb, engine = spec.deployment.load_balancer, spec.engine
+    if lb.implementation != "sglang_router" or engine.kind not in ENGINE_LOAD_ROUTES:
+        return []  # sglang_router routes SGLang only (infra/spec.py engine_capability_problems)
+    served = ENGINE_LOAD_ROUTES[engine.kind]
+    unserved = [p for p in SGLANG_POLICIES[lb.strategy] if p in POLICY_POLLS and POLICY_POLLS[p] not in served]
+    if not unserved:
+        return []
+    return [f"deployment.load_balancer.strategy: {lb.strategy} makes sglang-router poll each worker's "
+            f"{POLICY_POLLS[unserved[0]]}, which {engine.kind} {engine.version} does not serve: every worker would "
+            "read as unloaded and the first random pick would win. Fix: cache_aware or least_load"]
 
 
 class RoundRobinWarning(UserWarning):
@@ -85,12 +95,9 @@ def _selector_args(selector: dict[str, str]) -> list[str]:
 def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
     lb, t = spec.deployment.load_balancer, spec.timeouts
     prefill_policy, decode_policy = SGLANG_POLICIES[lb.strategy]
-    unserved = unserved_load_polls(spec.engine.kind, (prefill_policy, decode_policy))
-    if unserved:
-        raise SpecError([
-            f"deployment.load_balancer.strategy: {lb.strategy} makes sglang-router poll each worker's "
-            f"{POLICY_POLLS[unserved[0]]}, which {spec.engine.kind} {spec.engine.version} does not serve: every "
-            "worker would read as unloaded and the first random pick would win. Fix: cache_aware or least_load"])
+    problems = router_policy_problems(spec)
+    if problems:
+        raise SpecError(problems)
     w = lb.weights
     args = [
         "--host", "0.0.0.0",
