@@ -145,11 +145,6 @@ def plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
         raise InputError(f"--plot {args.plot}: {' '.join(done.stderr.split()[-30:])}")
 
 
-def prompt_length(scenario, share: float) -> int:
-    """Tokens of the scenario's prompt at a share of its own length."""
-    return max(1, round(scenario.input_tokens * share))
-
-
 @dataclasses.dataclass
 class Runner:
     """One aiperf run of a scenario at a concurrency, judged, and with --prometheus what the
@@ -186,17 +181,13 @@ class Runner:
 
 
 def other_length_runs(run: Runner, scenario, levels: dict[tuple[int, int], set[int]]) -> tuple[dict, list[str]]:
-    """The scenario at other prompt lengths and output lengths ((input, output) tokens ->
-    concurrency levels): alone (level 1) for the prefill surface, under load with one output token
-    (infra/validation/profile.py prefill_concurrency), the sweep's levels for a decode row at
-    another context. Returns the runs by (input, output), and what could not be measured (the
+    """The scenario at other prompt and output lengths ((input, output) tokens -> concurrency
+    levels, infra/validation/profile.py ProfilePlan). Returns the runs by (input, output), and what could not be measured (the
     surface is narrower then, the verdict unchanged)."""
     from infra.validation.loadtest import LoadTestError
 
     runs, missing = {}, []
     for (n, o), concurrencies in sorted(levels.items()):
-        if (n, o) == (scenario.input_tokens, scenario.output_tokens):
-            continue  # the sweep itself
         name = f"{scenario.name}-prompt{n}" + (f"-out{o}" if o != scenario.output_tokens else "")
         variant = dataclasses.replace(scenario, name=name, input_tokens=n, output_tokens=o)
         for c in sorted(concurrencies):
@@ -317,26 +308,15 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         import yaml
 
         from infra.spec import prefill_chunk_tokens
-        from infra.validation.profile import prefill_concurrency
+        from infra.validation.profile import ProfilePlan
 
         prefill_pool = pools.get("prefill", pools.get("colocated"))
         chunk = prefill_chunk_tokens(spec) * (prefill_pool.gpus_per_instance() if prefill_pool.dp_attention else 1)
-        context_lengths = {prompt_length(scenario, share) for share in context_shares}
-        levels: dict[tuple[int, int], set[int]] = {}
-        for n in {scenario.input_tokens} | {prompt_length(scenario, share) for share in profile_shares}:
-            levels.setdefault((n, scenario.output_tokens), set()).add(1)  # alone: TTFT
-            levels.setdefault((n, 1), set()).add(prefill_concurrency(n, chunk, prefill_pool.instances))  # under load
-        for n in context_lengths:
-            levels.setdefault((n, scenario.output_tokens), set()).update(concurrencies)
-        others, profile_notes = ({}, []) if args.results else other_length_runs(run, scenario, levels)
-        alone = {n: r for (n, o), runs in others.items() for r in runs if r.concurrency == 1 and
-                 o == scenario.output_tokens}
-        alone[scenario.input_tokens] = min((r for r, _ in result.sweep.runs), key=lambda r: r.concurrency)
-        loaded = [(alone[n], r) for (n, o), runs in others.items() if o == 1 != scenario.output_tokens and n in alone
-                  for r in runs]
-        lengths = [r for n, r in alone.items() if n != scenario.input_tokens]
-        contexts = [[r for r in runs if r.concurrency in concurrencies] for (n, o), runs in others.items()
-                    if n in context_lengths and o == scenario.output_tokens]
+        planned_runs = ProfilePlan(scenario.input_tokens, scenario.output_tokens, profile_shares, context_shares,
+                                   chunk, prefill_pool.instances)
+        others, profile_notes = ({}, []) if args.results else other_length_runs(
+            run, scenario, planned_runs.levels(concurrencies))
+        lengths, loaded, contexts = planned_runs.inputs([r for r, _ in result.sweep.runs], others)
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
         kv_tokens = None
         if fleet:

@@ -126,3 +126,46 @@ def prefill_concurrency(prompt_tokens: int, chunk_tokens_per_instance: int, pref
     per_instance = min(MAX_PROMPTS_IN_FLIGHT, max(MIN_PROMPTS_IN_FLIGHT, math.ceil(chunk_tokens_per_instance
                                                                                     / max(prompt_tokens, 1))))
     return per_instance * prefill_instances
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """Which runs besides the decode sweep a profile takes, and which of them feed each part of
+    the surface (measured_workload): at the scenario's prompt length and at `length_shares` of
+    it, a prompt alone (concurrency 1: TTFT) and the same prompts under load (one output token,
+    prefill_concurrency in flight: tokens/s); at `context_shares` of it, the sweep's levels again
+    (a decode row at a longer context). Runs are keyed (input tokens, output tokens)."""
+
+    input_tokens: int
+    output_tokens: int
+    length_shares: list[float]
+    context_shares: list[float]
+    chunk_tokens_per_instance: int
+    prefill_instances: int
+
+    def length(self, share: float) -> int:
+        return max(1, round(self.input_tokens * share))
+
+    def levels(self, sweep_levels: list[int]) -> dict[tuple[int, int], set[int]]:
+        """(input, output) tokens -> concurrency levels, the sweep's own runs left out."""
+        out: dict[tuple[int, int], set[int]] = {}
+        for n in {self.input_tokens} | {self.length(share) for share in self.length_shares}:
+            if n != self.input_tokens:
+                out.setdefault((n, self.output_tokens), set()).add(1)  # alone: TTFT
+            if self.output_tokens != 1:
+                out.setdefault((n, 1), set()).add(prefill_concurrency(n, self.chunk_tokens_per_instance,
+                                                                      self.prefill_instances))  # under load
+        for n in {self.length(share) for share in self.context_shares} - {self.input_tokens}:
+            out.setdefault((n, self.output_tokens), set()).update(sweep_levels)
+        return out
+
+    def inputs(self, sweep: list[LoadResult], others: dict[tuple[int, int], list[LoadResult]]):
+        """measured_workload's `lengths` (alone, at other lengths), `loaded` (pairs: alone, under
+        load) and `contexts` (rows at longer prompts) from the sweep's runs and the others."""
+        alone = {n: r for (n, o), runs in others.items() for r in runs if r.concurrency == 1 and o == self.output_tokens}
+        alone[self.input_tokens] = min(sweep, key=lambda r: r.concurrency)
+        loaded = [(alone[n], r) for (n, o), runs in others.items() if o == 1 != self.output_tokens and n in alone
+                  for r in runs]
+        context_lengths = {self.length(share) for share in self.context_shares}
+        contexts = [runs for (n, o), runs in others.items() if n in context_lengths and o == self.output_tokens]
+        return [r for n, r in alone.items() if n != self.input_tokens], loaded, contexts
