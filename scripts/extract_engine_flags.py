@@ -4,7 +4,7 @@ Why: every engine flag pdstack renders is checked against the exact argparse par
 the engine version we pin. The parser is only buildable where the engine imports (it
 needs torch and friends), so the tables are built in a scratch virtualenv: the packages
 upstream/engine-venv-requirements.txt lists and the pinned wheels (scripts/pinned_wheels.py),
-all installed with --no-deps into upstream/.cache/engines-<hash of both>/, once (~5.5 GB).
+all installed with --no-deps into upstream/.cache/engines-<hash of both>/, once (~7 GB).
 Run from anywhere, this builds that virtualenv if needed and runs itself again inside it:
 
     python scripts/extract_engine_flags.py [ENGINE ...]          # rewrite the tables
@@ -171,9 +171,10 @@ def pinned_version(name: str) -> str:
 
 
 def venv_key() -> str:
-    """What the virtualenv holds: the requirements file's text and the engines' pins."""
+    """What the virtualenv holds: the requirements (not the file's comments) and the engines' pins."""
+    wanted = [line.strip() for line in REQUIREMENTS.read_text().splitlines() if line.strip() and not line.startswith("#")]
     pins = sorted((SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES)
-    return hashlib.sha256((REQUIREMENTS.read_text() + json.dumps(pins)).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([wanted, pins]).encode()).hexdigest()[:16]
 
 
 def engine_venv() -> Path:
@@ -185,7 +186,7 @@ def engine_venv() -> Path:
         return venv
     wheels = [pinned_wheel(SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES]
     build = Path(tempfile.mkdtemp(dir=CACHE, prefix=".building-"))
-    print(f"building {venv.relative_to(ROOT)} (once; ~5.5 GB)", file=sys.stderr)
+    print(f"building {venv.relative_to(ROOT)} (once; ~7 GB)", file=sys.stderr)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(build)], check=True)
         subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary",

@@ -78,6 +78,11 @@ DERIVED = (
             "tests/test_provenance.py::test_the_flag_tables_are_what_the_pinned_engines_parse", "flags"),
     Derived(("infra/platform_stack/pinned/*.json",), "python scripts/platform_sources.py",
             "tests/test_provenance.py::test_the_chart_values_are_what_the_pinned_modules_hold", "chart_values"),
+    Derived(("infra/platform_stack/pinned_from_git/*.json",),
+            "python scripts/platform_sources.py --git-checkout <repository>=<checkout>", None, "chart_values",
+            "read from a checkout of the chart's git repository at the recorded commit (aws/eks-charts is no Go "
+            "module, and neither it nor the chart registry is reachable here); `platform_sources.py --check` holds "
+            "each record to its catalog row: repository, commit, folder and chart version"),
     Derived(("infra/render/engine_check/models/*.json",), "python scripts/provenance.py",
             "tests/test_provenance.py::test_the_list_is_what_the_files_and_packages_say", "model_config"),
 )
@@ -168,8 +173,10 @@ def flags_sources(path: Path) -> list[dict]:
 
 def chart_values_sources(path: Path) -> list[dict]:
     o = json.loads(path.read_text())["origin"]
-    return [{"go_module": o["module"], "version": o["version"], "pinned_in": o["pinned_in"],
-             "paths": sorted(p for p in (o["path"], o["schema"]) if p)}]
+    paths = sorted(p for p in (o["path"], o["schema"]) if p)
+    if "repository" in o:  # a chart read from a git repository at a commit (pinned_from_git/)
+        return [{"repository": o["repository"], "version": o["version"], "commit": o["commit"], "paths": paths}]
+    return [{"go_module": o["module"], "version": o["version"], "pinned_in": o["pinned_in"], "paths": paths}]
 
 
 # --- the model configs: which values the pinned transformers' config class gives ---
@@ -274,6 +281,9 @@ def listing() -> dict:
                     files.append({**models[relative(path)], **how})
                 else:
                     files.append({"file": relative(path), "sources": ORIGIN_READERS[d.origins](path), **how})
+    twice = sorted({f["file"] for f in files if sum(g["file"] == f["file"] for g in files) > 1})
+    if twice:
+        raise SystemExit(f"{', '.join(twice)}: matched by two DERIVED entries. Fix: narrow their patterns")
     return {"about": __doc__.splitlines()[0].rstrip(":") + " (scripts/provenance.py writes it)",
             "files": sorted(files, key=lambda f: f["file"])}
 
