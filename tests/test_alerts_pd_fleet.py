@@ -8,7 +8,7 @@ Which role exports what (infra/render/metrics.py's docstring holds the citations
   histograms (srt/entrypoints/engine.py). A PD decode scheduler publishes sglang:cache_hit_rate
   as a constant 0 (srt/managers/scheduler_components/metrics_reporter.py: only
   report_prefill_stats sets it; observability/metrics_collector.py log_stats publishes it on every
-  report). A PD prefill's tokenizer never observes TTFT nor inter-token latency
+  report), and its sglang:prefill_effective_tokens_total stays at the 0 every mode is seeded with. A PD prefill's tokenizer never observes TTFT nor inter-token latency
   (srt/managers/tokenizer_manager.py collect_metrics); decode's TTFT runs from the request's
   arrival to its first token.
 - vllm 0.33.0: only a group's leader serves /metrics (entrypoints/cli/serve.py run_headless). Both
@@ -75,7 +75,7 @@ def series(pod: Pod, name: str, values: str, **extra: str) -> dict:
     _, entry = exposed_series(pod.engine)[name]
     engine_values = {"model_name": MODEL, "engine_type": pod.role, "tp_rank": str(8 * pod.worker), "pp_rank": "0",
                      "moe_ep_rank": "0", "engine": "0", "forward_mode": "decode", "is_streaming": "true"}
-    labels = {**{k: engine_values[k] for k in entry["labels"]}, **extra,
+    labels = {**{k: engine_values[k] for k in entry["labels"] if k not in extra}, **extra,
               "namespace": pod.namespace, "pod": pod.name, "job": "engines", "instance": f"{pod.name}:30000",
               ROLE_SERIES_LABEL: pod.role, RELEASE_SERIES_LABEL: str(pod.revision),
               GROUP_SERIES_LABEL: "0", WORKER_SERIES_LABEL: str(pod.worker)}
@@ -118,10 +118,20 @@ class Health:
     balancedness: float = 0.9
 
 
+def prefill_tokens(pod: Pod, h: Health) -> list[dict]:
+    """sglang:prefill_effective_tokens_total by mode, each seeded at 0 on every scheduler: a prefill
+    computes 1000 prompt tokens a minute, `hit_rate` of them from its GPU cache; decode none."""
+    per_minute = {"input": round(1000 * (1 - h.hit_rate)), "device_hit": round(1000 * h.hit_rate),
+                  "host_hit": 0, "storage_hit": 0} if pod.role == "prefill" else {}
+    return [series(pod, "sglang:prefill_effective_tokens_total", f"0+{per_minute.get(mode, 0)}x60", mode=mode)
+            for mode in ("input", "device_hit", "host_hit", "storage_hit")]
+
+
 def sglang_series(pod: Pod, h: Health, balanced: list[str]) -> list[dict]:
     out = [series(pod, "sglang:num_queue_reqs", f"{h.queue}x60"),
            series(pod, "sglang:token_usage", f"{h.kv_usage}x60"),
            series(pod, "sglang:cache_hit_rate", f"{h.hit_rate if pod.role == 'prefill' else 0}x60"),
+           *prefill_tokens(pod, h),
            series(pod, "sglang:num_transfer_failed_reqs_total", f"0+{h.transfer_failures_per_minute}x60")]
     if pod.role in balanced:
         out += [series(pod, "sglang:eplb_balancedness_sum", f"0+{h.balancedness * 10:g}x60", forward_mode="decode"),

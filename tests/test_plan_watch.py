@@ -33,7 +33,7 @@ def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=No
                if 0 < rate_queries[0] <= HISTORY_POINTS * len(rounds) else {})
         at = {"rate": rate, "counts": counts, "lengths": lengths, **now}
         kind = "prompt" if "prompt_tokens" in query else "generation" if "generation_tokens" in query else None
-        if "cache_hit_rate" in query:
+        if "prefill_effective_tokens" in query:
             value = hit_rate
         elif kind:
             mean, p99 = at["lengths"][kind] if at["lengths"] else ("NaN", "NaN")

@@ -124,7 +124,12 @@ ENGINE_METRICS = {
         queue_depth="sglang:num_queue_reqs",
         running="sglang:num_running_reqs",
         kv_cache_usage="sglang:token_usage",
-        prefix_hit_ratio=f"avg by ({', '.join(BY_POOL)}) (sglang:cache_hit_rate)",
+        # Prompt tokens served from a cache tier over all, as the counter's own help text says to
+        # read it (srt/observability/metrics_collector.py prefill_effective_tokens_total: modes
+        # input, device_hit, host_hit, storage_hit, each seeded at 0): token-weighted, over the
+        # window, where sglang:cache_hit_rate holds each rank's last batch.
+        prefix_hit_ratio=f"sum by ({', '.join(BY_POOL)}) (rate(sglang:prefill_effective_tokens_total{{mode=~\".+_hit\"}}[5m])) / "
+                         f"sum by ({', '.join(BY_POOL)}) (rate(sglang:prefill_effective_tokens_total[5m]))",
         kv_transfer_failures="sglang:num_transfer_failed_reqs_total",
         requests_total="sglang:e2e_request_latency_seconds_count",
         requests_started="sglang:num_requests_total",
@@ -167,8 +172,8 @@ def with_selector(metric: str, selector: str) -> str:
 
 def every_series_with_selector(expression: str, selector: str) -> str:
     """A PromQL expression (e.g. `prefix_hit_ratio`) with every engine series it reads narrowed by
-    `selector`; the series must carry no selector of their own."""
-    return re.sub(r"\b(?:sglang|vllm):[A-Za-z_]+\b(?!\{)", lambda m: with_selector(m.group(0), selector), expression)
+    `selector`, beside any matchers of its own."""
+    return re.sub(r"\b(?:sglang|vllm):[A-Za-z_]+(?:\{[^}]*\})?", lambda m: with_selector(m.group(0), selector), expression)
 
 
 def p99(bucket: str, selector: str = "", window: str = "5m", by: tuple[str, ...] = ()) -> str:
