@@ -91,7 +91,7 @@ def test_a_longer_context_row_is_read_at_the_batches_its_engines_held():
     decode = Workload.model_validate(profile).surface.decode
     assert len(decode.contexts) == 2
     assert all(b >= a for a, b in zip(*decode.itl_ms)), decode
-    assert any("extrapolated along the row's end segments" in n for n in profile["measured"]["notes"])
+    assert any("extrapolated as the first row rises there" in n for n in profile["measured"]["notes"])
 
 
 def test_prefill_holds_the_throughput_measured_under_load_and_says_where_it_has_none():

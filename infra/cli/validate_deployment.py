@@ -19,9 +19,7 @@ from infra.cli.render import print_validation
 from infra.inputs import InputError, http_url, write_output
 from infra.prometheus import PrometheusAPI
 from infra.spec import StackSpec
-from infra.validation.profile import DEFAULT_MAX_CONCURRENCY
-
-REQUESTS_PER_CONCURRENCY = 2  # a level runs at least this many requests a slot: most of it at its concurrency
+from infra.validation.profile import DEFAULT_MAX_CONCURRENCY, REQUESTS_PER_CONCURRENCY
 
 
 def register(sub) -> None:

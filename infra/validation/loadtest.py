@@ -214,17 +214,30 @@ def _decode_row(runs: list[LoadResult], decode_instances: int) -> list[tuple[flo
                          if math.isfinite(r.itl_p50_ms) and r.itl_p50_ms > 0])
 
 
-def _on_batches(row: list[tuple[float, float]], batches: list[float]) -> tuple[list[float], int]:
-    """A row's ITL at these batches: linear between its points, along its last (first) segment past
-    them (ITL affine in the batch; a batch past what a longer context held is one its KV cannot
-    hold, which the planner's KV cap refuses). Returns the ITLs and how many were extrapolated."""
+def _on_batches(row: list[tuple[float, float]], first: list[tuple[float, float]]) -> tuple[list[float], int]:
+    """A row's ITL at the first row's batches: linear between its own points; past them (a batch
+    its engines did not hold: at a longer context the KV cache holds fewer) it rises as the first
+    row does there, scaled by how much more the row rose than the first over the batches both
+    held (exact where ITL is affine in the batch, its slope growing with the context). Returns
+    the ITLs and how many were extrapolated."""
     xs, ys = [b for b, _ in row], [t for _, t in row]
+    fx, fy = [b for b, _ in first], [t for _, t in first]
+
+    def at(x: float, pxs: list[float], pys: list[float]) -> float:
+        i = min(max(bisect.bisect_left(pxs, x), 1), len(pxs) - 1)
+        return pys[i - 1] + (x - pxs[i - 1]) * (pys[i] - pys[i - 1]) / (pxs[i] - pxs[i - 1])
+
+    low, high = max(xs[0], fx[0]), min(xs[-1], fx[-1])
+    first_rise = at(high, fx, fy) - at(low, fx, fy)
+    scale = max(1.0, (at(high, xs, ys) - at(low, xs, ys)) / first_rise) if first_rise > 0 else 1.0
     out, outside = [], 0
-    for b in batches:
-        i = min(max(bisect.bisect_left(xs, b), 1), len(xs) - 1)
-        outside += not xs[0] <= b <= xs[-1]
-        t = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
-        out.append(round(max(ys[i - 1] + t * (ys[i] - ys[i - 1]), min(ys)), 2))
+    for b, f in first:
+        if xs[0] <= b <= xs[-1]:
+            out.append(round(at(b, xs, ys), 2))
+            continue
+        outside += 1
+        edge = xs[-1] if b > xs[-1] else xs[0]
+        out.append(round(max(min(ys), at(edge, xs, ys) + (f - at(edge, fx, fy)) * scale), 2))
     return out, outside
 
 
@@ -241,11 +254,11 @@ def decode_grid(rows: dict[float, list[tuple[float, float]]], notes: list[str] |
                 notes.append(f"decode: the row at a context of {context:g} tokens is left out: "
                              f"{'one' if len(row) < 2 else 'a second'} row there")
             continue
-        grid[context], outside = _on_batches(row, batches)
+        grid[context], outside = _on_batches(row, first)
         if outside and notes is not None:
             notes.append(f"decode: at a context of {context:g} tokens the engines held {row[0][0]:g} to "
                          f"{row[-1][0]:g} sequences; the ITL of {outside} other batch(es) of the grid is "
-                         "extrapolated along the row's end segments")
+                         "extrapolated as the first row rises there, scaled by how much more this row rose")
     contexts = sorted(grid)
     return {"contexts": contexts, "batches": batches, "itl_ms": [grid[c] for c in contexts]}
 
