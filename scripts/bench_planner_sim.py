@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The planner judged on what a user gets (issue #41 item 4): profiles measured only through
+validate-deployment's own profile code (infra/validation/profile.py: its capacity sweep, its
+ProfilePlan of runs, measured_workload's rows) on a fleet simulated request by request
+(infra/planning/fleet_sim.py: engines that pack prompts into chunked passes, step decode
+batches, run out of KV; it shares no formula with the planner), then each plan (headroom 0)
+judged by simulating Poisson arrivals on that fleet, against the fewest instances the simulation
+finds meet the SLO.
+
+    .venv/bin/python scripts/bench_planner_sim.py [--quick]
+
+Profiles: one default sweep (`--profile-out` with no other option: --concurrency capacity,
+--profile-lengths 0.05,0.5,2, --profile-contexts 2) of one scenario, on a measuring deployment of
+8 prefill and 1 decode instances; "one profile for every load" is the 3000/400 scenario's,
+"matched" the scenario at each load's mean lengths. Loads: lognormal lengths (p99 2.34x the
+mean) and bimodal prompts (80% short, 20% long); fleets as profiled, 30% slower, 25% faster
+(planned from the profile of the fleet as profiled: what the correction loop is for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra.planning.fleet_sim import Engine, Mix, aiperf_run, itl_p99, ttft_p99  # noqa: E402
+from infra.planning.pd_ratio import SLO, PlanError, Workload, plan  # noqa: E402
+from infra.planning.surface import Lengths, smallest  # noqa: E402
+from infra.validation.loadtest import judge, measured_workload  # noqa: E402
+from infra.validation.profile import REQUESTS_PER_CONCURRENCY, ProfilePlan, capacity_sweep  # noqa: E402
+
+SLO_SIM = SLO(ttft_p99_ms=2500, tpot_p99_ms=50, tokens_per_second_per_user=20)
+MEASURING = (8, 1)  # prefill, decode instances the profile is measured on
+REQUESTS = 200  # validate-deployment's default --requests
+P99_OVER_MEAN = 2.34
+
+
+def profile(engine: Engine, input_tokens: int, output_tokens: int) -> dict:
+    """What `validate-deployment --profile-out` writes on this fleet, by its own code."""
+    prefill_n, decode_n = MEASURING
+
+    def run(concurrency: int, n: int = input_tokens, o: int = output_tokens):
+        r = aiperf_run(engine, concurrency, n, o, max(REQUESTS, REQUESTS_PER_CONCURRENCY * concurrency),
+                       prefill_n, decode_n)
+        return r, judge(r, SLO_SIM.ttft_p99_ms, SLO_SIM.tpot_p99_ms, SLO_SIM.tokens_per_second_per_user)
+
+    found = capacity_sweep("sim", run, decode_n, engine.max_running_requests)
+    plan_runs = ProfilePlan(input_tokens, output_tokens, [0.05, 0.5, 2], [2], engine.chunk_tokens, prefill_n)
+    others = {key: [run(c, *key)[0] for c in sorted(levels)] for key, levels in
+              plan_runs.levels(found.concurrencies).items()}
+    lengths, loaded, contexts = plan_runs.inputs([r for r, _ in found.runs], others)
+    return measured_workload(found.sweep(), prefill_n, decode_n, "fleet_sim", "-", headroom=0.0, lengths=lengths,
+                             loaded=loaded, contexts=contexts, max_running_requests=engine.max_running_requests,
+                             kv_cache_tokens=engine.kv_cache_tokens, notes=[f"decode sweep {found.stopped}"])
+
+
+def loads(quick: bool) -> list[tuple[str, float, Mix, Mix]]:
+    rates = (5, 40, 160) if quick else (5, 20, 80, 200)
+    out = [(f"{r:g} req/s, {i}/{o}", r, Mix.of(i, i * P99_OVER_MEAN), Mix.of(o, o * P99_OVER_MEAN))
+           for r in rates for i in (1000, 4000) for o in (200, 1000)]
+    bimodal = Mix(((0.8, Lengths(500, 1170)), (0.2, Lengths(8000, 18720))))
+    out += [(f"{r:g} req/s, bimodal/300", r, bimodal, Mix.of(300, 700)) for r in rates]
+    return out
+
+
+def fewest_from(ok, hint: int) -> int:
+    """The fewest instances for which `ok` holds (it holds for more once it holds), searched from a
+    hint: down while it still holds, else up until it does (each try one simulation)."""
+    memo: dict[int, bool] = {}
+
+    def holds(n: int) -> bool:
+        if n not in memo:
+            memo[n] = ok(n)
+        return memo[n]
+
+    if holds(hint):
+        while hint > 1 and holds(hint - 1):
+            hint -= 1
+        return hint
+    found = smallest(holds, hint + 1)
+    return found if found is not None else 1 << 16
+
+
+def workload_at(measured: dict, rate: float, inputs: Mix, outputs: Mix) -> Workload:
+    return Workload.model_validate({**measured, "arrival_rate_rps": rate, "headroom": 0.0,
+                                    "input_tokens": {"mean": inputs.mean, "p99": inputs.p99()},
+                                    "output_tokens": {"mean": outputs.mean, "p99": outputs.p99()}})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="three rates, not four")
+    args = parser.parse_args()
+    started = time.monotonic()
+    engine = Engine()
+    shared = profile(engine, 3000, 400)
+    print(f"one default sweep at 3000/400 on {MEASURING[0]} prefill + {MEASURING[1]} decode instance(s): "
+          f"decode batches {shared['surface']['decode']['batches']}")
+    for note in shared["measured"].get("notes", []):
+        print(f"  {note}")
+    fleets = {"as profiled": engine, "30% slower": Engine(slowdown=(1.3, 1.3)),
+              "25% faster": Engine(slowdown=(0.75, 0.75))}
+    rows: dict[tuple[str, str], list] = {}
+    for name, rate, inputs, outputs in loads(args.quick):
+        matched = profile(engine, round(inputs.mean), round(outputs.mean))
+        for fleet_name, fleet in fleets.items():
+            def ttft_ok(n: int) -> bool:
+                return ttft_p99(fleet, rate, inputs, n) <= SLO_SIM.ttft_p99_ms
+
+            def itl_ok(n: int) -> bool:
+                return itl_p99(fleet, rate, inputs, outputs, n) <= SLO_SIM.tpot_p99_ms
+
+            planned = {}
+            for profile_name, measured in (("one profile for every load", shared), ("profile matched to the load", matched)):
+                try:
+                    p = plan(workload_at(measured, rate, inputs, outputs), SLO_SIM, fleet.prefill_gpus, fleet.decode_gpus)
+                    planned[profile_name] = (p.prefill_instances, p.decode_instances)
+                except PlanError:
+                    planned[profile_name] = None
+            hints = [c for c in planned.values() if c] or [(1, 1)]
+            fewest = (fewest_from(ttft_ok, min(c[0] for c in hints)), fewest_from(itl_ok, min(c[1] for c in hints)))
+            fewest_gpus = fewest[0] * fleet.prefill_gpus + fewest[1] * fleet.decode_gpus
+            for profile_name, counts in planned.items():
+                met = counts is not None and ttft_ok(counts[0]) and itl_ok(counts[1])
+                gpus = counts[0] * fleet.prefill_gpus + counts[1] * fleet.decode_gpus if counts else None
+                rows.setdefault((profile_name, fleet_name), []).append((name, counts, fewest, met, gpus, fewest_gpus))
+    print(f"\n{len(loads(args.quick))} loads; SLO TTFT p99 {SLO_SIM.ttft_p99_ms:g} ms, ITL p99 {SLO_SIM.tpot_p99_ms:g} ms; "
+          "plans at headroom 0, judged by simulating 3000 Poisson arrivals a pool")
+    print(f"{'profile':30s} {'fleet':12s} {'SLO met':>8s} {'refused':>8s} {'GPUs/fewest median':>19s} {'worst':>6s}")
+    for (profile_name, fleet_name), results in rows.items():
+        overs = [g / f for _, c, _, _, g, f in results if c]
+        print(f"{profile_name:30s} {fleet_name:12s} {sum(r[3] for r in results):4d}/{len(results):<3d} "
+              f"{sum(r[1] is None for r in results):8d} {statistics.median(overs):18.3f}x {max(overs):5.2f}x")
+    print("\nper load (one profile for every load, fleet as profiled): planned (prefill, decode) / fewest")
+    for name, counts, fewest, met, _, _ in rows[("one profile for every load", "as profiled")]:
+        print(f"  {name:28s} {counts} / {fewest} {'met' if met else 'MISSED'}")
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

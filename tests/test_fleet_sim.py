@@ -1,0 +1,59 @@
+"""The request-by-request fleet (infra/planning/fleet_sim.py) that scripts/bench_planner_sim.py
+measures profiles on and judges plans with (issue #41 item 4): its engines do what its
+docstring states, checked against hand-computed cases, and a profile made on it goes through
+validate-deployment's own profile code."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from infra.planning.fleet_sim import Engine, Mix, aiperf_run, simulate
+
+
+def test_a_prompt_alone_takes_one_pass_and_prompts_are_packed_into_chunks():
+    e = Engine()
+    alone = aiperf_run(e, 1, 3000, 2, 3)
+    assert alone.ttft_p50_ms == pytest.approx(15 + 0.05 * 3000 + 4e-6 * 3000 ** 2 / 2)
+    # Four 2,000-token prompts at once: the first starts a pass alone (an idle engine does not wait),
+    # the other three share the next (6,000 tokens, each attending to its own prefix only).
+    run = simulate(e, 1, 1, np.full(4, 2000.0), np.ones(4), arrivals=np.zeros(4))
+    one = 15 + 0.05 * 2000 + 4e-6 * 2000 ** 2 / 2
+    assert run.ttft_ms() == pytest.approx([one] + [one + 15 + 0.05 * 6000 + 3 * 4e-6 * 2000 ** 2 / 2] * 3)
+    # One 10,000-token prompt: a pass of 8,192, then 1,808 attending to the 8,192 before them.
+    long = simulate(e, 1, 1, np.array([10000.0]), np.ones(1), arrivals=np.zeros(1))
+    first = 15 + 0.05 * 8192 + 4e-6 * 8192 ** 2 / 2
+    second = 15 + 0.05 * 1808 + 4e-6 * 1808 * (8192 + 1808 / 2)
+    assert long.ttft_ms()[0] == pytest.approx(first + second)
+
+
+def test_decode_steps_its_batch_and_a_full_kv_cache_makes_a_request_wait():
+    e = Engine(kv_cache_tokens=2500)
+    # Two requests of 1,000 + 201 tokens: both fit (2,402); a third waits for the first to end.
+    run = simulate(e, 1, 1, np.full(3, 1000.0), np.full(3, 201.0), arrivals=np.zeros(3), decode_only=True)
+    itl = run.itl_ms()
+    step2 = 15 + 0.04 * 2 + 4e-6 * 2 * 1100  # about the mid context of the two
+    assert itl[0] == pytest.approx(step2, rel=0.01) and itl[1] == pytest.approx(step2, rel=0.01)
+    assert itl[2] > 1.9 * itl[0]  # it waited the first two's whole answers, then ran alone
+    assert Mix.of(1000, 2340).p99() == pytest.approx(2340, rel=0.03)
+
+
+def test_a_profile_made_on_the_fleet_goes_through_validate_deployments_code():
+    """What the bench plans with is what `validate-deployment --profile-out` writes: its
+    capacity sweep, its ProfilePlan of runs and measured_workload's rows."""
+    import sys
+
+    from infra.planning.pd_ratio import Workload
+    from infra.spec import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from bench_planner_sim import profile
+
+    measured = profile(Engine(), 3000, 400)
+    surface = Workload.model_validate(measured).surface
+    assert surface.decode.batches[-1] > 300 and len(surface.decode.contexts) == 2  # not 32: the sweep found capacity
+    assert [p.input_tokens for p in surface.prefill] == [150, 1500, 3000, 6000]
+    assert any("decode sweep stopped at concurrency" in n for n in measured["measured"]["notes"])
+    assert all(math.isfinite(p.tokens_per_second) for p in surface.prefill)
