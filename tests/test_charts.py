@@ -11,9 +11,11 @@ from infra import naming
 from infra.offline import run_spec
 from infra.platform_stack.catalog import CATALOG, ENVOY_GATEWAY_CERTGEN_SECRETS, controller, installed
 from infra.platform_stack.charts import chart_hooks
+from infra.platform_stack.checks import controller_problems
 from infra.platform_stack.modules import module_dir, module_file
 from infra.platform_stack.program import platform_context
 from infra.platform_stack.spec import load_platform_spec
+from infra.platform_stack.values import efa_plugin_problems, pinned_chart, values_problems
 from infra.render.manifests import manifests, unwrap
 from infra.spec_checks import load_spec
 from tests.test_platform import context, onprem_twin_spec
@@ -172,3 +174,48 @@ def test_the_gateway_chart_waits_for_its_certgen_job(monkeypatch):
     run_spec(load_platform_spec("stacks/platform-prod.yaml"))
     assert {"job-envoy-gateway-certgen", "rolebinding-envoy-gateway-certgen"} <= waits_for["envoy-gateway"]
     assert not any("certgen" in d for name, deps in waits_for.items() if name != "envoy-gateway" for d in deps)
+
+
+EFA = "aws-efa-k8s-device-plugin"
+
+
+@pytest.mark.parametrize("name", ["platform-prod", "platform-dev"])
+def test_every_efa_node_class_instance_type_is_one_the_pinned_efa_chart_schedules_on(name):
+    """aws/eks-charts stable/aws-efa-k8s-device-plugin templates/daemonset.yaml: the plugin's
+    DaemonSet requires node.kubernetes.io/instance-type In supportedInstanceLabels.values. Chart
+    v0.5.6 (2ce97905dbdbfa459b729da0f3d6160ce6a4ee2e) does not list p6e-gb200.36xlarge (v0.5.14,
+    3795d77, added it): every prod engine pod would have stayed Pending on vpc.amazonaws.com/efa.
+    The list is read from the chart the row pins (pinned_from_git/, its commit recorded)."""
+    spec = load_platform_spec(f"stacks/{name}.yaml")
+    record = pinned_chart(EFA)
+    assert record["chart"]["version"] == controller(EFA).chart.version
+    assert record["origin"]["commit"] == controller(EFA).values_git.commit
+    listed = set(record["defaults"]["supportedInstanceLabels"]["values"])
+    efa_types = {t for family in spec.cloud.node_classes if family.efa_interfaces for t in family.instance_types}
+    assert efa_types and efa_types <= listed
+    assert efa_plugin_problems(spec) == []
+    assert controller_problems(context(name)) == []
+
+
+def test_an_efa_instance_type_the_chart_does_not_list_stops_the_preview(monkeypatch):
+    """As chart v0.5.6's list (no p6e-gb200): the platform is refused, naming the node class, the
+    type, the chart version and the fix."""
+    from infra.platform_stack import values
+
+    record = pinned_chart(EFA)
+    without = {t for t in record["defaults"]["supportedInstanceLabels"]["values"] if not t.startswith("p6e-gb200")}
+    old = {**record, "chart": {**record["chart"], "version": "v0.5.6"},
+           "defaults": {**record["defaults"], "supportedInstanceLabels": {"values": sorted(without)}}}
+    pinned = values.pinned_chart
+    monkeypatch.setattr(values, "pinned_chart", lambda name: old if name == EFA else pinned(name))
+    [problem] = controller_problems(context("platform-prod"))
+    assert problem.startswith("cloud.node_classes[gb200].instance_types: p6e-gb200.36xlarge is not among")
+    assert "aws-efa-k8s-device-plugin v0.5.6" in problem and "Fix: a chart version that lists it" in problem
+    assert controller_problems(context("platform-dev")) == []  # p5.48xlarge is listed
+
+
+def test_the_efa_plugins_values_are_checked_against_its_chart():
+    assert values_problems(EFA, controller(EFA).values(context("platform-prod"))) == []
+    assert values_problems(EFA, {"toleration": []}) == [
+        f"{EFA} (github.com/aws/eks-charts@v0.5.30 stable/aws-efa-k8s-device-plugin/values.yaml): "
+        "toleration: the chart has no such value"]

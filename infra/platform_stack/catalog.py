@@ -9,8 +9,9 @@ upgrade reaches the cluster and the policy pack sees them; charts are installed 
 skipCrds), the typed values pdstack sets (from the platform spec), and which values carry the
 tolerations of DaemonSets that must run on the GPU nodes.
 
-A row whose chart no registry this project reaches carries has `values_source=None` and says
-why in `unchecked`: its values are set but not checked against the chart.
+A chart in no pinned module but published from a git repository (aws/eks-charts) is read there
+at the commit that published it (`values_git`, into infra/platform_stack/pinned_from_git/). A row
+whose chart is in neither says why in `unchecked`: its values are set but not checked.
 
 Each row lists its chart's Helm hooks (`hooks`): the pinned Kubernetes provider installs a chart
 without them (`Hook` says why), so what a hook makes is made here, or the row says why nothing
@@ -34,6 +35,7 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
 LWS = "sigs.k8s.io/lws"
 CERT_MANAGER = "github.com/cert-manager/cert-manager"
 GPU_OPERATOR = "github.com/NVIDIA/gpu-operator"
+EKS_CHARTS = "github.com/aws/eks-charts"  # a git repository, no Go module
 
 # Why a row's values cannot be checked: the Go module proxy answers 403 for these modules
 # (`go list -m -versions <module>`), and no other registry this project reaches carries them.
@@ -45,6 +47,17 @@ class Source:
     """A file (or folder) inside a Go module, at the version twin/*/go.mod pins."""
 
     module: str
+    path: str
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """A chart folder in a git repository at a commit: a chart published to a Helm repository
+    from a repository that is no Go module (aws/eks-charts). `scripts/platform_sources.py
+    --git-checkout` reads its values there into infra/platform_stack/pinned_from_git/."""
+
+    repository: str  # github.com/<owner>/<name>
+    commit: str  # the commit that published the row's chart version
     path: str
 
 
@@ -98,7 +111,8 @@ class Controller:
     manifests: Source | None = None  # plain manifests (CRDs included) instead of a chart
     values: Values = lambda ctx: {}
     values_source: Source | None = None  # the chart folder in a pinned module: values.yaml, values.schema.json
-    unchecked: str | None = None  # why the values are not checked, when values_source is None
+    values_git: GitSource | None = None  # else the chart folder in a git repository, at the published commit
+    unchecked: str | None = None  # why the values are not checked, when neither is known
     crds: tuple[Source, ...] = ()
     # (group, kind) of CRDs only the chart carries (in its crds/ folder; no pinned module has them):
     # the chart installs those itself, kept on delete like the rest (components/controllers.py).
@@ -320,10 +334,13 @@ CATALOG: tuple[Controller, ...] = (
                         "deployments/helm/nvidia-dra-driver-gpu: no hooks",
         gpu_toleration_paths=("kubeletPlugin.tolerations",), enabled=lambda ctx: ctx.compute_domains),
     Controller(
-        "aws-efa-k8s-device-plugin", "v0.5.6", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
-        chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.6"),
+        # The chart's DaemonSet runs only on the instance types its values list
+        # (supportedInstanceLabels); p6e-gb200 is listed from chart v0.5.14 on (aws/eks-charts
+        # 3795d77). values.py efa_plugin_problems holds every EFA node class to that list.
+        "aws-efa-k8s-device-plugin", "v0.5.20", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
+        chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.30"),
         values=lambda ctx: {"tolerations": _tolerations(ctx)},
-        unchecked="the chart lives in aws/eks-charts, which is no Go module",
+        values_git=GitSource(EKS_CHARTS, "bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec", "stable/aws-efa-k8s-device-plugin"),
         hooks_read_from="github:aws/eks-charts (bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec) "
                         "stable/aws-efa-k8s-device-plugin: no hooks",
         gpu_toleration_paths=("tolerations",), enabled=lambda ctx: "efa" in ctx.fabrics),
