@@ -6,6 +6,7 @@ at it; issue #41). End to end with the real aiperf: tests/test_validation.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -145,3 +146,18 @@ def test_the_capacity_sweep_is_refused_where_levels_must_be_fixed_before_any_run
     assert main(["validate-deployment", "--stack", "dev", "--url", "http://127.0.0.1:9", "--max-concurrency", "0",
                  "--profile-out", str(tmp_path / "p.yaml")]) == 2
     assert "--max-concurrency: 1 or more" in capsys.readouterr().err
+
+
+def test_a_ttft_over_the_slo_does_not_stop_decodes_sweep():
+    """TTFT is prefill's: at a fixed concurrency every sequence starts at once and the first burst
+    queues for prefill (the request-by-request fleet of scripts/bench_planner_sim.py stopped at 128
+    of ~500 on it). Decode's sweep stops on decode's gates; the TTFT gate still judges the run."""
+    engine = Engine()
+
+    def measure(concurrency: int):
+        result, _ = engine.run(concurrency)
+        slow_first_token = dataclasses.replace(result, ttft_p99_ms=TTFT_SLO * 2 if concurrency >= 64 else 300.0)
+        return slow_first_token, judge(slow_first_token, TTFT_SLO, ITL_SLO, 20)
+
+    found = capacity_sweep("chat", measure, engine.instances, max_running=None)
+    assert found.concurrencies[-1] > 64 and "the SLO broke (tpot_p99" in found.stopped, found.stopped
