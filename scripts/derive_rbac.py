@@ -238,7 +238,7 @@ def derive(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
-    p.add_argument("--router-wheel", type=Path, help="the sglang-router wheel (default: upstream/.cache/wheels, downloaded once)")
+    p.add_argument("--router-wheel", type=Path, help="the sglang-router wheel (default: the upstream cache's wheels/, downloaded once)")
     args = p.parse_args(argv)
     derived = json.dumps(derive(args), indent=1, sort_keys=True) + "\n"
     return write_or_check({OUT: derived}, args.check, "the source", "python scripts/derive_rbac.py")

@@ -4,7 +4,7 @@ Why: every engine flag pdstack renders is checked against the exact argparse par
 the engine version we pin. The parser is only buildable where the engine imports (it
 needs torch and friends), so the tables are built in a scratch virtualenv: the packages
 upstream/engine-venv-requirements.txt lists and the pinned wheels (scripts/pinned_wheels.py),
-all installed with --no-deps into upstream/.cache/engines-<hash of both>/, once (~7 GB).
+all installed with --no-deps into <the upstream cache>/engines-<hash of both>/ (scripts/pinned_wheels.py CACHE), once (~7 GB).
 Run from anywhere, this builds that virtualenv if needed and runs itself again inside it:
 
     python scripts/extract_engine_flags.py [ENGINE ...]          # rewrite the tables
@@ -178,7 +178,7 @@ def venv_key() -> str:
 
 
 def engine_venv() -> Path:
-    """upstream/.cache/engines-<key>: built in a scratch folder beside it and renamed into place whole,
+    """<CACHE>/engines-<key>: built in a scratch folder beside it and renamed into place whole,
     so an interrupted build leaves nothing that looks finished (only bin/python is run, which finds
     its packages relative to itself, so the rename does not matter to it)."""
     venv = CACHE / f"engines-{venv_key()}"
@@ -186,7 +186,7 @@ def engine_venv() -> Path:
         return venv
     wheels = [pinned_wheel(SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES]
     build = Path(tempfile.mkdtemp(dir=CACHE, prefix=".building-"))
-    print(f"building {venv.relative_to(ROOT)} (once; ~7 GB)", file=sys.stderr)
+    print(f"building {venv} (once; ~7 GB)", file=sys.stderr)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(build)], check=True)
         subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary",
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("engines", nargs="*", metavar="ENGINE", help=f"some of {', '.join(SOURCES)} (default: all)")
     p.add_argument("--check", action="store_true", help="compare with the committed tables; exit 1 on a difference")
     p.add_argument("--out", type=Path, default=PINNED, help="where the tables go (default infra/render/pinned)")
-    p.add_argument("--venv", type=Path, help="a virtualenv with the pinned engines (default: build upstream/.cache/engines-*)")
+    p.add_argument("--venv", type=Path, help="a virtualenv with the pinned engines (default: build <upstream cache>/engines-*)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # the run in the virtualenv
     args = p.parse_args(argv)
     only = args.engines or list(SOURCES)

@@ -234,7 +234,7 @@ def extract(engine: str, wheel: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wheel-dir", type=Path, default=WHEELS,
-                   help="folder holding the pinned wheels (default: upstream/.cache/wheels, downloaded once)")
+                   help="folder holding the pinned wheels (default: the upstream cache's wheels/, downloaded once)")
     p.add_argument("--check", action="store_true", help="compare with the committed tables instead of writing; "
                    "exit 1 on a difference")
     args = p.parse_args(argv)

@@ -1,4 +1,5 @@
-"""The source distribution of a pinned PyPI release, downloaded once into upstream/.cache/sdists/.
+"""The source distribution of a pinned PyPI release, downloaded once into the machine's
+upstream cache (scripts/pinned_wheels.py CACHE), folder sdists/.
 
 Why: sglang-router is Rust inside its wheel (a compiled .so); what its policies read lives only in
 its sdist's source. pip cannot fetch that sdist alone (`pip download` builds its metadata, which
@@ -21,7 +22,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SDISTS = ROOT / "upstream" / ".cache" / "sdists"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pinned_wheels import CACHE  # noqa: E402
+
+SDISTS = CACHE / "sdists"
 
 
 def sdist_name(dist: str, version: str) -> str:

@@ -2,13 +2,14 @@
 
 Why: `make test` regenerates every upstream-derived file and compares it with the committed one
 (upstream/PROVENANCE.json lists them). The engines' wheels are large (vLLM's is ~340 MB), so each
-is fetched once per version into upstream/.cache/wheels/ (ignored by git, upstream/.gitignore)
-and read from there afterwards. pip picks the wheel this interpreter installs (CPython 3.11,
+is fetched once per version into the machine's cache (CACHE below: `$PDSTACK_UPSTREAM_CACHE`, else
+`$XDG_CACHE_HOME/pdstack/upstream`, else `~/.cache/pdstack/upstream`), outside the checkout as Go's
+and pip's caches are, so a fresh clone (CI's) reuses it, and read from there afterwards. pip picks the wheel this interpreter installs (CPython 3.11,
 manylinux x86_64): the one whose sha256 the generated files record, so a different wheel shows
 as a difference, never silently.
 
     from pinned_wheels import pinned_wheel   # in scripts/ (a script's own folder is on sys.path)
-    wheel = pinned_wheel("vllm", "0.33.0")   # upstream/.cache/wheels/vllm-0.33.0-cp38-abi3-....whl
+    wheel = pinned_wheel("vllm", "0.33.0")   # <CACHE>/wheels/vllm-0.33.0-cp38-abi3-....whl
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "upstream" / ".cache"
+CACHE = Path(os.environ.get("PDSTACK_UPSTREAM_CACHE")
+             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdstack" / "upstream")
 WHEELS = CACHE / "wheels"
 
 

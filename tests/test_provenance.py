@@ -5,8 +5,8 @@ Go module and compares it with the committed file.
 The CRDs (tests/test_crd_schemas.py), the endpoint picker's contract (tests/test_endpoint_picker.py)
 and the RBAC needs (tests/test_rbac.py) are compared where they are used; the engines' flag tables
 and metric catalogues, the charts' values and the list itself are compared here. The engines'
-wheels and the virtualenv the flag tables need are downloaded once into upstream/.cache/
-(scripts/pinned_wheels.py), so only the first run pays for them.
+wheels and the virtualenv the flag tables need are downloaded once into the machine's upstream
+cache, outside the checkout (scripts/pinned_wheels.py CACHE), so only a machine's first run pays.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ routes srt/entrypoints/http_server.py serves, with the routers it includes (/v1/
 srt/entrypoints/v1_loads.py). A policy polling a route the engine does not serve reads -1 for
 every worker, and power_of_two then keeps its first random pick.
 
-Both packages come from upstream/.cache (ignored by git): the wheel cache of the upstream checks
-(upstream/.cache/wheels) and `python scripts/pinned_sdist.py sglang-router 0.3.2`.
+Both packages are downloaded once into the machine's upstream cache (scripts/pinned_wheels.py
+CACHE): the SGLang wheel by pip, the router's sdist from PyPI's simple index
+(scripts/pinned_sdist.py), each checked against its pinned sha256.
 """
 
 from __future__ import annotations
@@ -34,26 +35,25 @@ ROUTER_VERSION = "0.3.2"
 ROUTER_SDIST_SHA256 = "bdbea1d54cce879fb83d2885d01ee3c006f242d0adbbac806f2fb2b91a5fe73d"  # PyPI's simple index
 
 
+def _scripts():
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import pinned_sdist
+        import pinned_wheels
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    return pinned_wheels, pinned_sdist
+
+
 def sglang_wheel() -> Path:
     pinned = catalogue("sglang")
-    path = REPO_ROOT / "upstream" / ".cache" / "wheels" / pinned["wheel"]
-    if not path.is_file():
-        pytest.skip(f"{path} is not downloaded. Fix: pip download --no-deps --only-binary :all: sglang=={pinned['version']} "
-                    f"-d {path.parent}")
+    path = _scripts()[0].pinned_wheel("sglang", pinned["version"])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == pinned["sha256"], f"{path} is not the pinned wheel"
     return path
 
 
 def router_sdist() -> Path:
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        from pinned_sdist import cached_sdist
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
-    path = cached_sdist("sglang-router", ROUTER_VERSION)
-    if path is None:
-        pytest.skip(f"the sglang-router {ROUTER_VERSION} sdist is not downloaded. "
-                    f"Fix: python scripts/pinned_sdist.py sglang-router {ROUTER_VERSION}")
+    path = _scripts()[1].download_sdist("sglang-router", ROUTER_VERSION)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == ROUTER_SDIST_SHA256, f"{path} is not the pinned sdist"
     return path
 
