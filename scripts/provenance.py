@@ -80,9 +80,10 @@ DERIVED = (
             "tests/test_provenance.py::test_the_chart_values_are_what_the_pinned_modules_hold", "chart_values"),
     Derived(("infra/platform_stack/pinned_from_git/*.json",),
             "python scripts/platform_sources.py --git-checkout <repository>=<checkout>", None, "chart_values",
-            "read from a checkout of the chart's git repository at the recorded commit (aws/eks-charts is no Go "
-            "module, and neither it nor the chart registry is reachable here); `platform_sources.py --check` holds "
-            "each record to its catalog row: repository, commit, folder and chart version"),
+            "read from a checkout of the chart's git repository at the recorded commit (a repository that is no "
+            "Go module the proxy serves; neither it nor the chart registry is reachable here); "
+            "`platform_sources.py --check` holds each record to its catalog row: repository, commit, folder and "
+            "chart version"),
     Derived(("infra/render/engine_check/models/*.json",), "python scripts/provenance.py",
             "tests/test_provenance.py::test_the_list_is_what_the_files_and_packages_say", "model_config"),
 )

@@ -53,6 +53,13 @@ def test_the_dra_controller_schedules_where_the_cluster_kind_has_nodes_for_it():
     prod = load_spec("stacks/prod.yaml")
     onprem = platform_context(onprem_twin_spec(), [prod])
     assert "controller" not in dra.values(onprem)
+    # Each value is one the chart has (read at v25.12.0, pinned_from_git/): a misspelt key would be
+    # dropped by Helm without a word, and the controller would stay Pending.
+    assert values_problems(dra.name, dra.values(context("platform-prod"))) == []
+    assert values_problems(dra.name, dra.values(onprem)) == []
+    assert values_problems(dra.name, {"controller": {"afinity": {}}}) == [
+        "nvidia-dra-driver-gpu (github.com/NVIDIA/k8s-dra-driver-gpu@25.12.0 deployments/helm/nvidia-dra-driver-gpu/"
+        "values.yaml): controller.afinity: the chart has no such value"]
 
 
 def matches(term: dict, labels: dict[str, str]) -> bool:

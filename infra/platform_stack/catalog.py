@@ -9,9 +9,10 @@ upgrade reaches the cluster and the policy pack sees them; charts are installed 
 skipCrds), the typed values pdstack sets (from the platform spec), and which values carry the
 tolerations of DaemonSets that must run on the GPU nodes.
 
-A chart in no pinned module but published from a git repository (aws/eks-charts) is read there
-at the commit that published it (`values_git`, into infra/platform_stack/pinned_from_git/). A row
-whose chart is in neither says why in `unchecked`: its values are set but not checked.
+A chart in no pinned module but published from a git repository (aws/eks-charts, NVIDIA's DRA
+driver) is read there at the commit that published it (`values_git`, into
+infra/platform_stack/pinned_from_git/). A row whose chart is in neither says why in `unchecked`:
+its values are set but not checked.
 
 Each row lists its chart's Helm hooks (`hooks`): the pinned Kubernetes provider installs a chart
 without them (`Hook` says why), so what a hook makes is made here, or the row says why nothing
@@ -36,6 +37,7 @@ LWS = "sigs.k8s.io/lws"
 CERT_MANAGER = "github.com/cert-manager/cert-manager"
 GPU_OPERATOR = "github.com/NVIDIA/gpu-operator"
 EKS_CHARTS = "github.com/aws/eks-charts"  # a git repository, no Go module
+DRA_DRIVER = "github.com/NVIDIA/k8s-dra-driver-gpu"  # a Go module the proxy does not serve
 
 # Why a row's values cannot be checked: the Go module proxy answers 403 for these modules
 # (`go list -m -versions <module>`), and no other registry this project reaches carries them.
@@ -327,7 +329,9 @@ CATALOG: tuple[Controller, ...] = (
         "nvidia-dra-driver-gpu", "25.12.0", "nvidia-dra-driver-gpu", "ComputeDomains: IMEX channels across a rack",
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "nvidia-dra-driver-gpu", "25.12.0"),
         values=dra_driver_values,
-        unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
+        # The Go module proxy refuses github.com/NVIDIA/k8s-dra-driver-gpu (403): read at the v25.12.0 tag.
+        values_git=GitSource(DRA_DRIVER, "0882da8720c28763137e0987778ec476ec4cf8df",
+                             "deployments/helm/nvidia-dra-driver-gpu"),
         # deployments/helm/nvidia-dra-driver-gpu/crds/ at v25.12.0
         chart_crds=(("resource.nvidia.com", "ComputeDomain"), ("resource.nvidia.com", "ComputeDomainClique")),
         hooks_read_from="github:NVIDIA/k8s-dra-driver-gpu v25.12.0 (0882da8720c28763137e0987778ec476ec4cf8df) "
