@@ -10,6 +10,7 @@ its StackReferences read, is infra/offline.py's, above the programs.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import hashlib
 import threading
@@ -39,6 +40,27 @@ class RegisteredResource:
     inputs: dict[str, Any] = field(default_factory=dict)
     ignore_changes: tuple[str, ...] = ()
     remote: bool = False  # a component a provider implements (helm.v4.Chart, eks.Cluster): it creates resources
+    # What the engine orders creates and deletes by (RegisterResourceRequest): `depends_on` as the
+    # SDK expanded it (a local component's children, a remote component itself), the resources
+    # each input's value came from, and the provider reference (`urn::id`).
+    dependencies: tuple[str, ...] = ()
+    property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    provider: str = ""
+    deleted_with: str = ""
+    retain_on_delete: bool = False
+    protect: bool = False
+
+    @property
+    def depends_on_urns(self) -> set[str]:
+        """Every URN this registration waits for and outlives, as the engine reads it
+        (pulumi/pkg resource/graph DependencyGraph.DependenciesOf: dependencies, property
+        dependencies, deleted-with and the provider; the parent is apart)."""
+        urns = set(self.dependencies).union(*self.property_dependencies.values())
+        if self.deleted_with:
+            urns.add(self.deleted_with)
+        if self.provider:
+            urns.add(self.provider.rsplit("::", 1)[0])
+        return urns
 
     @property
     def layer(self) -> str:
@@ -118,8 +140,11 @@ class RecordingMocks(pulumi_mocks.Mocks):
             state["result"] = fake_secret(args.name)
         if args.typ == "pulumi:pulumi:StackReference":
             state["outputs"] = self.stack_outputs(args.name)
-        if args.typ in ("aws:iam/role:Role", "aws:kms/key:Key", "aws:iam/openIdConnectProvider:OpenIdConnectProvider"):
-            state.setdefault("arn", f"arn:aws:mock:::{args.name}")
+        if args.resource_id and args.typ == "kubernetes:core/v1:Secret":  # a read (`Secret.get`)
+            state.update(_user_secret(args.resource_id))
+        arn = _mock_arn(args.typ, args.name, args.inputs)
+        if arn:
+            state.setdefault("arn", arn)
         if args.typ == "aws:ec2/securityGroup:SecurityGroup":  # EC2's id shape: CRD patterns check it
             return "sg-" + hashlib.sha256(args.name.encode()).hexdigest()[:17], state
         return f"{args.name}-id", state
@@ -128,9 +153,35 @@ class RecordingMocks(pulumi_mocks.Mocks):
         return _CALLS.get(args.token, lambda a: {})(args.args)
 
 
+def _user_secret(resource_id: str) -> dict:
+    """A Secret the program reads (`<namespace>/<name>`: the user's, whose values only the cluster
+    holds), as a stand-in: the keys of an S3 credentials Secret, each holding a fake value."""
+    namespace, _, name = resource_id.rpartition("/")
+    value = base64.b64encode(fake_secret(resource_id).encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"namespace": namespace, "name": name},
+            "type": "Opaque", "data": {key: value for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}}
+
+
+MOCK_ACCOUNT, MOCK_REGION = "000000000000", "us-east-1"
+
+
+def _mock_arn(type_: str, name: str, inputs: dict) -> str | None:
+    """An ARN of the shape AWS gives the resource (IAM User Guide, "IAM identifiers"; KMS key
+    ARNs), so what reads it (policies, their checks against IAM's resource types) sees one."""
+    if type_ == "aws:iam/role:Role":
+        return f"arn:aws:iam::{MOCK_ACCOUNT}:role/{inputs.get('name') or name}"
+    if type_ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
+        return f"arn:aws:iam::{MOCK_ACCOUNT}:oidc-provider/{str(inputs.get('url', name)).removeprefix('https://')}"
+    if type_ == "aws:kms/key:Key":
+        key_id = hashlib.sha256(name.encode()).hexdigest()
+        return (f"arn:aws:kms:{MOCK_REGION}:{MOCK_ACCOUNT}:key/"
+                f"{key_id[:8]}-{key_id[8:12]}-{key_id[12:16]}-{key_id[16:20]}-{key_id[20:32]}")
+    return None
+
+
 def _cluster(args: dict) -> dict:
     name = args.get("name", "cluster")
-    return {"name": name, "arn": f"arn:aws:eks:us-east-1:000000000000:cluster/{name}",
+    return {"name": name, "arn": f"arn:aws:eks:{MOCK_REGION}:{MOCK_ACCOUNT}:cluster/{name}",
             "endpoint": f"https://{name}.eks.example", "certificateAuthorities": [{"data": "bW9jaw=="}],
             "vpcConfig": {"vpcId": "vpc-mock"}, "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.example/{name}"}]}]}
 
@@ -143,7 +194,12 @@ def _instance_type(args: dict) -> dict:
 _CALLS = {
     "aws:eks/getCluster:getCluster": _cluster,
     "aws:ec2/getInstanceType:getInstanceType": _instance_type,
-    "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider": lambda a: {"arn": "arn:aws:iam::000000000000:oidc-provider/mock", "url": a.get("url")},
+    "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider": lambda a: {
+        "arn": _mock_arn("aws:iam/openIdConnectProvider:OpenIdConnectProvider", "", a), "url": a.get("url")},
+    "aws:index/getCallerIdentity:getCallerIdentity": lambda a: {
+        "accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:role/mock", "userId": "MOCK", "id": MOCK_ACCOUNT},
+    "aws:index/getPartition:getPartition": lambda a: {
+        "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws", "id": "aws"},
 }
 
 
@@ -168,6 +224,13 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=_integers_back(inputs),
                     ignore_changes=tuple(request.ignoreChanges),
                     remote=bool(request.remote),
+                    dependencies=tuple(request.dependencies),
+                    property_dependencies={key: tuple(deps.urns) for key, deps in request.propertyDependencies.items()
+                                           if deps.urns},
+                    provider=request.provider,
+                    deleted_with=request.deletedWith,
+                    retain_on_delete=bool(request.retainOnDelete),
+                    protect=bool(request.protect),
                 )
             )
         return response
