@@ -118,7 +118,8 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             layers.update({f"r{track.revision}/{k}": v for k, v in served.items()})
             backends.append(Backend(track.namespace, served["balancers"].router, track.weight))
             routers.append(served["balancers"])
-    access = Access(f"{env}-access", ctx, backends, routers)
+    # After the environment's namespace, which its NetworkPolicies and keys' Secret name.
+    access = Access(f"{env}-access", ctx, backends, routers, after(layers["foundation"]))
     layers["access"] = access
     pulumi.export("namespace", ctx.namespace)
     pulumi.export("endpoint", f"https://{spec.access.domains[0]}/v1")
