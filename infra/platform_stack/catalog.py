@@ -251,7 +251,8 @@ CATALOG: tuple[Controller, ...] = (
         hooks=(Hook(tuple(f"values.yaml:startupapicheck.{v}" for v in ("jobAnnotations", "rbac.annotations",
                                                                        "serviceAccount.annotations")),
                     ("post-install",), "nothing: the startupapicheck Job waits until the API accepts a Certificate",
-                    "nothing needs it: what uses cert-manager is created after the chart, and Pulumi retries"),),
+                    "nothing needs it: it only waits, and the stack makes no cert-manager object (the "
+                    "gateway's TLS Secret is the user's)"),),
         crds=tuple(Source(CERT_MANAGER, f"deploy/crds/{n}.yaml") for n in (
             "acme.cert-manager.io_challenges", "acme.cert-manager.io_orders", "cert-manager.io_certificaterequests",
             "cert-manager.io_certificates", "cert-manager.io_clusterissuers", "cert-manager.io_issuers"))),
