@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from infra.planning.fleet_sim import Engine, Mix, aiperf_run, simulate
+from infra.validation.health import held_batch_query
 
 
 def test_a_prompt_alone_takes_one_pass_and_prompts_are_packed_into_chunks():
@@ -57,3 +58,14 @@ def test_a_profile_made_on_the_fleet_goes_through_validate_deployments_code():
     assert [p.input_tokens for p in surface.prefill] == [150, 1500, 3000, 6000]
     assert any("decode sweep stopped at concurrency" in n for n in measured["measured"]["notes"])
     assert all(math.isfinite(p.tokens_per_second) for p in surface.prefill)
+
+
+def test_the_batch_a_run_held_is_its_steady_batch_not_a_mean_with_the_drain():
+    """Issue #41: rows must hold the batch the engine held. A mean over a run counts its start and
+    its last requests draining, and put each ITL at a smaller batch than it was measured at
+    (the planner then sized decode 1.6x the fewest on the simulated fleet). The gauge's median
+    over the run's time (infra/validation/health.py held_batch_query) is the steady batch: with
+    8 prefill instances a sequence spends ~3% of its life in prefill."""
+    run = aiperf_run(Engine(), 64, 3000, 400, 128, prefill_n=8)
+    assert 0.9 * 64 <= run.held_batch <= 64
+    assert "quantile_over_time(0.5" in held_batch_query("sglang", "pdstack", "decode", 60)

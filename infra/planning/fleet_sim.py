@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -152,7 +152,7 @@ class _Decode:
         if not self.batch:
             return None
         ms = e.decode_step_ms + e.decode_ms_per_sequence * self.batch + e.decode_ms_per_kv_token * self.context.sum()
-        self.busy_until = now + ms * e.slowdown[1] / 1000
+        self.step_started, self.busy_until = now, now + ms * e.slowdown[1] / 1000
         return self.busy_until
 
     def finish(self) -> list[int]:
@@ -178,10 +178,19 @@ class Served:
     end: np.ndarray
     prompts: np.ndarray
     outputs: np.ndarray
-    batch_time: float = 0.0  # sequences summed over decode steps: over busy_time (steps), the held batch
-    busy_time: float = 0.0
+    steps: list = field(default_factory=list)  # (sequences, seconds) of every decode step
     kv_peak: float = 0.0
     duration: float = 0.0
+
+    def held_batch(self) -> float | None:
+        """The running-requests gauge as validate-deployment reads it (health.held_batch_query): the
+        median over the run's time of an instance's sequences, idle time left out."""
+        if not self.steps:
+            return None
+        batch, seconds = np.array(self.steps).T
+        order = np.argsort(batch)
+        cumulative = np.cumsum(seconds[order])
+        return float(batch[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
     def ttft_ms(self, skip: float = 0.0) -> np.ndarray:
         ok = np.isfinite(self.first) & (self.arrival >= skip)
@@ -262,8 +271,7 @@ def simulate(engine: Engine, prefill_n: int, decode_n: int, prompts: np.ndarray,
             push(p.start(now), 1, i)
         else:
             d = dec[i]
-            served.batch_time += d.batch
-            served.busy_time += 1
+            served.steps.append((d.batch, now - d.step_started))
             served.kv_peak = max(served.kv_peak, d.kv_used / engine.kv_cache_tokens)
             for r in d.finish():
                 finished(r, now)
@@ -291,7 +299,7 @@ def aiperf_run(engine: Engine, concurrency: int, input_tokens: int, output_token
                       _p(itl, 0.99) if len(itl) else math.nan, _p(itl, 0.5) if len(itl) else math.nan,
                       1000 / _p(itl, 0.5) if len(itl) else math.nan, tokens / duration, requests / duration,
                       float(input_tokens), float(input_tokens), float(output_tokens), float(output_tokens),
-                      held_batch=s.batch_time / max(s.busy_time, 1) / decode_n if output_tokens > 1 else None,
+                      held_batch=s.held_batch() if output_tokens > 1 else None,
                       kv_usage=s.kv_peak)
 
 

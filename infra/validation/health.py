@@ -100,12 +100,14 @@ def kv_tokens_per_instance(engine: str, series: list[tuple[dict[str, str], float
 
 
 def held_batch_query(engine: str, namespace: str, role: str, seconds: int) -> str:
-    """Sequences one instance of a pool held over the last `seconds` (one load-test run), on
-    average over its instances: the engines' running-requests gauge, an instance's being its
-    group's (as fleet_queries sums it)."""
+    """Sequences one instance of a pool held during the last `seconds` (one load-test run): the
+    engines' running-requests gauge, an instance's being its group's (as fleet_queries sums it),
+    its median over the run's samples with idle ones left out (the tool starting, the last
+    requests draining: a mean over them puts each ITL at a smaller batch than it was measured
+    at), averaged over the instances."""
     m = ENGINE_METRICS[engine]
     per_instance = f"sum by (namespace, {GROUP_SERIES_LABEL}) ({with_selector(m.running, role_selector(namespace, role))})"
-    return f"avg(avg_over_time(({per_instance})[{max(1, seconds)}s:]))"
+    return f"avg(quantile_over_time(0.5, ({per_instance} > 0)[{max(1, seconds)}s:]))"
 
 
 def kv_usage_query(engine: str, namespace: str, role: str, seconds: int) -> str:
