@@ -78,8 +78,10 @@ class Ports:
     other program's pick lands on one; the component's listener may still bind it beside the
     holder, because it sets SO_REUSEADDR too (Go does on every TCP listener, net package,
     setDefaultListenerSockopts) and a socket that is not listening is no conflict between two
-    that both set it (Linux inet_csk_bind_conflict; socket(7), SO_REUSEADDR). Closing the pick
-    and retrying the component if its bind fails would leave the gap open; holding closes it."""
+    that both set it (Linux inet_csk_bind_conflict; socket(7), SO_REUSEADDR). Holding closes the
+    gap rather than recovering from it (a component restarted on another port would need every
+    configuration naming the old one rewritten). What it cannot stop is a program that binds one
+    of these ports by its number with SO_REUSEADDR set; no program picks one by chance."""
     etcd: int
     etcd_peer: int
     apiserver: int
