@@ -74,6 +74,26 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
     return problems
 
 
+def oidc_provider_problems(platform: PlatformSpec, others: dict[str, PlatformSpec]) -> list[str]:
+    """IAM holds one OIDC provider per URL in an account (IAM API CreateOpenIDConnectProvider:
+    EntityAlreadyExists), so of the platform specs committed beside this one (`others`, file ->
+    spec) none in the same account may make GitHub's too: the second stack's first `pulumi up`
+    would fail. Two specs are in one account unless both name theirs (cloud.account_id) and the
+    accounts differ."""
+    def makes_it(spec: PlatformSpec) -> bool:
+        return spec.cloud.provider == "aws" and spec.cloud.ci is not None and spec.cloud.ci.oidc_provider == "create"
+
+    if not makes_it(platform):
+        return []
+    account = platform.cloud.account_id
+    where = f"account {account}" if account else "the same account, as far as the specs say"
+    return [f"cloud.ci.oidc_provider: create, and {file} ({where}) creates it too: IAM holds one GitHub OIDC "
+            "provider per account. Fix: set oidc_provider: existing in one of them, or name each one's "
+            "different cloud.account_id"
+            for file, other in sorted(others.items())
+            if makes_it(other) and not (account and other.cloud.account_id and account != other.cloud.account_id)]
+
+
 def capacity_block_problems(platform: PlatformSpec, s: StackSpec) -> list[str]:
     """A group on Capacity Blocks is one managed group per block of its role (a launch template
     targets one reservation): the role needs blocks, and its nodes must split evenly over them."""

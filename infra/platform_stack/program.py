@@ -11,6 +11,7 @@ import pulumi
 
 from infra.components.engines import uses_multi_node_nvlink
 from infra.components.k8s import logical_name
+from infra.inputs import InputError, load_yaml_mapping
 from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import PlatformContext, controller, installed
 from infra.platform_stack.cloud import build_cloud
@@ -18,8 +19,8 @@ from infra.platform_stack.components.controllers import ControllerInstall
 from infra.platform_stack.components.gateway import GatewayPlatform
 from infra.platform_stack.components.nodes import StaticNodes
 from infra.platform_stack.components.observability import Observability, prometheus_url
-from infra.platform_stack.checks import controller_problems, platform_problems
-from infra.platform_stack.spec import PlatformSpec, PlatformSpecError
+from infra.platform_stack.checks import controller_problems, oidc_provider_problems, platform_problems
+from infra.platform_stack.spec import PlatformSpec, PlatformSpecError, parse_platform_spec
 from infra.platform_stack.taints import gpu_node_taints, tolerations_for
 from infra.recording import manifest_of, record
 from infra.rollout.preflight import Inventory, load_inventory
@@ -45,6 +46,23 @@ def hosted_environments(spec: PlatformSpec) -> list[Hosted]:
     return out
 
 
+def committed_platform_specs(exclude: str) -> dict[str, PlatformSpec]:
+    """The platform specs in stacks/ (file -> spec), but `exclude`'s own: what rules across
+    stacks (one account's one GitHub OIDC provider) are checked against. A file that does not
+    read as a platform spec is left to its own stack's preview to refuse."""
+    found = {}
+    for path in sorted((REPO_ROOT / "stacks").glob("*.yaml")):
+        if path.stem == exclude:
+            continue
+        try:
+            data = load_yaml_mapping(path, "spec")
+            if data.get("kind") == "platform":
+                found[f"stacks/{path.name}"] = parse_platform_spec(data, path)
+        except (InputError, PlatformSpecError):
+            continue
+    return found
+
+
 def platform_context(spec: PlatformSpec, serving: list[StackSpec]) -> PlatformContext:
     static = any(pool_capacity(s, r).static for s in serving for r in s.deployment.pools())
     reserved = any(s.hardware.capacity_type == "reserved" for s in serving)
@@ -60,13 +78,19 @@ def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> di
     hosted = hosted_environments(spec) if hosted is None else hosted
     serving = [h.spec for h in hosted]
     ctx = platform_context(spec, serving)
-    problems = platform_problems(spec, hosted) + controller_problems(ctx)
+    problems = platform_problems(spec, hosted) + controller_problems(ctx) + oidc_provider_problems(
+        spec, committed_platform_specs(exclude=spec.name))
     if problems:
         raise PlatformSpecError(problems)
     cloud = build_cloud(spec, serving)
     k8s_opts = pulumi.ResourceOptions(providers=[cloud.kubernetes] if cloud.kubernetes else None)
     namespaces: dict[str, pulumi.Resource] = {}
-    installs = {row.name: ControllerInstall(row, ctx, namespaces, k8s_opts) for row in installed(ctx)}
+
+    def install_opts(row: str) -> pulumi.ResourceOptions:  # after what its pods need, deleted before it
+        return pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
+            depends_on=cloud.before_controllers + cloud.before_controller.get(row, [])))
+
+    installs = {row.name: ControllerInstall(row, ctx, namespaces, install_opts(row.name)) for row in installed(ctx)}
     layers: dict[str, pulumi.ComponentResource] = dict(installs)
 
     def after(row: str) -> list[pulumi.Resource]:  # a user-installed row is there before the stack runs

@@ -30,6 +30,7 @@ _RESERVATION, _VPC, _SUBNET = (re.compile(rf"{prefix}-[0-9a-f]{{8,17}}") for pre
 # Pulumi's stack names: letters, digits, '-', '_', '.', 100 at most (as infra/spec.py PlatformRef.stack reads them).
 _STACK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+_ACCOUNT = re.compile(r"\d{12}")
 
 
 def is_ec2_tag_value(value: str) -> bool:
@@ -124,6 +125,10 @@ class CISpec(Strict):
     _repo = field_validator("github_repository")(_check(_GITHUB_REPO, "is not owner/name. Fix: e.g. example/pdstack"))
     environments: list[str] = Field(min_length=1, description="GitHub deployment environments allowed to deploy "
                                                               "(the token's sub: repo:<repo>:environment:<name>).")
+    oidc_provider: Literal["create", "existing"] = Field(
+        description="The account's IAM OIDC provider for GitHub's tokens (IAM holds one per URL in an account): "
+                    "create (this stack makes it, and keeps it at `pulumi destroy`) or existing (another stack or "
+                    "you made it). One platform spec per account creates it.")
 
 
 class CapacityReservations(Strict):
@@ -167,6 +172,10 @@ class AwsSpec(Strict):
     provider: Literal["aws"] = "aws"
     region: str
     _region = field_validator("region")(_check(_REGION, "is not an AWS region. Fix: e.g. us-east-1"))
+    account_id: str | None = Field(None, description="The AWS account the stack deploys into (checked against the "
+                                                     "credentials' at `pulumi up`); what tells platform specs in "
+                                                     "different accounts apart (ci.oidc_provider).")
+    _account = field_validator("account_id")(_check(_ACCOUNT, "is not an AWS account id. Fix: its 12 digits"))
     cluster: ClusterSpec
     buckets: BucketsSpec
     weights_access: Literal["pod-identity", "irsa"] = Field(

@@ -380,6 +380,12 @@ def _listed(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
+# Actions IAM's definitions give no resource type (Service Authorization Reference; checked against
+# parliament's copy in tests/test_iam_definitions.py): `*` is the only resource they can be granted
+# on, and none has a condition key that would fence it. They list names and nothing else.
+UNSCOPABLE_LISTS = frozenset({"iam:ListInstanceProfiles"})
+
+
 def iam_scoped(res: Resource) -> list[str]:
     """Roles are assumed by named principals under conditions (a cluster, a repository's
     environment, service accounts); their policies grant no action on every resource without a
@@ -403,7 +409,8 @@ def iam_scoped(res: Resource) -> list[str]:
             if "*" in actions or any(a.endswith(":*") for a in actions if isinstance(a, str)):
                 problems.append(f"policy {res.name}: grants {', '.join(a for a in actions if a.endswith('*'))}. "
                                 "Fix: name the actions")
-            if "*" in _listed(st.get("Resource", [])) and not st.get("Condition"):
+            if "*" in _listed(st.get("Resource", [])) and not st.get("Condition") \
+                    and not set(actions) <= UNSCOPABLE_LISTS:
                 problems.append(f"policy {res.name}: {', '.join(actions)} on every resource without a condition. "
                                 "Fix: name the resources, or condition them (region, tags)")
     return problems

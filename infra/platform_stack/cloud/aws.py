@@ -5,6 +5,7 @@ and role, and (nodes.mode: node-groups) EKS managed node groups."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pulumi
@@ -115,7 +116,7 @@ def ec2_node_class(spec: PlatformSpec, family: NodeClassSpec, role: str, node_ro
             "metadata": {"name": f"{family.name}-{role}", "labels": {"pdstack.io/role": role}}, "spec": node_spec}
 
 
-def instance_profile_statements(cluster: str, region: str) -> list[dict]:
+def instance_profile_statements(cluster: str, region: str, account: str) -> list[dict]:
     """What Karpenter's controller needs to make, tag, fill and delete the instance profile of each
     EC2NodeClass, scoped to the profiles it makes for this cluster.
 
@@ -124,22 +125,95 @@ def instance_profile_statements(cluster: str, region: str) -> list[dict]:
     owned`, `eks:eks-cluster-name`, `karpenter.k8s.aws/ec2nodeclass: <class>`,
     `topology.kubernetes.io/region`). A create is judged by the tags in the request
     (aws:RequestTag; a resource that does not exist yet has no aws:ResourceTag), everything after
-    by the profile's own tags: the shape of the controller policy in the module's
-    test/cloudformation/iam_cloudformation.yaml, narrowed to this cluster and region."""
+    by the profile's own tags: the statements of the project's controller policy at v1.14.1
+    (website getting-started cloudformation.yaml, IAMIntegrationPolicy), in this account."""
     owned = f"kubernetes.io/cluster/{cluster}"
-    request = {"StringEquals": {f"aws:RequestTag/{owned}": "owned", "aws:RequestTag/topology.kubernetes.io/region": region},
+    profiles = f"arn:aws:iam::{account}:instance-profile/*"
+    request = {"StringEquals": {f"aws:RequestTag/{owned}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster,
+                                "aws:RequestTag/topology.kubernetes.io/region": region},
                "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}
-    existing = {"StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+    existing = {"StringEquals": {f"aws:ResourceTag/{owned}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region},
                 "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}
     return [
-        {"Effect": "Allow", "Action": "iam:CreateInstanceProfile", "Resource": "*", "Condition": request},
-        {"Effect": "Allow", "Action": "iam:TagInstanceProfile", "Resource": "*", "Condition": {
+        {"Effect": "Allow", "Action": "iam:CreateInstanceProfile", "Resource": profiles, "Condition": request},
+        {"Effect": "Allow", "Action": "iam:TagInstanceProfile", "Resource": profiles, "Condition": {
             "StringEquals": {**request["StringEquals"], **existing["StringEquals"]},
             "StringLike": {**request["StringLike"], **existing["StringLike"]}}},
         {"Effect": "Allow", "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
-                                       "iam:DeleteInstanceProfile"], "Resource": "*", "Condition": existing},
-        {"Effect": "Allow", "Action": ["iam:GetInstanceProfile", "iam:ListInstanceProfiles"],
-         "Resource": "arn:aws:iam::*:instance-profile/*"},
+                                       "iam:DeleteInstanceProfile"], "Resource": profiles, "Condition": existing},
+        {"Effect": "Allow", "Action": "iam:GetInstanceProfile", "Resource": profiles},
+        {"Effect": "Allow", "Action": "iam:ListInstanceProfiles", "Resource": "*"},  # a List has no resource type
+    ]
+
+
+# What Karpenter launches, and tags as it launches (karpenter-provider-aws v1.14.1
+# pkg/utils/utils.go GetTags: `kubernetes.io/cluster/<name>: owned`, `karpenter.sh/nodepool`,
+# `eks:eks-cluster-name`, on the fleet request, its instances, volumes, network interfaces, and
+# on each launch template).
+KARPENTER_MADE = ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")
+# The EC2 reads Karpenter makes (its EC2API interface, pkg/aws/sdk.go), in the cluster's region.
+KARPENTER_EC2_READS = ("DescribeCapacityReservations", "DescribeImages", "DescribeInstances", "DescribeInstanceStatus",
+                       "DescribeInstanceTypeOfferings", "DescribeInstanceTypes", "DescribeLaunchTemplates",
+                       "DescribePlacementGroups", "DescribeSecurityGroups", "DescribeSpotPriceHistory",
+                       "DescribeSubnets")
+
+
+def pricing_region(region: str) -> str:
+    """Where Karpenter calls the pricing API from a cluster in `region`: the API has endpoints in
+    four regions only (karpenter-provider-aws v1.14.1 pkg/providers/pricing/pricing.go NewAPI)."""
+    for prefix, endpoint in (("ap-", "ap-south-1"), ("cn-", "cn-northwest-1"), ("eu-", "eu-central-1")):
+        if region.startswith(prefix):
+            return endpoint
+    return "us-east-1"
+
+
+def karpenter_controller_statements(cluster: str, region: str, account: str, node_role_arn: str) -> list[dict]:
+    """Karpenter's controller policy: the project's own at v1.14.1 (website getting-started
+    cloudformation.yaml: NodeLifecyclePolicy, IAMIntegrationPolicy, EKSIntegrationPolicy,
+    ResourceDiscoveryPolicy) in this region and account. It launches from, tags and deletes only
+    what carries this cluster's `owned` tag and a NodePool's; it terminates nothing else.
+
+    The pricing API is fenced to the region Karpenter calls it in (pricing_region), not the
+    cluster's: the cluster's region refused every price lookup outside us-east-1. Not
+    granted, as nothing here calls it: the interruption queue (settings.interruptionQueue is
+    unset) and ARC zonal shift (settings.enableZonalShift is false)."""
+    def ec2(resource: str) -> str:
+        return f"arn:aws:ec2:{region}:*:{resource}/*"
+
+    owned = {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}
+    of_a_nodepool = {"aws:ResourceTag/karpenter.sh/nodepool": "*"}
+    tagged = {f"aws:RequestTag/kubernetes.io/cluster/{cluster}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster}
+    for_a_nodepool = {"aws:RequestTag/karpenter.sh/nodepool": "*"}
+    made = [ec2(r) for r in KARPENTER_MADE]
+    launch = ["ec2:RunInstances", "ec2:CreateFleet"]
+    return [
+        {"Effect": "Allow", "Action": launch, "Resource": [
+            f"arn:aws:ec2:{region}::image/*", f"arn:aws:ec2:{region}::snapshot/*", ec2("security-group"),
+            ec2("subnet"), ec2("capacity-reservation"), ec2("placement-group")]},
+        {"Effect": "Allow", "Action": launch, "Resource": ec2("launch-template"),
+         "Condition": {"StringEquals": owned, "StringLike": of_a_nodepool}},
+        {"Effect": "Allow", "Action": [*launch, "ec2:CreateLaunchTemplate"], "Resource": made,
+         "Condition": {"StringEquals": tagged, "StringLike": for_a_nodepool}},
+        {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": made, "Condition": {
+            "StringEquals": {**tagged, "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
+            "StringLike": for_a_nodepool}},
+        # After launch: the node's name and its NodeClaim (pkg/controllers/nodeclaim/tagging), no other key.
+        {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": ec2("instance"), "Condition": {
+            "StringEquals": owned, "StringLike": of_a_nodepool,
+            "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster},
+            "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]}}},
+        {"Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+         "Resource": [ec2("instance"), ec2("launch-template")],
+         "Condition": {"StringEquals": owned, "StringLike": of_a_nodepool}},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+        *instance_profile_statements(cluster, region, account),
+        {"Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": f"arn:aws:eks:{region}:{account}:cluster/{cluster}"},
+        {"Effect": "Allow", "Action": [f"ec2:{a}" for a in KARPENTER_EC2_READS], "Resource": "*",
+         "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
+        {"Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:RequestedRegion": pricing_region(region)}}},
     ]
 
 
@@ -167,6 +241,16 @@ def accelerated_ami_type(instance_types: list[str]) -> str:
     return "AL2023_ARM_64_NVIDIA" if arm else "AL2023_x86_64_NVIDIA"
 
 
+def check_account(expected: str, actual: str) -> str:
+    """At `pulumi up`, the credentials reach the account the spec says (STS GetCallerIdentity):
+    the spec's account is what tells two platform specs' accounts apart (checks.py
+    oidc_provider_problems)."""
+    if actual != expected:
+        raise ValueError(f"cloud.account_id is {expected}, but the AWS credentials reach account {actual}. "
+                         "Fix: use credentials of that account, or correct cloud.account_id")
+    return actual
+
+
 def node_classes_needed(spec: PlatformSpec, hosted: list[StackSpec]) -> list[tuple[NodeClassSpec, str]]:
     """(family, role) for every pool of every hosted environment, by the family its spec names."""
     families = {f.name: f for f in spec.cloud.node_classes}
@@ -182,6 +266,18 @@ class AwsCloud(pulumi.ComponentResource):
         c = spec.cloud
         child = pulumi.ResourceOptions(parent=self)
         self.cluster_name = c.cluster.name
+        self.account_id = aws.get_caller_identity_output().account_id
+        if c.account_id:
+            self.account_id.apply(functools.partial(check_account, c.account_id))
+        # What names the cluster by name (an access entry, a Pod Identity association, a node group,
+        # an add-on: no Output, so no edge unless made here) is made after the cluster this stack
+        # makes, and deleted before it.
+        self.cluster_made: list[pulumi.Resource] = []
+        # What every controller needs before its pods can run and be drained again (the nodes
+        # without GPUs, the Pod Identity agent), and what a row's controller needs besides (its
+        # role, policy and association): made first, deleted after (CloudOutputs).
+        self.before_controllers: list[pulumi.Resource] = []
+        self.before_controller: dict[str, list[pulumi.Resource]] = {}
 
         # --- the cluster --------------------------------------------------------------------
         if c.cluster.mode == "create":
@@ -197,12 +293,17 @@ class AwsCloud(pulumi.ComponentResource):
                 # enforced only when the VPC CNI's network policy agent is on; it is off by default.
                 vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True), opts=child)
             kubeconfig = cluster.kubeconfig_json
-            cluster_arn = cluster.eks_cluster.arn
+            self.cluster_made = [cluster]
+            # EKS's ARN for the name (Service Authorization Reference, Amazon EKS, resource type
+            # `cluster`): known before the cluster is, so the roles that trust it are made meanwhile.
+            cluster_arn = pulumi.Output.concat(f"arn:aws:eks:{c.region}:", self.account_id,
+                                               f":cluster/{c.cluster.name}")
             self.cluster_security_group = cluster.eks_cluster.vpc_config.cluster_security_group_id
             vpc_id = pulumi.Output.from_input(c.cluster.vpc_id)
             oidc_arn, oidc_issuer = cluster.oidc_provider_arn, cluster.oidc_issuer
-            aws.eks.Addon("eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
-                          opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster]))
+            self.before_controllers.append(aws.eks.Addon(
+                "eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
+                opts=self.in_cluster()))
             # The node classes find their security groups by the discovery tag (ec2_node_class): the
             # security group EKS makes for a new cluster (control plane <-> nodes) must carry it,
             # and nothing else would tag it, since it does not exist before this `pulumi up`.
@@ -222,9 +323,13 @@ class AwsCloud(pulumi.ComponentResource):
         self.provider = k8s.Provider("cluster", kubeconfig=kubeconfig, opts=child)
 
         # --- buckets ------------------------------------------------------------------------
+        # The buckets outlive a `pulumi destroy` (the weights and the release history are the
+        # user's), and so does what they need: their key (a deleted key leaves every object it
+        # encrypted unreadable), its alias and the settings that keep them private and versioned.
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
         self.kms = aws.kms.Key("buckets", description="pdstack weights and release store", enable_key_rotation=True,
-                               deletion_window_in_days=30, opts=child)
-        aws.kms.Alias("buckets", name=f"alias/{c.cluster.name}-pdstack", target_key_id=self.kms.key_id, opts=child)
+                               deletion_window_in_days=30, opts=kept)
+        aws.kms.Alias("buckets", name=f"alias/{c.cluster.name}-pdstack", target_key_id=self.kms.key_id, opts=kept)
         self.weights = self.bucket("weights", c.buckets.weights, noncurrent_days=c.buckets.noncurrent_version_days)
         self.releases = self.bucket("release-store", c.buckets.release_store, noncurrent_days=None)
 
@@ -249,7 +354,7 @@ class AwsCloud(pulumi.ComponentResource):
             exports.update(self.ci_identities())
         exports.update(self.karpenter_identities(cluster_arn))
         if c.cluster.mode == "create":
-            self.system_nodes_and_storage(cluster, cluster_arn)
+            self.system_nodes_and_storage(cluster_arn)
 
         # --- fabric and node classes --------------------------------------------------------
         efa_sg = None
@@ -277,7 +382,9 @@ class AwsCloud(pulumi.ComponentResource):
             annotations["service.beta.kubernetes.io/aws-load-balancer-internal"] = "true"
         self.outputs = CloudOutputs(kubernetes=self.provider, kubeconfig=kubeconfig, cluster_name=c.cluster.name,
                                     gateway_service_annotations=annotations, exports=exports,
-                                    after_controllers=[self.register_node_classes])
+                                    after_controllers=[self.register_node_classes],
+                                    before_controllers=self.before_controllers,
+                                    before_controller=self.before_controller)
         self.register_outputs({})
 
     # --- pieces -------------------------------------------------------------------------------
@@ -299,8 +406,12 @@ class AwsCloud(pulumi.ComponentResource):
             return [{}]  # IRSA's trust policy names the service accounts itself
         return [{"Condition": block} for block in namespace_scope(self.hosted, service_account)]
 
+    def in_cluster(self, *after: pulumi.Resource) -> pulumi.ResourceOptions:
+        """Options of what names the cluster this stack makes (and `after`, what else it names)."""
+        return pulumi.ResourceOptions(parent=self, depends_on=[*self.cluster_made, *after])
+
     def bucket(self, name: str, bucket: str, noncurrent_days: int | None) -> aws.s3.Bucket:
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)  # kept, as the key is (above)
         b = aws.s3.Bucket(name, bucket=bucket, opts=child)
         aws.s3.BucketOwnershipControls(name, bucket=b.bucket, rule={"object_ownership": "BucketOwnerEnforced"},
                                        opts=child)
@@ -325,10 +436,18 @@ class AwsCloud(pulumi.ComponentResource):
         """GitHub Actions' OIDC tokens, per repository and deployment environment, assume CI's role;
         CI reaches the release store through it and the cluster through an EKS access entry."""
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
-        provider = aws.iam.OpenIdConnectProvider("github", url=f"https://{GITHUB_OIDC}",
-                                                 client_id_lists=["sts.amazonaws.com"], opts=child)
+        # IAM holds one OIDC provider per URL in an account: one platform stack makes it
+        # (`ci.oidc_provider: create`), the others find it (`existing`; checks.py refuses two
+        # committed specs in one account that both make it). Kept at `pulumi destroy`: the other
+        # stacks' CI roles trust it.
+        if c.ci.oidc_provider == "create":
+            provider_arn = aws.iam.OpenIdConnectProvider(
+                "github", url=f"https://{GITHUB_OIDC}", client_id_lists=["sts.amazonaws.com"],
+                opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True)).arn
+        else:
+            provider_arn = aws.iam.get_open_id_connect_provider_output(url=f"https://{GITHUB_OIDC}").arn
         subjects = [f"repo:{c.ci.github_repository}:environment:{e}" for e in c.ci.environments]
-        ci = aws.iam.Role("ci", name=f"{c.cluster.name}-ci", assume_role_policy=provider.arn.apply(lambda arn: policy({
+        ci = aws.iam.Role("ci", name=f"{c.cluster.name}-ci", assume_role_policy=provider_arn.apply(lambda arn: policy({
             "Effect": "Allow", "Principal": {"Federated": arn}, "Action": "sts:AssumeRoleWithWebIdentity",
             "Condition": {"StringEquals": {f"{GITHUB_OIDC}:aud": "sts.amazonaws.com", f"{GITHUB_OIDC}:sub": subjects}}})),
             opts=child)
@@ -348,10 +467,12 @@ class AwsCloud(pulumi.ComponentResource):
                                                "eks:UntagResource"],  # the serving stack tags each one
                  "Resource": f"arn:aws:eks:{c.region}:*:podidentityassociation/{c.cluster.name}/*"},
                 {"Effect": "Allow", "Action": "iam:PassRole", "Resource": a[1]})), opts=child)
-        aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=child)
+        entry = aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=self.in_cluster())
+        # An access policy is associated with an existing entry (EKS AssociateAccessPolicy:
+        # ResourceNotFoundException otherwise); at `pulumi destroy` the association goes first.
         aws.eks.AccessPolicyAssociation("ci", cluster_name=c.cluster.name, principal_arn=ci.arn,
                                         policy_arn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
-                                        access_scope={"type": "cluster"}, opts=child)
+                                        access_scope={"type": "cluster"}, opts=self.in_cluster(entry))
         return {"ci_role_arn": ci.arn, "release_store_writer_role_arn": ci.arn}
 
     def karpenter_identities(self, cluster_arn) -> dict:
@@ -360,25 +481,24 @@ class AwsCloud(pulumi.ComponentResource):
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
         node = self.node_iam_role("karpenter-node", child, "AmazonSSMManagedInstanceCore")
         self.node_role = node
-        aws.eks.AccessEntry("karpenter-node", cluster_name=c.cluster.name, principal_arn=node.arn, type="EC2_LINUX",
-                            opts=child)
+        node_entry = aws.eks.AccessEntry("karpenter-node", cluster_name=c.cluster.name, principal_arn=node.arn,
+                                         type="EC2_LINUX", opts=self.in_cluster())
+        # A node class names the role by name; its nodes join through the entry, and Karpenter
+        # removes the role from the class's instance profiles before the class goes.
+        self.node_class_needs: list[pulumi.Resource] = [node, node_entry]
         if self.spec.nodes.mode != "karpenter":
             return {"node_role_arn": node.arn}
         controller = aws.iam.Role("karpenter-controller", name=f"{c.cluster.name}-karpenter",
                                   assume_role_policy=cluster_arn.apply(pod_identity_trust), opts=child)
-        region_cond = {"StringEquals": {"aws:RequestedRegion": c.region}}
-        aws.iam.RolePolicy("karpenter-controller", role=controller.name, policy=node.arn.apply(lambda arn: policy(
-            {"Effect": "Allow", "Action": ["ec2:CreateFleet", "ec2:RunInstances", "ec2:CreateLaunchTemplate",
-                                           "ec2:CreateTags", "ec2:DeleteLaunchTemplate", "ec2:TerminateInstances",
-                                           "ec2:Describe*", "pricing:GetProducts", "ssm:GetParameter"],
-             "Resource": "*", "Condition": region_cond},
-            {"Effect": "Allow", "Action": "iam:PassRole", "Resource": arn,
-             "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
-            *instance_profile_statements(c.cluster.name, c.region),
-            {"Effect": "Allow", "Action": "eks:DescribeCluster",
-             "Resource": f"arn:aws:eks:{c.region}:*:cluster/{c.cluster.name}"})), opts=child)
-        aws.eks.PodIdentityAssociation("karpenter", cluster_name=c.cluster.name, namespace=KARPENTER_NAMESPACE,
-                                       service_account=KARPENTER_SA, role_arn=controller.arn, opts=child)
+        controller_policy = aws.iam.RolePolicy(
+            "karpenter-controller", role=controller.name, policy=pulumi.Output.all(self.account_id, node.arn).apply(
+                lambda a: policy(*karpenter_controller_statements(c.cluster.name, c.region, a[0], a[1]))), opts=child)
+        association = aws.eks.PodIdentityAssociation(
+            "karpenter", cluster_name=c.cluster.name, namespace=KARPENTER_NAMESPACE, service_account=KARPENTER_SA,
+            role_arn=controller.arn, opts=self.in_cluster())
+        # Before its pods start (the Pod Identity webhook injects credentials at admission), and
+        # after they stop: it finalizes the node classes' nodes with these (test_platform_order).
+        self.before_controller["karpenter"] = [controller, controller_policy, association, node, node_entry]
         return {"node_role_arn": node.arn, "karpenter_role_arn": controller.arn}
 
     def node_iam_role(self, name: str, opts: pulumi.ResourceOptions, *extra_policies: str) -> aws.iam.Role:
@@ -389,12 +509,14 @@ class AwsCloud(pulumi.ComponentResource):
                 "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly",
                 *extra_policies)], opts=opts)
 
-    def system_nodes_and_storage(self, cluster, cluster_arn) -> None:
+    def system_nodes_and_storage(self, cluster_arn) -> None:
         """What a new cluster lacks before anything else can run: nodes without GPUs (the cluster
         is made with no default node group, and Karpenter cannot start the node it runs on), the
         EBS CSI driver (not built into EKS since 1.23) and a default StorageClass, so Prometheus's
-        volume claims bind. An existing cluster has its own: README lists them as the user's."""
-        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self, depends_on=[cluster])
+        volume claims bind. An existing cluster has its own: README lists them as the user's.
+        Every controller comes after these, and goes before them: its pods are drained from
+        these nodes, and Prometheus's volumes deleted through this driver."""
+        c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
         system = c.cluster.system_nodes
         role = self.node_iam_role("system-node", child)
         # A managed node group's role gets its access entry from EKS itself (the Karpenter node
@@ -403,15 +525,17 @@ class AwsCloud(pulumi.ComponentResource):
             "system", cluster_name=c.cluster.name, node_role_arn=role.arn, subnet_ids=c.cluster.private_subnet_ids,
             instance_types=list(system.instance_types), capacity_type="ON_DEMAND",
             scaling_config={"min_size": system.count, "max_size": system.count, "desired_size": system.count},
-            labels={naming.ROLE_LABEL: "system"}, opts=child)
+            labels={naming.ROLE_LABEL: "system"}, opts=self.in_cluster())
         ebs = aws.iam.Role("ebs-csi", name=f"{c.cluster.name}-ebs-csi", assume_role_policy=cluster_arn.apply(
             pod_identity_trust), managed_policy_arns=["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"],
             opts=child)
         # After the nodes: the add-on's controller needs somewhere to run before EKS calls it active.
-        aws.eks.Addon("aws-ebs-csi-driver", cluster_name=c.cluster.name, addon_name="aws-ebs-csi-driver",
-                      pod_identity_associations=[{"role_arn": ebs.arn, "service_account": "ebs-csi-controller-sa"}],
-                      opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster, system_group]))
-        ClusterStorage("storage", pulumi.ResourceOptions(parent=self, providers=[self.provider]))
+        driver = aws.eks.Addon(
+            "aws-ebs-csi-driver", cluster_name=c.cluster.name, addon_name="aws-ebs-csi-driver",
+            pod_identity_associations=[{"role_arn": ebs.arn, "service_account": "ebs-csi-controller-sa"}],
+            opts=self.in_cluster(system_group))
+        storage = ClusterStorage("storage", pulumi.ResourceOptions(parent=self, providers=[self.provider]))
+        self.before_controllers += [system_group, driver, storage]
 
     def check_instance_store(self, itype: str) -> None:
         """At `pulumi up`, DescribeInstanceTypes must agree with the table the spec check used."""
@@ -435,7 +559,11 @@ class AwsCloud(pulumi.ComponentResource):
         for family, role in node_classes_needed(self.spec, self.hosted):
             manifest = ec2_node_class(self.spec, family, role, f"{self.spec.cloud.cluster.name}-karpenter-node",
                                       self.efa_security_group if family.efa_interfaces else None)
-            karpenter.add(manifest, karpenter.crds)
+            # After the controller, not only its CRDs: the class carries Karpenter's termination
+            # finalizer, which the running controller removes at `pulumi destroy` once it has
+            # terminated the class's nodes and deleted its instance profiles and launch templates
+            # (karpenter-provider-aws v1.14.1 pkg/controllers/nodeclass/controller.go finalize).
+            karpenter.add(manifest, karpenter.ready() + self.node_class_needs)
             made.append(manifest)
         return made
 
@@ -486,7 +614,8 @@ class AwsCloud(pulumi.ComponentResource):
             scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
             labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
             taints=[{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in role_taints(group.role)],
-            launch_template={"id": template.id, "version": template.latest_version.apply(str)}, opts=child)
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            opts=self.in_cluster(*self.node_class_needs))  # its nodes join through the node role's entry
 
 
 class ClusterStorage(PlatformLayer):

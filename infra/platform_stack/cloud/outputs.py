@@ -19,3 +19,7 @@ class CloudOutputs:
     gateway_service_annotations: dict[str, str]
     exports: dict[str, object] = field(default_factory=dict)  # StackReference outputs (roles, buckets, ...)
     after_controllers: list = field(default_factory=list)  # callbacks(installs): objects needing the controllers' CRDs
+    # What every controller's install comes after and goes before (the nodes its pods run on),
+    # and, by catalog row, what that row's controller needs besides (its cloud identity).
+    before_controllers: list[pulumi.Resource] = field(default_factory=list)
+    before_controller: dict[str, list[pulumi.Resource]] = field(default_factory=dict)
