@@ -58,7 +58,8 @@ def test_prod_triggers_follow_the_phase():
     (ttft,) = [t for t in scalers["engine-prefill"]["spec"]["triggers"] if t["name"] == "ttft-p99-s"]
     assert ttft["metadata"]["threshold"] == "1.2"  # 80% of the 1500 ms SLO
     assert "sglang:time_to_first_token_seconds_bucket" in ttft["metadata"]["query"]
-    assert 'pdstack_io_role="prefill"' in ttft["metadata"]["query"]
+    # An SGLang PD prefill times no first token: decode does, from the request's arrival.
+    assert 'namespace="pdstack-prod",pdstack_io_role="decode"' in ttft["metadata"]["query"]
 
 
 def test_decode_scales_whole_groups_and_drains():
@@ -231,3 +232,113 @@ def test_hpa_signals_of_two_release_tracks_stay_apart(tmp_path):
     out = subprocess.run([require_binary("promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- each scaler's signals on a PD fleet's series, as the pinned engines export them ----------------
+
+LOADED_FROM = 31  # minute from which the loaded role's series show its load (the first 30: healthy)
+FAST, SLOW = {"0.5": 1000, "1": 0, "2.5": 0, "+Inf": 0}, {"0.5": 0, "1": 0, "2.5": 1000, "+Inf": 0}  # TTFT
+STEADY, STALLED = {"0.02": 1000, "0.05": 0, "0.1": 0, "+Inf": 0}, {"0.02": 0, "0.05": 0, "0.1": 1000, "+Inf": 0}
+
+
+def minutes(healthy: float, loaded: float, counter: bool) -> str:
+    """A series' samples at minutes 0-60: a gauge at `healthy` then `loaded`; a counter growing by
+    them each minute."""
+    values, total = [], 0.0
+    for minute in range(61):
+        now = loaded if minute >= LOADED_FROM else healthy
+        total += now if minute else 0
+        values.append(total if counter else now)
+    return " ".join(f"{v:g}" for v in values)
+
+
+def loadable_series(pod, busy_role: str | None) -> list[dict]:
+    """What one pod exports that the scalers read, shaped as the pinned engine exports it
+    (tests/test_alerts_pd_fleet.py cites which pod exports what): healthy, then, from LOADED_FROM,
+    with `busy_role` of its track loaded (None: none). A loaded prefill queues prompts and their first
+    tokens come late: timed by SGLang's decode, from the request's arrival (sglang 0.5.23
+    srt/managers/tokenizer_manager.py collect_metrics: PD prefill workers never observe TTFT), and by
+    vLLM's prefill itself (vllm 0.33.0 v1/metrics/stats.py update_from_output: each instance from the
+    request's arrival there; its decode's, from the KV pull on, do not change). A loaded decode fills
+    its KV cache, runs more sequences and makes more tokens, each later."""
+    from tests.test_alerts_pd_fleet import series
+
+    own, prefill_busy = pod.role == busy_role, busy_role == "prefill"
+
+    def gauge(name, healthy, busy, when=own):
+        return series(pod, name, minutes(healthy, busy if when else healthy, False))
+
+    def counter(name, healthy, busy, when=own):
+        return series(pod, name, minutes(healthy, busy if when else healthy, True))
+
+    def histogram(name, healthy: dict, busy: dict, when: bool):
+        out, calm, late = [], 0, 0  # observations a minute at or below each bucket's bound
+        for le in healthy:
+            calm, late = calm + healthy[le], late + busy[le]
+            out.append(series(pod, f"{name}_bucket", minutes(calm, late if when else calm, True), le=le))
+        return out + [counter(f"{name}_count", 1000, 1000), counter(f"{name}_sum", 400, 2000, when)]
+
+    sglang = pod.engine == "sglang"
+    prefix = "sglang:" if sglang else "vllm:"
+    out = [gauge("sglang:num_queue_reqs" if sglang else "vllm:num_requests_waiting", 2, 40),
+           gauge("sglang:num_running_reqs" if sglang else "vllm:num_requests_running", 100, 1500),
+           gauge("sglang:token_usage" if sglang else "vllm:kv_cache_usage_perc", 0.5, 0.95)]
+    if pod.worker == 0:  # SGLang's tokenizer runs on the group's leader; a vLLM group exports from its leader only
+        out.append(counter(f"{prefix}generation_tokens_total", 1000, 100000))
+        if pod.role == "decode" or not sglang:
+            late = prefill_busy and (sglang or pod.role == "prefill")
+            out += histogram(f"{prefix}time_to_first_token_seconds", FAST, SLOW, late)
+        if pod.role == "decode":
+            out += histogram(f"{prefix}inter_token_latency_seconds", STEADY, STALLED, own)
+    return out
+
+
+def scaler_rules(track) -> list[dict]:
+    """The queries each pool's scaler runs in this track: the KEDA triggers recorded as
+    `keda:<role>:<trigger>` with the track's namespace, and the HPA path's own recording rules."""
+    from infra.components.autoscaling import hpa_support, scaled_object
+    from infra.components.k8s import LayerContext
+
+    ctx = LayerContext(track.spec, track.namespace)
+    keda = [{"record": f"keda:{role}:{t['name'].replace('-', '_')}", "expr": t["metadata"]["query"],
+             "labels": {"namespace": track.namespace}}
+            for role in track.spec.deployment.pools() for t in scaled_object(ctx, role)["spec"]["triggers"]]
+    (hpa_rules, _) = hpa_support(ctx)
+    return [{"name": "keda", "rules": keda}, *hpa_rules["spec"]["groups"]]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_each_scaler_reads_its_role_where_the_engine_exports_it_and_rises_when_it_is_loaded(tmp_path, engine, role):
+    """Issue #37.7 follow-up: the prefill scaler's TTFT read prefill's own TTFT histogram, which an
+    SGLang PD prefill never fills (see `loadable_series`): its query returned nothing (KEDA's `or
+    vector(0)`: 0) however late the first tokens, and `plan --watch` saw NaN. On a two-track PD
+    fleet of each engine, the serving track's `role` is loaded from minute 31: every load signal of
+    that role's scaler (KEDA trigger and HPA recording rule) reads a value at minute 55 above the
+    one it read at minute 30, in that track only; the other track's stays where it was. Evaluated
+    by `promtool test rules` (the same PromQL engine as Prometheus)."""
+    from infra.planning.autoscaling import signals
+    from tests.servers import require_binary
+    from tests.test_alerts_pd_fleet import CANARY, SERVING, pods, tracks
+
+    both = tracks(engine)
+    inputs = [s for pod in pods(engine) for s in loadable_series(pod, role if pod.revision == SERVING else None)]
+    files = []
+    for track in both:
+        path = tmp_path / f"r{track.revision}.rules.yaml"
+        path.write_text(yaml.safe_dump({"groups": scaler_rules(track)}))
+        files.append(path.name)
+    load_signals = [s.name for s in signals(both[0].spec, role) if s.name != "ratio_floor"]  # counts, not load
+    assert (role != "prefill") or "ttft_p99_s" in load_signals
+    checks = [{"expr": f"{series}{{namespace=\"{track.namespace}\"}} > bool {series}{{namespace=\"{track.namespace}\"}} offset 25m",
+               "eval_time": "55m", "exp_samples": [{"labels": f'{{namespace="{track.namespace}"}}',
+                                                     "value": 1 if track.revision == SERVING else 0}]}
+              for track in both for name in load_signals
+              for series in (f"keda:{role}:{name}", f"pdstack:{role}:{name}")]
+    assert {t.revision for t in both} == {SERVING, CANARY}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": files, "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}]}))
+    done = subprocess.run([require_binary("promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

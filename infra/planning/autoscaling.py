@@ -8,6 +8,16 @@ metric into a replica count:
   latencies, KV-cache usage).
 The HPA takes the largest desire over a scaler's signals, then clamps it to min and max.
 
+Each signal reads its pool's series in this namespace (the environment's, or its release
+track's), and a role's TTFT where its engine times it (infra/render/metrics.py `ttft_pool`): an
+SGLang PD prefill observes none (sglang 0.5.23 srt/managers/tokenizer_manager.py collect_metrics),
+so its scaler reads the TTFT decode times from each request's arrival, the client's, which grows
+as prompts wait for prefill. Prefill's demand signal is its own queue: SGLang's
+sglang:num_queue_reqs on a PD prefill counts its waiting queue, prompts ready to run
+(srt/managers/scheduler_components/metrics_reporter.py report_prefill_stats), not those still
+in the bootstrap queue waiting on decode's KV preallocation (num_prefill_bootstrap_queue_reqs),
+which more prefill would not serve sooner; vLLM's vllm:num_requests_waiting on prefill.
+
 The P:D ratio bounds are signals too: the prefill scaler asks for at least
 ceil(min_ratio x decode GPUs / GPUs per prefill instance) instances, and the decode scaler
 for at least ceil(prefill GPUs / max_ratio / GPUs per decode instance). Since an HPA can
@@ -27,7 +37,7 @@ from fractions import Fraction
 from typing import Literal
 
 from infra.render import metrics
-from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, with_selector
+from infra.render.metrics import ENGINE_METRICS, p99, pools_selector, ttft_selector, with_selector
 from infra.spec import PhaseSpec, StackSpec
 
 HPA_TOLERANCE = 0.1  # kube-controller-manager's --horizontal-pod-autoscaler-tolerance default
@@ -53,8 +63,8 @@ def running_target(spec: StackSpec, phase: PhaseSpec) -> float | None:
 
 
 def pool_selector(spec: StackSpec, role: str) -> str:
-    """The series of one pool of this environment."""
-    return f'{{namespace="{spec.environment.namespace}",{ROLE_SERIES_LABEL}="{role}"}}'
+    """The series of one pool of this namespace (environment or release track)."""
+    return pools_selector(spec.environment.namespace, [role])
 
 
 def instances_query(spec: StackSpec, role: str) -> str:
@@ -83,8 +93,8 @@ def signals(spec: StackSpec, role: str) -> list[Signal]:
     # (queue, running sequences, KV usage) bring the count back down.
     ttft_target = slo.ttft_p99_ms / 1000 * auto.latency_headroom
     tpot_target = slo.tpot_p99_ms / 1000 * auto.latency_headroom
-    ttft = Signal("ttft_p99_s", f"({p99(m.ttft_bucket, sel, '2m')} > {ttft_target:g}) or vector(0)", ttft_target,
-                  "Value", "TTFT p99 near its SLO: prompts wait for prefill", up_only=True)
+    ttft = Signal("ttft_p99_s", f"({p99(m.ttft_bucket, ttft_selector(spec, role), '2m')} > {ttft_target:g}) or vector(0)",
+                  ttft_target, "Value", "TTFT p99 near its SLO: prompts wait for prefill", up_only=True)
     tpot = Signal("tpot_p99_s", f"({p99(m.tpot_bucket, sel, '2m')} > {tpot_target:g}) or vector(0)", tpot_target,
                   "Value", "TPOT p99 near its SLO: decode batches too large", up_only=True)
     queue = Signal("queue_depth", f"sum({with_selector(m.queue_depth, sel)})", auto.prefill_queue_per_instance,

@@ -33,6 +33,10 @@ Which role exports what in PD mode decides which pools an alert reads (`alert_ru
   batch has no prefill stats; observability/metrics_collector.py log_stats publishes it
   anyway); a vLLM decode instance counts its own local lookups in vllm:prefix_cache_queries
   (v1/core/sched/scheduler.py record_prefix_cache_stats, at every admission).
+Scalers, `plan --watch` and the dashboard read a role's TTFT where its engine times it
+(`ttft_pool`, from `EngineMetrics.ttft_timed_by`, the one table of it): an SGLang prefill pool's
+from decode (the client's TTFT, which grows as prompts wait for prefill), a vLLM prefill pool's
+from itself (its queue and prompt).
 Every rule selects one namespace, its own: the environment's, or its release track's
 (`<namespace>-r<revision>`, whose PrometheusRule the track renders), so a canary's series never
 enter the serving revision's alerts (the canary is judged by its gates, infra/rollout/canary.py).
@@ -115,6 +119,9 @@ class EngineMetrics:
     prompt_length: str  # Histogram of prompt tokens per request (its _bucket/_sum/_count)
     output_length: str  # Histogram of output tokens per request
     expert_balancedness: str | None  # Summary of 0..1 (1: perfectly balanced); None if not exported
+    # role -> the pool whose TTFT histogram times that role's requests, where it is not the role's own
+    # (the module docstring): the pool a role's TTFT is read from.
+    ttft_timed_by: dict[str, str]
 
 
 ENGINE_METRICS = {
@@ -138,6 +145,9 @@ ENGINE_METRICS = {
         prompt_length="sglang:prompt_tokens_histogram",
         output_length="sglang:generation_tokens_histogram",
         expert_balancedness="sglang:eplb_balancedness",
+        # A PD prefill's tokenizer observes no TTFT; decode's, from the request's arrival
+        # (srt/managers/tokenizer_manager.py collect_metrics).
+        ttft_timed_by={"prefill": "decode"},
     ),
     "vllm": EngineMetrics(
         ttft_bucket="vllm:time_to_first_token_seconds_bucket",
@@ -156,6 +166,7 @@ ENGINE_METRICS = {
         prompt_length="vllm:request_prompt_tokens",
         output_length="vllm:request_generation_tokens",
         expert_balancedness=None,
+        ttft_timed_by={},  # each role its own part (v1/metrics/stats.py update_from_output)
     ),
 }
 
@@ -185,6 +196,21 @@ def pools_selector(namespace: str, roles: list[str]) -> str:
     """The series of some pools of one namespace: an environment's, or one release track's."""
     role = f'="{roles[0]}"' if len(roles) == 1 else f'=~"{"|".join(roles)}"'
     return f'{{namespace="{namespace}",{ROLE_SERIES_LABEL}{role}}}'
+
+
+def ttft_pool(spec: StackSpec, role: str) -> str:
+    """The pool whose TTFT histogram times the first token of `role`'s requests."""
+    return ENGINE_METRICS[spec.engine.kind].ttft_timed_by.get(role, role)
+
+
+def ttft_pools(spec: StackSpec) -> list[str]:
+    """The pools whose TTFT histogram has samples in PD mode: each role's `ttft_pool`, once."""
+    return list(dict.fromkeys(ttft_pool(spec, role) for role in spec.deployment.pools()))
+
+
+def ttft_selector(spec: StackSpec, role: str) -> str:
+    """The series timing `role`'s first tokens, in this namespace (environment or release track)."""
+    return pools_selector(spec.environment.namespace, [ttft_pool(spec, role)])
 
 
 def summary_mean(summary: str, selector: str, window: str, over: str = "rate") -> str:
@@ -234,10 +260,11 @@ def prefix_cache_roles(spec: StackSpec) -> list[str]:
     return [role for role in spec.deployment.pools() if runs_prefix_cache(spec, role)]
 
 
-def prefix_hit_ratio(spec: StackSpec) -> str:
-    """The prefix-cache hit rate of this namespace's pools that own one, per pool."""
+def prefix_hit_ratio(spec: StackSpec, namespace: str | None = None) -> str:
+    """The prefix-cache hit rate of the pools that own one, per pool, in `namespace` (default: the
+    spec's; a dashboard passes its variable)."""
     return every_series_with_selector(ENGINE_METRICS[spec.engine.kind].prefix_hit_ratio,
-                                      pools_selector(spec.environment.namespace, prefix_cache_roles(spec)))
+                                      pools_selector(namespace or spec.environment.namespace, prefix_cache_roles(spec)))
 
 
 @dataclass(frozen=True)
@@ -257,12 +284,13 @@ def alert_rules(spec: StackSpec) -> list[AlertRule]:
     ttft, tpot = slo.ttft_p99_ms / 1000, slo.tpot_p99_ms / 1000
     roles = list(spec.deployment.pools())
     every_pool = pools_selector(ns, roles)
+    timing_first_tokens = pools_selector(ns, ttft_pools(spec))
     decoding = pools_selector(ns, [r for r in roles if r != "prefill"])
     by_pod = ", ".join((*BY_POOL, "pod"))
     rules = []
     for severity, factor in (("warning", 1), ("critical", 2)):
         rules += [
-            AlertRule(f"PdstackTTFTp99{severity.title()}", f"{p99(m.ttft_bucket, every_pool, by=BY_POOL)} > {ttft * factor:g}",
+            AlertRule(f"PdstackTTFTp99{severity.title()}", f"{p99(m.ttft_bucket, timing_first_tokens, by=BY_POOL)} > {ttft * factor:g}",
                       severity, f"TTFT p99 above {factor}x the SLO of {slo.ttft_p99_ms:g} ms"),
             AlertRule(f"PdstackTPOTp99{severity.title()}", f"{p99(m.tpot_bucket, decoding, by=BY_POOL)} > {tpot * factor:g}",
                       severity, f"TPOT p99 above {factor}x the SLO of {slo.tpot_p99_ms:g} ms"),
