@@ -12,14 +12,22 @@ import pytest
 from infra.cli import main
 from infra.spec import REPO_ROOT
 from infra.cli.plan import HISTORY_POINTS
+from infra.render.metrics import ROLE_SERIES_LABEL
 from tests.servers import http_server
 
 WORKLOAD = str(REPO_ROOT / "stacks/workloads/prod-chat.yaml")
+# The pools whose TTFT histogram has samples in PD mode, as each pinned engine fills it: an SGLang
+# prefill observes none, decode from the request's arrival (sglang 0.5.23
+# srt/managers/tokenizer_manager.py collect_metrics); vLLM each role its own part (vllm 0.33.0
+# v1/metrics/stats.py update_from_output). stacks/prod.yaml runs SGLang.
+TIMES_FIRST_TOKENS = {"sglang": ("decode",), "vllm": ("prefill", "decode")}
 
 
-def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None, hit_rate=0.0, rounds=()):
-    """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts, the p99s,
-    and `lengths` {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN).
+def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=None, hit_rate=0.0, rounds=(),
+             engine: str = "sglang"):
+    """Prometheus answering the queries plan --watch makes: a steady `rate`, the counts, the p99s
+    (TTFT from the pools `engine` times it in: no series from any other), and `lengths`
+    {"prompt"/"generation": (mean, p99)} (None: no length histograms, as a 0/0 NaN).
     `rounds`: per round (1, 2, ...), a dict overriding any of rate, counts, lengths for that round
     (a round starts with its HISTORY_POINTS rate queries)."""
     from infra.cli.plan import HISTORY_POINTS
@@ -40,8 +48,12 @@ def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=No
             value = p99 if query.startswith("histogram_quantile") else mean
         elif query.startswith("count(count by"):
             value = at["counts"][0] if 'role="prefill"' in query else at["counts"][1]
+        elif query.startswith("histogram_quantile") and "time_to_first_token" in query:
+            if not any(f'{ROLE_SERIES_LABEL}="{role}"' in query for role in TIMES_FIRST_TOKENS[engine]):
+                return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+            value = ttft_s
         elif query.startswith("histogram_quantile"):
-            value = ttft_s if "time_to_first_token" in query else itl_s
+            value = itl_s
         elif "e2e_request_latency_seconds_count" in query:
             value = at["rate"]
         else:
@@ -73,6 +85,19 @@ def test_watch_corrects_towards_what_the_fleet_shows(capsys):
     assert decode[0] > 1.0 and decode == sorted(decode)
     assert all(r["observed"] and r["written"] is None for r in doc["rounds"])
     assert doc["rounds"][0]["lengths_from"].startswith("the workload file")
+
+
+def test_watch_corrects_prefill_from_the_ttft_sglang_times_on_decode(capsys):
+    """A PD prefill on SGLang never records TTFT: --watch read prefill's histogram, always NaN, so no
+    round was ever observed and the model never corrected. Decode times each request's first token
+    from its arrival, the client's TTFT: read there, first tokens at 1.2 s, slower than the model
+    predicts at the counts serving, move prefill's correction up round by round."""
+    with stand_in(40, 1.2, 0.02) as prom:
+        assert main(watch(prom, 3, "--dry-run", "--output", "json")) == 0
+    rounds = json.loads(capsys.readouterr().out)["rounds"]
+    assert [r["observed"] for r in rounds] == [True, True, True]
+    prefill = [r["correction"]["prefill"] for r in rounds]
+    assert prefill[0] > 1.0 and prefill == sorted(prefill) and prefill[-1] > prefill[0]
 
 
 def test_watch_plans_for_the_lengths_prometheus_saw(capsys):

@@ -70,17 +70,18 @@ def changes(spec: StackSpec, result) -> list[str]:
 
 def watch_queries(spec: StackSpec) -> dict[str, str]:
     """The PromQL one round of --watch reads (tests/test_metrics_contract.py checks each against
-    the pinned engines' series): the request rate, the counts serving, their TTFT/ITL p99, and the
+    the pinned engines' series): the request rate, the counts serving, their TTFT p99 (where the
+    engine times prefill's requests' first token: infra/render/metrics.py ttft_pool) and ITL p99, the
     length distributions of the last hour (prompts where prefill sees them, outputs at decode),
     and prefill's prefix-cache hit rate."""
     from infra.planning.autoscaling import instances_query, pool_selector
-    from infra.render.metrics import ENGINE_METRICS, every_series_with_selector, p99, with_selector
+    from infra.render.metrics import ENGINE_METRICS, every_series_with_selector, p99, ttft_selector, with_selector
 
     m = ENGINE_METRICS[spec.engine.kind]
     prefill, decode = pool_selector(spec, "prefill"), pool_selector(spec, "decode")
     out = {"rate": f"sum(rate({with_selector(m.requests_total, decode)}[5m]))",
            "prefill_instances": instances_query(spec, "prefill"), "decode_instances": instances_query(spec, "decode"),
-           "ttft_p99_s": p99(m.ttft_bucket, prefill), "itl_p99_s": p99(m.tpot_bucket, decode),
+           "ttft_p99_s": p99(m.ttft_bucket, ttft_selector(spec, "prefill")), "itl_p99_s": p99(m.tpot_bucket, decode),
            "prefix_hit_rate": every_series_with_selector(m.prefix_hit_ratio, prefill)}
     for name, histogram, sel in (("input", m.prompt_length, prefill), ("output", m.output_length, decode)):
         out[f"{name}_mean"] = (f"sum(rate({with_selector(histogram + '_sum', sel)}[1h])) / "
