@@ -6,7 +6,9 @@ hand edit slips in. Each such file is listed there with the package (PyPI) or Go
 from, the version, the hash the index or go.sum gives, and the paths inside it that were read;
 the generator that writes the file; and the test that runs the generator again at the pinned
 version and compares (every one of them runs in `make test`). Where a file cannot be regenerated
-here, the entry says so and why.
+here, the entry says so and why. Tables of facts no pinned package carries, kept by hand in code,
+are listed apart (`hand_kept`), each with its values, where they were read and why no package
+gives them.
 
 The list is generated from the files' own origin records (each generator writes one into the
 file it writes), so it cannot disagree with them:
@@ -42,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "upstream" / "PROVENANCE.json"
 sys.path.insert(0, str(ROOT))
 
+from infra.platform_stack.efa import EFA_PLUGIN_LISTED_FROM, EFA_PLUGIN_LISTED_FROM_ORIGIN  # noqa: E402
+from infra.platform_stack.weight_cache import INSTANCE_STORE_GB, INSTANCE_STORE_ORIGIN  # noqa: E402
 from infra.render.engine_check import MODEL_CONFIGS, MODELS  # noqa: E402
 from infra.spec import PINNED_ENGINE_VERSIONS  # noqa: E402
 
@@ -78,14 +82,30 @@ DERIVED = (
             "tests/test_provenance.py::test_the_flag_tables_are_what_the_pinned_engines_parse", "flags"),
     Derived(("infra/platform_stack/pinned/*.json",), "python scripts/platform_sources.py",
             "tests/test_provenance.py::test_the_chart_values_are_what_the_pinned_modules_hold", "chart_values"),
-    Derived(("infra/platform_stack/pinned_from_git/*.json",),
-            "python scripts/platform_sources.py --git-checkout <repository>=<checkout>", None, "chart_values",
-            "read from a checkout of the chart's git repository at the recorded commit (a repository that is no "
-            "Go module the proxy serves; neither it nor the chart registry is reachable here); "
-            "`platform_sources.py --check` holds each record to its catalog row: repository, commit, folder and "
-            "chart version"),
     Derived(("infra/render/engine_check/models/*.json",), "python scripts/provenance.py",
             "tests/test_provenance.py::test_the_list_is_what_the_files_and_packages_say", "model_config"),
+)
+
+
+@dataclass(frozen=True)
+class HandKept:
+    """A table of facts kept by hand in code, because no package pinned here carries them: listed
+    with its values, so an edit shows in the list as a derived file's does."""
+    file: str
+    name: str  # the table's name in `file`
+    values: dict
+    origin: str  # where the facts were read
+    not_regenerable: str  # why no package gives them
+
+
+HAND_KEPT = (
+    HandKept("infra/platform_stack/weight_cache.py", "INSTANCE_STORE_GB", INSTANCE_STORE_GB, INSTANCE_STORE_ORIGIN,
+             "no package this project reaches carries these instance types' instance-store sizes (the pinned "
+             "karpenter-provider-aws's fake DescribeInstanceTypes lists other types; botocore has no instance data)"),
+    HandKept("infra/platform_stack/efa.py", "EFA_PLUGIN_LISTED_FROM", EFA_PLUGIN_LISTED_FROM,
+             EFA_PLUGIN_LISTED_FROM_ORIGIN,
+             "the chart lives in aws/eks-charts, which the Go module proxy does not serve (403) and no package "
+             "pinned here carries, so its values cannot be read at a pinned version"),
 )
 
 
@@ -175,8 +195,6 @@ def flags_sources(path: Path) -> list[dict]:
 def chart_values_sources(path: Path) -> list[dict]:
     o = json.loads(path.read_text())["origin"]
     paths = sorted(p for p in (o["path"], o["schema"]) if p)
-    if "repository" in o:  # a chart read from a git repository at a commit (pinned_from_git/)
-        return [{"repository": o["repository"], "version": o["version"], "commit": o["commit"], "paths": paths}]
     return [{"go_module": o["module"], "version": o["version"], "pinned_in": o["pinned_in"], "paths": paths}]
 
 
@@ -286,7 +304,9 @@ def listing() -> dict:
     if twice:
         raise SystemExit(f"{', '.join(twice)}: matched by two DERIVED entries. Fix: narrow their patterns")
     return {"about": __doc__.splitlines()[0].rstrip(":") + " (scripts/provenance.py writes it)",
-            "files": sorted(files, key=lambda f: f["file"])}
+            "files": sorted(files, key=lambda f: f["file"]),
+            "hand_kept": [{"file": h.file, "name": h.name, "values": h.values, "origin": h.origin,
+                           "not_regenerable": h.not_regenerable} for h in HAND_KEPT]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ would have made, where their controllers can schedule, which nodes their DaemonS
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -15,7 +16,7 @@ from infra.platform_stack.checks import controller_problems
 from infra.platform_stack.modules import module_dir, module_file
 from infra.platform_stack.program import platform_context
 from infra.platform_stack.spec import load_platform_spec
-from infra.platform_stack.values import efa_plugin_problems, pinned_chart, values_problems
+from infra.platform_stack.efa import EFA_PLUGIN_LISTED_FROM, efa_plugin_problems
 from infra.render.manifests import manifests, unwrap
 from infra.spec_checks import load_spec
 from tests.test_platform import context, onprem_twin_spec
@@ -53,13 +54,6 @@ def test_the_dra_controller_schedules_where_the_cluster_kind_has_nodes_for_it():
     prod = load_spec("stacks/prod.yaml")
     onprem = platform_context(onprem_twin_spec(), [prod])
     assert "controller" not in dra.values(onprem)
-    # Each value is one the chart has (read at v25.12.0, pinned_from_git/): a misspelt key would be
-    # dropped by Helm without a word, and the controller would stay Pending.
-    assert values_problems(dra.name, dra.values(context("platform-prod"))) == []
-    assert values_problems(dra.name, dra.values(onprem)) == []
-    assert values_problems(dra.name, {"controller": {"afinity": {}}}) == [
-        "nvidia-dra-driver-gpu (github.com/NVIDIA/k8s-dra-driver-gpu@25.12.0 deployments/helm/nvidia-dra-driver-gpu/"
-        "values.yaml): controller.afinity: the chart has no such value"]
 
 
 def matches(term: dict, labels: dict[str, str]) -> bool:
@@ -188,41 +182,43 @@ EFA = "aws-efa-k8s-device-plugin"
 
 @pytest.mark.parametrize("name", ["platform-prod", "platform-dev"])
 def test_every_efa_node_class_instance_type_is_one_the_pinned_efa_chart_schedules_on(name):
-    """aws/eks-charts stable/aws-efa-k8s-device-plugin templates/daemonset.yaml: the plugin's
-    DaemonSet requires node.kubernetes.io/instance-type In supportedInstanceLabels.values. Chart
-    v0.5.6 (2ce97905dbdbfa459b729da0f3d6160ce6a4ee2e) does not list p6e-gb200.36xlarge (v0.5.14,
-    3795d77, added it): every prod engine pod would have stayed Pending on vpc.amazonaws.com/efa.
-    The list is read from the chart the row pins (pinned_from_git/, its commit recorded)."""
+    """aws/eks-charts stable/aws-efa-k8s-device-plugin templates/daemonset.yaml (v0.5.30): the
+    plugin's DaemonSet requires node.kubernetes.io/instance-type In supportedInstanceLabels.values.
+    p6e-gb200.36xlarge is listed from chart v0.5.14 on (aws/eks-charts #1236), so at v0.5.6 every
+    prod engine pod would have stayed Pending on vpc.amazonaws.com/efa. The chart is in no pinned
+    package: which version lists a type is the hand-kept table of infra/platform_stack/efa.py."""
     spec = load_platform_spec(f"stacks/{name}.yaml")
-    record = pinned_chart(EFA)
-    assert record["chart"]["version"] == controller(EFA).chart.version
-    assert record["origin"]["commit"] == controller(EFA).values_git.commit
-    listed = set(record["defaults"]["supportedInstanceLabels"]["values"])
     efa_types = {t for family in spec.cloud.node_classes if family.efa_interfaces for t in family.instance_types}
-    assert efa_types and efa_types <= listed
-    assert efa_plugin_problems(spec) == []
+    assert efa_types and efa_types <= set(EFA_PLUGIN_LISTED_FROM)
+    assert efa_plugin_problems(spec, controller(EFA).chart.version) == []
     assert controller_problems(context(name)) == []
 
 
-def test_an_efa_instance_type_the_chart_does_not_list_stops_the_preview(monkeypatch):
-    """As chart v0.5.6's list (no p6e-gb200): the platform is refused, naming the node class, the
-    type, the chart version and the fix."""
-    from infra.platform_stack import values
+def test_an_efa_instance_type_the_pinned_chart_does_not_list_stops_the_preview(monkeypatch):
+    """With the chart at v0.5.6 (before p6e-gb200 was listed, aws/eks-charts #1236 at v0.5.14)
+    the platform is refused, naming the node class, the type, both versions and the fix; dev's
+    p5.48xlarge is listed from the chart's first version (v0.4.2, #1040) and passes."""
+    from infra.platform_stack import catalog
 
-    record = pinned_chart(EFA)
-    without = {t for t in record["defaults"]["supportedInstanceLabels"]["values"] if not t.startswith("p6e-gb200")}
-    old = {**record, "chart": {**record["chart"], "version": "v0.5.6"},
-           "defaults": {**record["defaults"], "supportedInstanceLabels": {"values": sorted(without)}}}
-    pinned = values.pinned_chart
-    monkeypatch.setattr(values, "pinned_chart", lambda name: old if name == EFA else pinned(name))
+    row = controller(EFA)
+    old = dataclasses.replace(row, chart=dataclasses.replace(row.chart, version="v0.5.6"))
+    monkeypatch.setattr(catalog, "CATALOG", tuple(old if r is row else r for r in catalog.CATALOG))
     [problem] = controller_problems(context("platform-prod"))
-    assert problem.startswith("cloud.node_classes[gb200].instance_types: p6e-gb200.36xlarge is not among")
-    assert "aws-efa-k8s-device-plugin v0.5.6" in problem and "Fix: a chart version that lists it" in problem
-    assert controller_problems(context("platform-dev")) == []  # p5.48xlarge is listed
+    assert problem.startswith("cloud.node_classes[gb200].instance_types: p6e-gb200.36xlarge: the EFA device "
+                              "plugin's chart v0.5.6 does not list it (it is listed from v0.5.14 on)")
+    assert "Fix: aws-efa-k8s-device-plugin's chart at v0.5.14 or later" in problem
+    assert controller_problems(context("platform-dev")) == []
 
 
-def test_the_efa_plugins_values_are_checked_against_its_chart():
-    assert values_problems(EFA, controller(EFA).values(context("platform-prod"))) == []
-    assert values_problems(EFA, {"toleration": []}) == [
-        f"{EFA} (github.com/aws/eks-charts@v0.5.30 stable/aws-efa-k8s-device-plugin/values.yaml): "
-        "toleration: the chart has no such value"]
+def test_an_efa_instance_type_the_table_does_not_know_is_refused_not_passed():
+    """A type missing from the hand-kept table cannot be held to the chart: refused, naming the
+    table and the fix, rather than assumed listed."""
+    spec = load_platform_spec("stacks/platform-dev.yaml")
+    family = spec.cloud.node_classes[0]
+    assert family.efa_interfaces
+    other = spec.model_copy(update={"cloud": spec.cloud.model_copy(update={"node_classes": [
+        family.model_copy(update={"instance_types": ["p9.48xlarge"]})]})})
+    [problem] = efa_plugin_problems(other, "v0.5.30")
+    assert problem.startswith(f"cloud.node_classes[{family.name}].instance_types: p9.48xlarge: not in the table")
+    assert "EFA_PLUGIN_LISTED_FROM" in problem and "Fix: add it" in problem
+

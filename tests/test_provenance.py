@@ -113,6 +113,23 @@ def test_every_upstream_derived_file_is_listed_with_package_version_and_paths():
                 entry["file"]
 
 
+
+def test_every_hand_kept_table_is_listed_with_its_values_origin_and_reason():
+    """A fact no pinned package carries is kept by hand in code and listed as such: the EFA device
+    plugin's instance types by chart version (aws/eks-charts is in no package pinned here) and the
+    instance-store sizes (from the EC2 User Guide), each with its values, so an edit shows in the
+    list, and with where it was read and why no package gives it."""
+    hand_kept = {(e["file"], e["name"]): e for e in json.loads(LISTING.read_text())["hand_kept"]}
+    assert {("infra/platform_stack/efa.py", "EFA_PLUGIN_LISTED_FROM"),
+            ("infra/platform_stack/weight_cache.py", "INSTANCE_STORE_GB")} <= set(hand_kept)
+    for (file, name), entry in hand_kept.items():
+        tree = ast.parse((ROOT / file).read_text())
+        assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        assert name in assigned, f"{file} has no {name}"
+        assert entry["values"] and entry["origin"] and entry["not_regenerable"], name
+    assert hand_kept[("infra/platform_stack/efa.py", "EFA_PLUGIN_LISTED_FROM")]["values"]["p6e-gb200.36xlarge"] \
+        == "v0.5.14"
+
 def test_every_listed_check_is_a_test_that_runs_its_generator():
     """A `checked_by` that names no test, or a test that does not run the generator, would make
     the list a promise nobody keeps: each names a test function that runs the listed script."""

@@ -9,10 +9,8 @@ upgrade reaches the cluster and the policy pack sees them; charts are installed 
 skipCrds), the typed values pdstack sets (from the platform spec), and which values carry the
 tolerations of DaemonSets that must run on the GPU nodes.
 
-A chart in no pinned module but published from a git repository (aws/eks-charts, NVIDIA's DRA
-driver) is read there at the commit that published it (`values_git`, into
-infra/platform_stack/pinned_from_git/). A row whose chart is in neither says why in `unchecked`:
-its values are set but not checked.
+A row whose chart no registry this project reaches carries has `values_source=None` and says
+why in `unchecked`: its values are set but not checked against the chart.
 
 Each row lists its chart's Helm hooks (`hooks`): the pinned Kubernetes provider installs a chart
 without them (`Hook` says why), so what a hook makes is made here, or the row says why nothing
@@ -36,8 +34,6 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
 LWS = "sigs.k8s.io/lws"
 CERT_MANAGER = "github.com/cert-manager/cert-manager"
 GPU_OPERATOR = "github.com/NVIDIA/gpu-operator"
-EKS_CHARTS = "github.com/aws/eks-charts"  # a git repository, no Go module
-DRA_DRIVER = "github.com/NVIDIA/k8s-dra-driver-gpu"  # a Go module the proxy does not serve
 
 # Why a row's values cannot be checked: the Go module proxy answers 403 for these modules
 # (`go list -m -versions <module>`), and no other registry this project reaches carries them.
@@ -49,17 +45,6 @@ class Source:
     """A file (or folder) inside a Go module, at the version twin/*/go.mod pins."""
 
     module: str
-    path: str
-
-
-@dataclass(frozen=True)
-class GitSource:
-    """A chart folder in a git repository at a commit: a chart published to a Helm repository
-    from a repository that is no Go module (aws/eks-charts). `scripts/platform_sources.py
-    --git-checkout` reads its values there into infra/platform_stack/pinned_from_git/."""
-
-    repository: str  # github.com/<owner>/<name>
-    commit: str  # the commit that published the row's chart version
     path: str
 
 
@@ -113,8 +98,7 @@ class Controller:
     manifests: Source | None = None  # plain manifests (CRDs included) instead of a chart
     values: Values = lambda ctx: {}
     values_source: Source | None = None  # the chart folder in a pinned module: values.yaml, values.schema.json
-    values_git: GitSource | None = None  # else the chart folder in a git repository, at the published commit
-    unchecked: str | None = None  # why the values are not checked, when neither is known
+    unchecked: str | None = None  # why the values are not checked, when values_source is None
     crds: tuple[Source, ...] = ()
     # (group, kind) of CRDs only the chart carries (in its crds/ folder; no pinned module has them):
     # the chart installs those itself, kept on delete like the rest (components/controllers.py).
@@ -330,9 +314,7 @@ CATALOG: tuple[Controller, ...] = (
         "nvidia-dra-driver-gpu", "25.12.0", "nvidia-dra-driver-gpu", "ComputeDomains: IMEX channels across a rack",
         chart=Chart("https://helm.ngc.nvidia.com/nvidia", "nvidia-dra-driver-gpu", "25.12.0"),
         values=dra_driver_values,
-        # The Go module proxy refuses github.com/NVIDIA/k8s-dra-driver-gpu (403): read at the v25.12.0 tag.
-        values_git=GitSource(DRA_DRIVER, "0882da8720c28763137e0987778ec476ec4cf8df",
-                             "deployments/helm/nvidia-dra-driver-gpu"),
+        unchecked=_PROXY_REFUSES.format("github.com/NVIDIA/k8s-dra-driver-gpu"),
         # deployments/helm/nvidia-dra-driver-gpu/crds/ at v25.12.0
         chart_crds=(("resource.nvidia.com", "ComputeDomain"), ("resource.nvidia.com", "ComputeDomainClique")),
         hooks_read_from="github:NVIDIA/k8s-dra-driver-gpu v25.12.0 (0882da8720c28763137e0987778ec476ec4cf8df) "
@@ -340,12 +322,12 @@ CATALOG: tuple[Controller, ...] = (
         gpu_toleration_paths=("kubeletPlugin.tolerations",), enabled=lambda ctx: ctx.compute_domains),
     Controller(
         # The chart's DaemonSet runs only on the instance types its values list
-        # (supportedInstanceLabels); p6e-gb200 is listed from chart v0.5.14 on (aws/eks-charts
-        # 3795d77). values.py efa_plugin_problems holds every EFA node class to that list.
+        # (supportedInstanceLabels); p6e-gb200 is listed from chart v0.5.14 on, so v0.5.6 never
+        # ran on it. infra/platform_stack/efa.py holds every EFA node class to the pinned version.
         "aws-efa-k8s-device-plugin", "v0.5.20", "kube-system", "EFA devices (vpc.amazonaws.com/efa)",
         chart=Chart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.30"),
         values=lambda ctx: {"tolerations": _tolerations(ctx)},
-        values_git=GitSource(EKS_CHARTS, "bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec", "stable/aws-efa-k8s-device-plugin"),
+        unchecked="the chart lives in aws/eks-charts, which is no Go module and in no registry this project reaches",
         hooks_read_from="github:aws/eks-charts (bfe91c4b9257c80f754ad4b3d6a9a3c239b2b8ec) "
                         "stable/aws-efa-k8s-device-plugin: no hooks",
         gpu_toleration_paths=("tolerations",), enabled=lambda ctx: "efa" in ctx.fabrics),

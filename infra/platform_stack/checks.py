@@ -8,6 +8,7 @@ from collections import Counter
 
 from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import CATALOG, PlatformContext, controller, installed
+from infra.platform_stack.efa import efa_plugin_problems
 from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
@@ -127,17 +128,17 @@ def controller_problems(ctx: PlatformContext) -> list[str]:
                 for name in controllers.user_installed if name not in names]
     if controllers.chart_source == "pinned-modules":
         problems += [f"controllers.chart_source: pinned-modules, but {row.name}'s chart is in no pinned module "
-                     f"({row.unchecked or f'it is published from {row.values_git.repository}, no Go module'}). Fix: "
-                     f"install it yourself (e.g. from your own mirror) and list it in controllers.user_installed, "
-                     f"or use chart_source: registry"
+                     f"({row.unchecked}). Fix: install it yourself (e.g. from your own mirror) and list it in "
+                     f"controllers.user_installed, or use chart_source: registry"
                      for row in installed(ctx) if row.chart and row.values_source is None]
     # Each chart's own verdict on the values the spec gives it (its values.yaml keys, its
     # values.schema.json), at every preview and `pulumi up`, not only in the tests: Helm would
     # drop an unknown key without a word.
-    from infra.platform_stack.values import efa_plugin_problems, values_problems
+    from infra.platform_stack.values import values_problems
 
-    problems += [f"controllers: {p}" for row in installed(ctx) if row.chart and (row.values_source or row.values_git)
+    problems += [f"controllers: {p}" for row in installed(ctx) if row.chart and row.values_source
                  for p in values_problems(row.name, row.values(ctx))]
-    if controller("aws-efa-k8s-device-plugin") in installed(ctx):
-        problems += efa_plugin_problems(ctx.spec)
+    efa = controller("aws-efa-k8s-device-plugin")
+    if efa in installed(ctx):
+        problems += efa_plugin_problems(ctx.spec, efa.chart.version)
     return problems

@@ -16,15 +16,13 @@ from pathlib import Path
 
 import jsonschema
 
-PINNED = Path(__file__).resolve().parent / "pinned"  # charts whose source a pinned Go module holds
-PINNED_FROM_GIT = PINNED.parent / "pinned_from_git"  # charts read from a git repository at a commit
+PINNED = Path(__file__).resolve().parent / "pinned"
 
 
 @cache
 def pinned_chart(name: str) -> dict:
     """The extracted values of a catalog row's chart (scripts/platform_sources.py)."""
-    path = PINNED / f"{name}.json"
-    return json.loads((path if path.is_file() else PINNED_FROM_GIT / path.name).read_text())
+    return json.loads((PINNED / f"{name}.json").read_text())
 
 
 def unknown_keys(values: dict, defaults: dict, path: str = "") -> list[str]:
@@ -51,7 +49,7 @@ def values_problems(name: str, values: dict) -> list[str]:
     """What the pinned chart of catalog row `name` says about `values` (empty: accepted)."""
     pinned = pinned_chart(name)
     origin = pinned["origin"]
-    where = f"{name} ({origin.get('module') or origin['repository']}@{origin['version']} {origin['path']})"
+    where = f"{name} ({origin['module']}@{origin['version']} {origin['path']})"
     problems = [f"{where}: {p}" for p in unknown_keys(values, pinned["defaults"])]
     if pinned.get("schema"):
         validator = jsonschema.Draft7Validator(pinned["schema"])
@@ -69,22 +67,3 @@ def dig(values: dict, dotted: str):
             return None
         node = node[part]
     return node
-
-
-def efa_plugin_problems(spec, row_name: str = "aws-efa-k8s-device-plugin") -> list[str]:
-    """The EFA device plugin runs only on the instance types its chart lists: its DaemonSet
-    requires node.kubernetes.io/instance-type In supportedInstanceLabels.values (aws/eks-charts
-    stable/aws-efa-k8s-device-plugin templates/daemonset.yaml). On any other type no node offers
-    vpc.amazonaws.com/efa and every pod requesting it stays Pending, so each instance type of a
-    node class that attaches EFA must be in the pinned chart's list. `spec`: a PlatformSpec."""
-    if spec.cloud.provider != "aws":
-        return []
-    chart = pinned_chart(row_name)
-    listed = set(dig(chart["defaults"], "supportedInstanceLabels.values") or ())
-    return [f"cloud.node_classes[{family.name}].instance_types: {t} is not among the instance types the EFA device "
-            f"plugin's chart schedules on ({row_name} {chart['chart']['version']}, supportedInstanceLabels.values): "
-            "no node of it would offer vpc.amazonaws.com/efa, so every pod requesting it would stay Pending. Fix: "
-            "a chart version that lists it (infra/platform_stack/catalog.py, then scripts/platform_sources.py), or "
-            "an instance type it lists"
-            for family in spec.cloud.node_classes if family.efa_interfaces for t in family.instance_types
-            if t not in listed]
