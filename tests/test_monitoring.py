@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
 import yaml
 
+from infra.offline import run_spec
 from infra.render.flagsets import flagset
 from infra.render.metrics import alert_rules, catalogue, exposed_series, metric_names_in
 from infra.render.query_check import query_problems
+from infra.spec import NAMESPACE_MAX
 from tests.conftest import shipped_run
 from tests.servers import require_binary
 
@@ -75,12 +78,123 @@ def test_dashboard_has_a_panel_per_stage_latency_and_load_spread():
     titles = [p["title"] for p in board["panels"]]
     assert "TTFT p99 by stage" in titles and "Running requests per instance (load spread)" in titles
     ttft = board["panels"][0]["targets"]
-    assert [t["legendFormat"] for t in ttft] == ["prefill", "decode"]
+    # prod runs SGLang, whose PD prefill times no first token: decode times them, from each arrival.
+    assert [t["legendFormat"] for t in ttft] == ["decode"]
 
 
 # The alerts fire on series shaped as the engines export them: tests/test_alerts_pd_fleet.py.
 
 
-def test_catalogue_series_names_follow_prometheus_client():
-    assert catalogue("sglang")["metrics"]["sglang:eplb_balancedness"]["type"] == "summary"
-    assert {"sglang:eplb_balancedness_sum", "sglang:eplb_balancedness_count"} <= set(exposed_series("sglang"))
+def track_dashboards(engine: str, namespace: str | None = None, revisions=(7, 8)) -> dict[str, dict]:
+    """Each release track's dashboard as its monitoring layer renders it, by namespace."""
+    import json
+
+    from infra.render.engine_check import variant_spec
+    from infra.tracks import plan_tracks
+
+    data = variant_spec("prod", engine).model_dump(mode="json")
+    if namespace:
+        data["environment"]["namespace"] = namespace
+    out = {}
+    for track in plan_tracks([(revisions[0], 100, data), (revisions[1], 0, data)]):
+        run = run_spec(track.spec)
+        (cm,) = [c for c in run.by_kind("ConfigMap") if c["metadata"]["name"] == "pdstack-dashboard"]
+        out[track.namespace] = json.loads(cm["data"]["pdstack.json"])
+    return out
+
+
+# The longest environment namespace whose tracks' specs are read today (plan_tracks holds a track's
+# own namespace to NAMESPACE_MAX too): its tracks' `pdstack-<namespace>` is 65 characters.
+LONG_NAMESPACE = "p" * (NAMESPACE_MAX - len("-r9999"))
+
+
+@pytest.mark.parametrize("namespace", [None, LONG_NAMESPACE], ids=["prod", "long namespace"])
+def test_each_release_track_renders_its_own_dashboard(namespace):
+    """Every track rendered `pdstack-<environment>`: side by side (a canary beside the serving
+    revision) Grafana kept one of them. One uid per namespace, within Grafana's 40 characters and
+    its characters (grafana pkg/util/shortid_generator.go: IsShortUIDTooLong, validUIDPattern), even
+    for long namespaces, whose revisions differ in their last digit."""
+    import re
+
+    boards = track_dashboards("sglang", namespace, revisions=(9998, 9999) if namespace else (7, 8))
+    uids, titles = {b["uid"] for b in boards.values()}, {b["title"] for b in boards.values()}
+    assert len(uids) == len(titles) == len(boards) == 2
+    assert all(len(uid) <= 40 and re.fullmatch(r"[a-zA-Z0-9_-]+", uid) for uid in uids), uids
+
+
+ROUTER_SERIES = {"sglang_router": "smg_http_requests_total", "gateway_epp": "inference_objective_request_total"}
+
+
+def panel_inputs(engine: str, revisions) -> list[dict]:
+    """The series every panel reads, of the tracks in `revisions`, as the engines export them
+    (tests/test_alerts_pd_fleet.py), with their running requests and the balancer's requests."""
+    from infra.render.engine_check import variant_spec
+    from tests.test_alerts_pd_fleet import fleet, pods, series
+
+    running = "sglang:num_running_reqs" if engine == "sglang" else "vllm:num_requests_running"
+    wanted = {p.namespace for p in pods(engine) if p.revision in revisions}
+    out = [s for s in fleet(engine, {}) if re.search(r'namespace="([^"]+)"', s["series"]).group(1) in wanted]
+    out += [series(p, running, "10x60") for p in pods(engine) if p.revision in revisions]
+    router = ROUTER_SERIES[variant_spec("prod", engine).deployment.load_balancer.implementation]
+    out += [{"series": f'{router}{{namespace="{ns}",pod="router-0",job="router",instance="router-0:9090"}}',
+             "values": "0+60x60"} for ns in sorted(wanted)]
+    return out
+
+
+def promtool_test(tmp_path, tests: list[dict]) -> str:
+    """`promtool test rules` on these test groups, with no rule file; its complaints, if any."""
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": tests}))
+    done = subprocess.run([require_binary("promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def reads(expr: str, something: bool) -> dict:
+    """A check that `expr` yields some series at minute 40 (or none)."""
+    return {"expr": f"count({expr}) > bool 0", "eval_time": "40m",
+            "exp_samples": [{"labels": "{}", "value": 1}] if something else []}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_panel_reads_the_namespace_picked_and_no_other(tmp_path, engine):
+    """The queue, running-requests, KV, KV-transfer and router panels summed every namespace: the
+    canary's load showed as the serving revision's. With the dashboard's `namespace` variable at the
+    serving track, each panel reads that track's series, and nothing when only the canary exports.
+    Evaluated by `promtool test rules` on series shaped as the engines export them."""
+    from tests.test_alerts_pd_fleet import CANARY, SERVING
+
+    boards = track_dashboards(engine)
+    serving = f"pdstack-prod-r{SERVING}"
+    exprs = [t["expr"].replace("$namespace", serving) for p in boards[serving]["panels"] for t in p["targets"]]
+    assert len(exprs) >= 8
+    failed = promtool_test(tmp_path, [
+        {"interval": "1m", "input_series": panel_inputs(engine, [SERVING, CANARY]),
+         "promql_expr_test": [reads(e, True) for e in exprs]},
+        {"interval": "1m", "input_series": panel_inputs(engine, [CANARY]),
+         "promql_expr_test": [reads(e, False) for e in exprs]}])
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_an_environments_dashboard_offers_its_namespace_and_its_release_tracks(tmp_path, engine):
+    """The platform's Grafana shows one dashboard per environment (infra/platform_stack/components/
+    observability.py), whose series live in its release tracks' namespaces once a rollout ran: its
+    `namespace` variable offers the environment's namespace and `<namespace>-r<revision>`, from the
+    series that exist, and not a namespace that only starts alike."""
+    from infra.components.k8s import LayerContext
+    from infra.components.monitoring import dashboard
+    from infra.render.engine_check import variant_spec
+    from tests.test_alerts_pd_fleet import CANARY, SERVING
+
+    spec = variant_spec("prod", engine)
+    (variable,) = dashboard(LayerContext(spec, spec.environment.namespace))["templating"]["list"]
+    assert (variable["name"], variable["multi"], variable["includeAll"]) == ("namespace", False, False)
+    offered = re.fullmatch(r"label_values\((.+), namespace\)", variable["query"]).group(1)
+    elsewhere = [{"series": re.sub(r'namespace="[^"]+"', f'namespace="{ns}"', s["series"]), "values": s["values"]}
+                 for ns in ("pdstack-prod", "pdstack-prod-research") for s in panel_inputs(engine, [SERVING])]
+    failed = promtool_test(tmp_path, [
+        {"interval": "1m", "input_series": panel_inputs(engine, [SERVING, CANARY]) + elsewhere,
+         "promql_expr_test": [{"expr": f"count by (namespace) ({offered}) > bool 0", "eval_time": "40m",
+                               "exp_samples": [{"labels": f'{{namespace="{ns}"}}', "value": 1}
+                                               for ns in ("pdstack-prod", "pdstack-prod-r7", "pdstack-prod-r8")]}]}])
+    assert not failed, failed

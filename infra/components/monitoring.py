@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pulumi
@@ -13,7 +14,8 @@ from infra.components.k8s import Layer, LayerContext
 from infra.render.engine_args import all_launches
 from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL,
                                   ROUTER_REQUESTS, alert_rules, p99, pools_selector, prefix_cache_roles,
-                                  prefix_hit_ratio, series_label, workers_export_metrics)
+                                  prefix_hit_ratio, series_label, ttft_pools, with_selector, workers_export_metrics)
+from infra.tracks import namespaces_matcher
 
 
 def leaders_only_roles(ctx: LayerContext) -> list[str]:
@@ -59,37 +61,69 @@ def prometheus_rule(ctx: LayerContext) -> dict:
     }
 
 
+# Grafana refuses a dashboard uid over 40 characters (grafana pkg/util/shortid_generator.go,
+# IsShortUIDTooLong), and keeps one dashboard per uid.
+GRAFANA_UID_MAX = 40
+NAMESPACE_VARIABLE = "$namespace"
+
+
+def dashboard_uid(namespace: str) -> str:
+    """One uid per namespace: release tracks render their dashboards side by side. A namespace too
+    long for `pdstack-<namespace>` keeps its head and a digest of the whole, so two tracks differing
+    only in their revision's last digits stay apart."""
+    uid = f"pdstack-{namespace}"
+    if len(uid) <= GRAFANA_UID_MAX:
+        return uid
+    digest = hashlib.sha256(namespace.encode()).hexdigest()[:10]
+    return f"{uid[:GRAFANA_UID_MAX - len(digest) - 1]}-{digest}"
+
+
 def dashboard(ctx: LayerContext) -> dict:
-    m = ENGINE_METRICS[ctx.spec.engine.kind]
-    roles = list(ctx.spec.deployment.pools())
-    lb = ctx.spec.deployment.load_balancer.implementation
+    """The namespace's dashboard. Every panel reads one namespace, the `namespace` variable's: the
+    dashboard's own, or, for an environment's (the platform's Grafana shows one per environment),
+    any of its release tracks (`<namespace>-r<revision>`), picked from those exporting series."""
+    spec = ctx.spec
+    m = ENGINE_METRICS[spec.engine.kind]
+    roles = list(spec.deployment.pools())
+    lb = spec.deployment.load_balancer.implementation
+    namespace = spec.environment.namespace
 
     def panel(i: int, title: str, exprs: list[tuple[str, str]], unit: str) -> dict:
         return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": (i % 2) * 12, "y": (i // 2) * 8},
                 "fieldConfig": {"defaults": {"unit": unit}},
                 "targets": [{"expr": e, "legendFormat": legend, "refId": chr(65 + j)} for j, (e, legend) in enumerate(exprs)]}
 
-    role_sel = lambda role: pools_selector(ctx.spec.environment.namespace, [role])  # noqa: E731
+    pools = lambda of: pools_selector(NAMESPACE_VARIABLE, of)  # noqa: E731
+    every_pool, this_namespace = pools(roles), f'{{namespace="{NAMESPACE_VARIABLE}"}}'
+    per_instance = f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}"
     panels = [
-        panel(0, "TTFT p99 by stage", [(p99(m.ttft_bucket, role_sel(r)), r) for r in roles], "s"),
-        panel(1, "TPOT p99 by stage", [(p99(m.tpot_bucket, role_sel(r)), r) for r in roles], "s"),
+        # Where each engine times first tokens (an SGLang PD prefill times none: decode's are the client's).
+        panel(0, "TTFT p99 by stage", [(p99(m.ttft_bucket, pools([r])), r) for r in ttft_pools(spec)], "s"),
+        panel(1, "TPOT p99 by stage", [(p99(m.tpot_bucket, pools([r])), r) for r in roles if r != "prefill"], "s"),
         # An instance is a group: every node of an SGLang group exports its own schedulers.
         panel(2, "Queue depth per instance",
-              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({m.queue_depth})",
-                f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}")], "short"),
+              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({with_selector(m.queue_depth, every_pool)})",
+                per_instance)], "short"),
         panel(3, "Running requests per instance (load spread)",
-              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({m.running})",
-                f"{{{{{ROLE_SERIES_LABEL}}}}} {{{{{GROUP_SERIES_LABEL}}}}}")], "short"),
-        panel(4, "KV cache usage per instance", [(f"max by (namespace, pod) ({m.kv_cache_usage})", "{{pod}}")],
-              "percentunit"),
+              [(f"sum by (namespace, {GROUP_SERIES_LABEL}, {ROLE_SERIES_LABEL}) ({with_selector(m.running, every_pool)})",
+                per_instance)], "short"),
+        panel(4, "KV cache usage per instance",
+              [(f"max by (namespace, pod) ({with_selector(m.kv_cache_usage, every_pool)})", "{{pod}}")], "percentunit"),
         panel(5, "Prefix-cache hit rate",
-              [(prefix_hit_ratio(ctx.spec), f"{{{{{ROLE_SERIES_LABEL}}}}}")] if prefix_cache_roles(ctx.spec) else [],
-              "percentunit"),
-        panel(6, "KV transfer failures", [(f"sum(rate({m.kv_transfer_failures}[5m]))", "failures/s")], "short"),
-        panel(7, "Router requests", [(f"sum(rate({ROUTER_REQUESTS[lb]}[5m]))", "req/s")], "reqps"),
+              [(prefix_hit_ratio(spec, NAMESPACE_VARIABLE), f"{{{{{ROLE_SERIES_LABEL}}}}}")]
+              if prefix_cache_roles(spec) else [], "percentunit"),
+        panel(6, "KV transfer failures",
+              [(f"sum(rate({with_selector(m.kv_transfer_failures, every_pool)}[5m]))", "failures/s")], "short"),
+        # The router's series carry its pods' namespace (the ServiceMonitor's, the track's).
+        panel(7, "Router requests",
+              [(f"sum(rate({with_selector(ROUTER_REQUESTS[lb], this_namespace)}[5m]))", "req/s")], "reqps"),
     ]
-    return {"title": f"pdstack {ctx.spec.environment.name}", "uid": f"pdstack-{ctx.spec.environment.name}",
-            "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "panels": panels}
+    choices = f"label_values({with_selector(m.running, f'{{{namespaces_matcher(namespace)}}}')}, namespace)"
+    variable = {"name": "namespace", "label": "namespace", "type": "query", "query": choices, "definition": choices,
+                "refresh": 2, "sort": 1, "multi": False, "includeAll": False}
+    return {"title": f"pdstack {spec.environment.name} ({namespace})", "uid": dashboard_uid(namespace),
+            "schemaVersion": 39, "time": {"from": "now-6h", "to": "now"}, "templating": {"list": [variable]},
+            "panels": panels}
 
 
 class Monitoring(Layer):
