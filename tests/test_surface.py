@@ -220,3 +220,16 @@ def test_an_old_capacity_file_whose_curve_plateaus_at_the_engines_cap_is_planned
     assert "capacity.decode: a concurrency measured more than once" in out and "ValidationError" not in out
     surface = load_model(old, Workload, "workload").measured_surface()
     assert surface.decode.batches == [8, 64, 128] and surface.decode.itl_ms == [[20, 30, 55]]
+
+
+def test_a_context_shorter_than_the_shortest_row_is_read_along_the_two_shortest_rows():
+    """Issue #41: a profile's rows are at the scenario's context and twice its prompt
+    (validate-deployment's default); a load with shorter prompts was read at the shortest row, so
+    one profile for every load over-sized its decode. Along the two shortest rows ITL is the
+    fleet's own where it is affine in the context (the fleet model's), said in the notes."""
+    rows = SURFACE.decode.model_copy(update={"contexts": [4096, 8192], "itl_ms": SURFACE.decode.itl_ms[2:4]})
+    surface = SURFACE.model_copy(update={"decode": rows})
+    notes = Notes()
+    assert itl_ms(surface, 256, 1500, notes) == pytest.approx(FLEET.itl_ms(256, 1500))
+    assert "below the shortest measured (4096)" in notes.lines[0]
+    assert itl_ms(surface, 1, 10, Notes()) >= surface.decode.itl_ms[0][0]  # never below the least measured

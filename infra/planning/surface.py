@@ -262,10 +262,16 @@ def itl_ms(surface: Surface, batch: float, context: float, notes: Notes) -> floa
                       "ITL extrapolated as C / C_max from it (an upper bound)")
             scale = context / d.contexts[-1]
         context = d.contexts[-1]
-    context = max(context, d.contexts[0])
     batch = max(batch, d.batches[0])
     rows = [_interp_clamped(d.batches, row, batch) for row in d.itl_ms]
-    return scale * _interp_clamped(d.contexts, rows, context)
+    if context < d.contexts[0] and len(d.contexts) > 1 and not surface.degenerate:
+        # Shorter than the shortest row: along the two shortest rows (ITL affine in the context, as
+        # each step reads every sequence's KV), never below the shortest row at the smallest batch.
+        notes.add(f"contexts of {context:.0f} tokens: below the shortest measured ({d.contexts[0]:.0f}); ITL "
+                  "extrapolated along the two shortest rows (an estimate)")
+        slope = (rows[1] - rows[0]) / (d.contexts[1] - d.contexts[0])
+        return max(d.itl_ms[0][0], rows[0] + (context - d.contexts[0]) * max(0.0, slope))
+    return scale * _interp_clamped(d.contexts, rows, max(context, d.contexts[0]))
 
 
 def _interp_clamped(xs: list[float], ys: list[float], x: float) -> float:
