@@ -14,7 +14,8 @@ Profiles: one default sweep (`--profile-out` with no other option: --concurrency
 8 prefill and 1 decode instances; "one profile for every load" is the 3000/400 scenario's,
 "matched" the scenario at each load's mean lengths. Loads: lognormal lengths (p99 2.34x the
 mean) and bimodal prompts (80% short, 20% long); fleets as profiled, 30% slower, 25% faster
-(planned from the profile of the fleet as profiled: what the correction loop is for).
+(planned from the profile of the fleet as profiled; and after ROUNDS re-plans of the control
+loop's own correction at a steady load: no forecast, no day).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infra.planning.control import Observation, replan  # noqa: E402
 from infra.planning.fleet_sim import Engine, Mix, aiperf_run, itl_p99, ttft_p99  # noqa: E402
 from infra.planning.pd_ratio import SLO, PlanError, Workload, plan  # noqa: E402
-from infra.planning.surface import Lengths, smallest  # noqa: E402
+from infra.planning.surface import Correction, Lengths, smallest  # noqa: E402
 from infra.validation.loadtest import judge, measured_workload  # noqa: E402
 from infra.validation.profile import REQUESTS_PER_CONCURRENCY, ProfilePlan, capacity_sweep  # noqa: E402
 
@@ -85,6 +87,25 @@ def fewest_from(ok, hint: int) -> int:
     return found if found is not None else 1 << 16
 
 
+ROUNDS = 6  # re-plans of the correction loop at a steady load
+
+
+def corrected(workload: Workload, fleet: Engine, rate: float, inputs: Mix, outputs: Mix, ttft_ok, itl_ok):
+    """The control loop's own correction (infra/planning/control.py replan: observe the p99s the
+    fleet shows at the counts it runs, correct, re-plan), ROUNDS times at a steady load, from the
+    uncorrected plan: its last counts, and whether they meet the SLO."""
+    correction, observation = Correction(), None
+    for _ in range(ROUNDS):
+        try:
+            r = replan(workload, SLO_SIM, fleet.prefill_gpus, fleet.decode_gpus, [], 0, observation, correction)
+        except PlanError:
+            return None, False
+        correction, counts = r.correction, (r.plan.prefill_instances, r.plan.decode_instances)
+        observation = Observation(rate, *counts, ttft_p99(fleet, rate, inputs, counts[0]),
+                                  itl_p99(fleet, rate, inputs, outputs, counts[1]))
+    return counts, ttft_ok(counts[0]) and itl_ok(counts[1])
+
+
 def workload_at(measured: dict, rate: float, inputs: Mix, outputs: Mix) -> Workload:
     return Workload.model_validate({**measured, "arrival_rate_rps": rate, "headroom": 0.0,
                                     "input_tokens": {"mean": inputs.mean, "p99": inputs.p99()},
@@ -124,16 +145,20 @@ def main() -> int:
             hints = [c for c in planned.values() if c] or [(1, 1)]
             fewest = (fewest_from(ttft_ok, min(c[0] for c in hints)), fewest_from(itl_ok, min(c[1] for c in hints)))
             fewest_gpus = fewest[0] * fleet.prefill_gpus + fewest[1] * fleet.decode_gpus
+            if fleet_name != "as profiled":
+                w = workload_at(shared, rate, inputs, outputs)
+                planned["one profile, corrected by the loop"] = corrected(w, fleet, rate, inputs, outputs, ttft_ok,
+                                                                         itl_ok)[0]
             for profile_name, counts in planned.items():
                 met = counts is not None and ttft_ok(counts[0]) and itl_ok(counts[1])
                 gpus = counts[0] * fleet.prefill_gpus + counts[1] * fleet.decode_gpus if counts else None
                 rows.setdefault((profile_name, fleet_name), []).append((name, counts, fewest, met, gpus, fewest_gpus))
     print(f"\n{len(loads(args.quick))} loads; SLO TTFT p99 {SLO_SIM.ttft_p99_ms:g} ms, ITL p99 {SLO_SIM.tpot_p99_ms:g} ms; "
           "plans at headroom 0, judged by simulating 3000 Poisson arrivals a pool")
-    print(f"{'profile':30s} {'fleet':12s} {'SLO met':>8s} {'refused':>8s} {'GPUs/fewest median':>19s} {'worst':>6s}")
+    print(f"{'profile':36s} {'fleet':12s} {'SLO met':>8s} {'refused':>8s} {'GPUs/fewest median':>19s} {'worst':>6s}")
     for (profile_name, fleet_name), results in rows.items():
         overs = [g / f for _, c, _, _, g, f in results if c]
-        print(f"{profile_name:30s} {fleet_name:12s} {sum(r[3] for r in results):4d}/{len(results):<3d} "
+        print(f"{profile_name:36s} {fleet_name:12s} {sum(r[3] for r in results):4d}/{len(results):<3d} "
               f"{sum(r[1] is None for r in results):8d} {statistics.median(overs):18.3f}x {max(overs):5.2f}x")
     print("\nper load (one profile for every load, fleet as profiled): planned (prefill, decode) / fewest")
     for name, counts, fewest, met, _, _ in rows[("one profile for every load", "as profiled")]:
