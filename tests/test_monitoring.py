@@ -198,3 +198,8 @@ def test_an_environments_dashboard_offers_its_namespace_and_its_release_tracks(t
                                "exp_samples": [{"labels": f'{{namespace="{ns}"}}', "value": 1}
                                                for ns in ("pdstack-prod", "pdstack-prod-r7", "pdstack-prod-r8")]}]}])
     assert not failed, failed
+
+
+def test_catalogue_series_names_follow_prometheus_client():
+    assert catalogue("sglang")["metrics"]["sglang:eplb_balancedness"]["type"] == "summary"
+    assert {"sglang:eplb_balancedness_sum", "sglang:eplb_balancedness_count"} <= set(exposed_series("sglang"))
