@@ -25,7 +25,7 @@ from infra.render.engine_check import variant_spec
 from infra.render.metrics import ENGINE_METRICS, alert_rules, balancedness_roles, catalogue, exposed_series
 from infra.render.query_check import query_problems
 from infra.rollout.canary import gate_queries
-from infra.validation.health import fleet_queries
+from infra.validation.health import fleet_queries, held_batch_query, kv_usage_query
 
 SPECS = [(stack, engine) for stack in ("dev", "prod") for engine in ("sglang", "vllm")]
 
@@ -38,7 +38,7 @@ def spec_of(stack: str, engine: str):
 
 def every_query(spec) -> dict[str, str]:
     """Alerts, scaler signals (KEDA triggers and the HPA path's recording rules), canary gates,
-    validate-deployment's fleet gates, plan --watch's figures and the dashboard's panels."""
+    validate-deployment's fleet gates and profile sweep, plan --watch's figures and the dashboard's panels."""
     engine, ns = spec.engine.kind, spec.environment.namespace
     roles = list(spec.deployment.pools())
     queries = {f"alert {r.name}": r.expr for r in alert_rules(spec)}
@@ -50,6 +50,8 @@ def every_query(spec) -> dict[str, str]:
     queries |= {f"canary {k}": q for k, q in gate_queries(engine, ns, 7, "5m").items()}
     queries |= {f"fleet {k}": q for k, q in fleet_queries(engine, ns, "10m", roles, balancedness_roles(spec)).items()}
     queries |= {f"plan --watch {k}": q for k, q in watch_queries(spec).items()}
+    queries |= {f"profile {f.__name__} {role}": f(engine, ns, role, 60) for role in roles
+                for f in (held_batch_query, kv_usage_query)}
     for panel in dashboard(ctx)["panels"]:
         queries |= {f"panel {panel['title']} {t['refId']}": t["expr"] for t in panel["targets"]}
     return queries
