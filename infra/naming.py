@@ -88,6 +88,8 @@ ROLE_TAINT_EFFECT = "NoSchedule"
 # router configs). Kubernetes restarts nothing when a mounted ConfigMap changes; a changed digest
 # changes the template, so the controller rolls the pods and the new flags take effect.
 CONFIG_HASH_ANNOTATION = "pdstack.io/config-hash"
+# On a Secret the stack copies from the user's (`<namespace>/<name>`): where its values come from.
+COPIED_FROM_ANNOTATION = "pdstack.io/copied-from"
 
 ROUTER = "router"
 ENCODER = "encoder"

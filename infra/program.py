@@ -13,7 +13,7 @@ from infra.components.autoscaling import Autoscaling
 from infra.components.balancers import Balancers
 from infra.components.engines import Engines
 from infra.components.foundation import Foundation
-from infra.components.k8s import Layer, LayerContext
+from infra.components.k8s import Layer, LayerContext, yaml_render_directory
 from infra.components.kvcache import KVCache
 from infra.components.monitoring import Monitoring
 from infra.components.nodepools import NodePools
@@ -45,7 +45,7 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
     # Which cluster comes from the platform stack, unless the stack's own
     # `kubernetes:renderYamlToDirectory` says to write each object as YAML instead of sending it
     # (the provider takes no kubeconfig then), as it does for the default provider.
-    render_to = pulumi.Config("kubernetes").get("renderYamlToDirectory")
+    render_to = yaml_render_directory()
     if render_to:
         # kubeconfig="": the SDK would otherwise take $KUBECONFIG, which the provider refuses here.
         provider = k8s.Provider("platform-cluster", render_yaml_to_directory=render_to, kubeconfig="")
@@ -61,10 +61,12 @@ def platform_link(spec: StackSpec) -> tuple[pulumi.StackReference | None, pulumi
 
 
 def serving_layers(ctx: LayerContext, name: str, nodepools: NodePools | None,
-                   platform: pulumi.StackReference | None = None) -> dict[str, Layer]:
-    """Everything one namespace runs to serve requests: the environment's, or a release track's."""
+                   platform: pulumi.StackReference | None = None,
+                   environment_namespace: str | None = None) -> dict[str, Layer]:
+    """Everything one namespace runs to serve requests: the environment's, or a release track's
+    (`environment_namespace` then names the environment's, whose user-provided objects it copies)."""
     foundation = Foundation(f"{name}-foundation", ctx)
-    storage = Storage(f"{name}-storage", ctx, after(foundation))
+    storage = Storage(f"{name}-storage", ctx, after(foundation), credentials_from=environment_namespace)
     kvcache = KVCache(f"{name}-kvcache", ctx, after(foundation))
     # The weights role, linked with the namespace and before any engine pod is admitted.
     identity = PlatformLinks(f"{name}-identity", ctx, platform, ctx.spec.environment.name, after(foundation)) \
@@ -112,7 +114,7 @@ def build_stack(spec: StackSpec, release: str = "unreleased", tracks: list[Track
             tctx = LayerContext(spec=track.spec, namespace=track.namespace, labels=track.spec.labels(),
                                 release=str(track.revision), name_prefix=f"r{track.revision}-", provider=provider)
             name = f"{env}-r{track.revision}"
-            served = serving_layers(tctx, name, nodepools, platform)
+            served = serving_layers(tctx, name, nodepools, platform, environment_namespace=ctx.namespace)
             served["access"] = TrackAccess(f"{name}-access", tctx, served["balancers"].router, ctx.namespace,
                                            after(served["foundation"]))
             layers.update({f"r{track.revision}/{k}": v for k, v in served.items()})

@@ -209,8 +209,9 @@ class WeightsSpec(Strict):
         3.0, description="Minutes an engine needs after loading (CUDA graphs, warm-up) before it serves.")
     credentials_secret: str = Field(
         "weights-s3-credentials",
-        description="access: secret only: an existing Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, in the "
-                    "environment's namespace and every release track's (non-AWS S3: MinIO, Ceph RGW).",
+        description="access: secret only: an existing Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the "
+                    "environment's namespace, which the stack copies into each release track's (non-AWS S3: MinIO, "
+                    "Ceph RGW).",
     )
     access: Literal["pod-identity", "irsa", "secret"] | None = Field(
         None, description="How the fetch step gets credentials: EKS Pod Identity or IRSA (a role the platform stack "

@@ -4,6 +4,7 @@ and the serving stacks' references against what some stack creates."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -144,13 +145,15 @@ def prod_runs():
     return platform, serving
 
 
-def user_provided(spec) -> set[tuple[str, str]]:
+def user_provided(spec) -> set[tuple[str, str, str]]:
     """Objects the serving stack refers to that no stack creates: what README's "Objects that stay
-    the user's" names, found through the spec fields it names."""
-    found = {("Secret", spec.access.tls_secret_name),  # cert-manager Certificate against your issuer, or yours
-             ("Namespace", "envoy-gateway-system")}  # made by the Envoy Gateway chart at install (namespace.yaml)
+    the user's" names, found through the spec fields it names, each where the user keeps it (the
+    environment's namespace; a release track's gets copies)."""
+    namespace = spec.environment.namespace
+    found = {("Secret", namespace, spec.access.tls_secret_name),  # cert-manager Certificate against your issuer, or yours
+             ("Namespace", "", "envoy-gateway-system")}  # made by the Envoy Gateway chart at install (namespace.yaml)
     if spec.model.weights.access_mode() == "secret":  # a store outside AWS
-        found.add(("Secret", spec.model.weights.credentials_secret))
+        found.add(("Secret", namespace, spec.model.weights.credentials_secret))
     return found
 
 
@@ -190,11 +193,21 @@ def references(manifest: dict) -> set[tuple[str, str]]:
     return {f for f in found if f[1]}
 
 
+NAMESPACED_REFERENCES = ("Secret", "ConfigMap", "ServiceAccount")  # named from an object in its own namespace
+
+
+def located(kind: str, name: str, manifest: dict) -> tuple[str, str, str]:
+    """(kind, namespace, name) of an object `manifest` makes or names: a Secret, ConfigMap or
+    service account is looked up in the namespace of the object naming it; other kinds are
+    cluster-wide or named across namespaces ("")."""
+    return kind, (manifest["metadata"].get("namespace") or "") if kind in NAMESPACED_REFERENCES else "", name
+
+
 def unresolved(platform, serving, spec) -> tuple[list, set]:
-    """What `serving` refers to that neither stack makes nor README names as the user's, and
-    everything it refers to."""
-    made = {(m["kind"], m["metadata"]["name"]) for run in (platform, serving) for m in map(unwrap, manifests(run))}
-    wanted = set().union(*(references(unwrap(m)) for m in manifests(serving)))
+    """What `serving` refers to, in each namespace it refers to it from, that neither stack makes
+    there nor README names as the user's, and everything it refers to."""
+    made = {located(m["kind"], m["metadata"]["name"], m) for run in (platform, serving) for m in map(unwrap, manifests(run))}
+    wanted = {located(kind, name, m) for m in map(unwrap, manifests(serving)) for kind, name in references(m)}
     return sorted(wanted - made - user_provided(spec)), wanted
 
 
@@ -202,9 +215,9 @@ def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_
     platform, serving = prod_runs
     missing, wanted = unresolved(platform, serving, load_spec("stacks/prod.yaml"))
     assert missing == [], missing
-    assert ("GatewayClass", "envoy-gateway") in wanted and ("EC2NodeClass", "gb200-decode") in wanted
+    assert ("GatewayClass", "", "envoy-gateway") in wanted and ("EC2NodeClass", "", "gb200-decode") in wanted
     # the weights fetch reads no Secret: its role comes through Pod Identity, one association per namespace
-    assert not any(k == "Secret" and "weights" in n for k, n in wanted)
+    assert not any(k == "Secret" and "weights" in n for k, _, n in wanted)
     assert [r.inputs["namespace"] for r in serving.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")] \
         == ["pdstack-prod"]
 
@@ -215,7 +228,44 @@ def test_dev_refers_to_nothing_but_what_its_platform_makes_and_readme_names():
     spec = load_spec("stacks/dev.yaml")
     missing, wanted = unresolved(run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec)), run_spec(spec), spec)
     assert missing == [], missing
-    assert ("Secret", spec.model.weights.credentials_secret) in wanted
+    assert ("Secret", spec.environment.namespace, spec.model.weights.credentials_secret) in wanted
+
+
+def test_dev_with_release_tracks_refers_to_nothing_missing_in_any_namespace():
+    """Each release track serves from a namespace of its own, which the rollout makes; its engine
+    pods read the weights credentials (envFrom) there. Before, the Secret stood only in the
+    environment's namespace, where the user keeps it, and no engine of a track could start (a
+    pod naming a Secret its namespace lacks stays in CreateContainerConfigError). Now each
+    track's Storage reads the user's Secret in the environment's namespace (`Secret.get`) and
+    copies it into the track's namespace, in the rollout's first step, before its engines."""
+    from tests.conftest import stack_data
+
+    from infra import naming
+    from infra.recording import fake_secret
+    from infra.render.manifests import manifest_of
+    from infra.rollout.steps import step_of
+    from infra.tracks import plan_tracks
+
+    spec = load_spec("stacks/dev.yaml")
+    name, env_ns = spec.model.weights.credentials_secret, spec.environment.namespace
+    tracks = plan_tracks([(1, 90, stack_data("dev")), (2, 10, stack_data("dev"))])
+    serving = run_spec(spec, tracks=tracks)
+    missing, wanted = unresolved(run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec)), serving, spec)
+    assert missing == [], missing
+    copies = {r.inputs["metadata"]["namespace"]: r for r in serving.custom()
+              if r.type == "kubernetes:core/v1:Secret" and r.inputs["metadata"]["name"] == name}
+    assert sorted(copies) == [t.namespace for t in tracks] and all(("Secret", ns, name) in wanted for ns in copies)
+    read = base64.b64encode(fake_secret(f"{env_ns}/{name}").encode()).decode()  # the mocks' answer to that read
+    for namespace, copy in copies.items():
+        secret = unwrap(copy.inputs)
+        assert secret["metadata"]["annotations"] == {naming.COPIED_FROM_ANNOTATION: f"{env_ns}/{name}"}
+        assert secret["data"] == {"AWS_ACCESS_KEY_ID": read, "AWS_SECRET_ACCESS_KEY": read}
+        assert step_of(copy, manifest_of(copy)) == "initialise environment"
+        engines = [m for m in map(unwrap, manifests(serving)) if m["kind"] == "LeaderWorkerSet"
+                   and m["metadata"]["namespace"] == namespace]
+        fetches = [c for m in engines for t in m["spec"]["leaderWorkerTemplate"].values() if isinstance(t, dict)
+                   for c in t.get("spec", {}).get("initContainers", []) if c["name"] == "fetch-weights"]
+        assert fetches and all(c["envFrom"] == [{"secretRef": {"name": name}}] for c in fetches)
 
 
 @pytest.mark.parametrize("serving_stack", ["prod", "dev"])

@@ -244,3 +244,37 @@ def test_iam_roles_scoped_and_no_static_credentials():
     secret = Resource("kubernetes:core/v1:Secret", "s", {"kind": "Secret", "metadata": {"name": "s"},
                                                           "stringData": {"AWS_SECRET_ACCESS_KEY": "x"}})
     assert len(report("no-static-credentials", [key, secret])) == 2
+
+
+def test_the_users_weights_credentials_copied_into_each_release_track_pass_and_no_other_secret_does():
+    """With `access: secret` each release track's namespace gets a copy of the user's Secret from
+    the environment's namespace (infra/components/storage.py), which holds AWS_ACCESS_KEY_ID: the
+    user's key for a store outside AWS, not one the stack makes. dev with two tracks passes every
+    mandatory rule; a Secret holding such a key is still reported when its annotation names a
+    source it was not copied from (another Secret, or a namespace whose track it is not in)."""
+    from infra.offline import run_spec
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
+    from infra.tracks import plan_tracks
+
+    spec = load_spec(stack_spec_path("dev"))
+    data = spec.model_dump(mode="json")
+    run = run_spec(spec, tracks=plan_tracks([(1, 90, data), (2, 10, data)]))
+    resources = [Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()]
+    copies = [r for r in resources if r.kind == "Secret" and "AWS_ACCESS_KEY_ID" in (r.props.get("data") or {})]
+    assert [c.namespace for c in copies] == ["pdstack-dev-r1", "pdstack-dev-r2"]
+    for rule in RULES:
+        if rule.level == "mandatory":
+            assert report(rule.name, resources) == [], rule.name
+
+    def annotated(source: str, namespace: str = "pdstack-dev-r1") -> Resource:
+        props = copy.deepcopy(copies[0].props)
+        props["metadata"] |= {"namespace": namespace, "annotations": {naming.COPIED_FROM_ANNOTATION: source}}
+        return Resource(copies[0].type, copies[0].name, props)
+
+    for wrong in (annotated("pdstack-dev/other-secret"), annotated("pdstack-prod/weights-s3-credentials"),
+                  annotated("pdstack-dev/weights-s3-credentials", namespace="pdstack-dev"),
+                  annotated("pdstack-dev/weights-s3-credentials", namespace="pdstack-dev-research")):
+        assert report("no-static-credentials", [wrong]) == [
+            "Secret weights-s3-credentials: holds AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY. Fix: weights.access "
+            "pod-identity or irsa"], wrong.props["metadata"]

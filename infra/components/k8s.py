@@ -48,6 +48,12 @@ def logical_name(manifest: dict) -> str:
     return f"{manifest['kind'].lower()}-{manifest['metadata']['name']}"
 
 
+def yaml_render_directory() -> str | None:
+    """Where the stack's `kubernetes:renderYamlToDirectory` has the provider write each object as
+    YAML instead of sending it to a cluster (None: sent)."""
+    return pulumi.Config("kubernetes").get("renderYamlToDirectory")
+
+
 @dataclass(frozen=True)
 class LayerContext:
     """What every layer needs besides the spec: where it goes and how it is labelled."""

@@ -12,8 +12,10 @@ import shlex
 from pathlib import Path
 
 import pulumi
+import pulumi_kubernetes as k8s
 
-from infra.components.k8s import Layer, LayerContext
+from infra import naming
+from infra.components.k8s import Layer, LayerContext, yaml_render_directory
 from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
 from infra.spec import StackSpec
 from infra.weights import SAFE_NAME, SUMS_NAME, UNPINNED_WARNING, VERSION_ID
@@ -156,10 +158,30 @@ def weights_volumes(spec: StackSpec) -> list[dict]:
     ]
 
 
+def credentials_copy(ctx: LayerContext, source_namespace: str, data, secret_type) -> dict:
+    """The user's weights credentials Secret as a release track's namespace gets it: the same
+    name (what the init container's envFrom reads), the values read from the environment's
+    namespace, and where they came from (the Secret to rotate)."""
+    name = ctx.spec.model.weights.credentials_secret
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {**ctx.metadata(name, "storage"),
+                     "annotations": {naming.COPIED_FROM_ANNOTATION: f"{source_namespace}/{name}"}},
+        "type": secret_type,
+        "data": data,
+    }
+
+
 class Storage(Layer):
+    """`credentials_from`: the environment's namespace, where this layer serves a release track's
+    (with `access: secret`, the user's credentials Secret is read there and copied into the
+    track's namespace, which the rollout makes and nothing else fills)."""
+
     layer = "storage"
 
-    def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None,
+                 credentials_from: str | None = None):
         super().__init__(name, ctx, opts)
         self.fetcher = self.add({
             "apiVersion": "v1",
@@ -167,4 +189,19 @@ class Storage(Layer):
             "metadata": ctx.metadata(FETCHER_CONFIGMAP, "storage"),
             "data": {"weights.py": fetcher_source()},
         })
-        self.register_outputs({"bucket": ctx.spec.model.weights.bucket})
+        w = ctx.spec.model.weights
+        if credentials_from and w.access_mode() == "secret":
+            self.add(credentials_copy(ctx, credentials_from, *self._user_secret(credentials_from)))
+        self.register_outputs({"bucket": w.bucket})
+
+    def _user_secret(self, namespace: str) -> tuple:
+        """The data and type of the user's Secret in `namespace`, read (a `get`: the provider marks
+        its data secret in the state). Rendering to YAML, the provider reads no cluster
+        (pulumi-kubernetes v4 provider.go Read: in yamlRenderMode it answers the object's name only,
+        and fails where the cluster is unreachable), so nothing is read: the copy has no values."""
+        if yaml_render_directory():
+            return None, None
+        name = self.ctx.spec.model.weights.credentials_secret
+        source = k8s.core.v1.Secret.get(f"{self.ctx.name_prefix}user-secret-{name}", f"{namespace}/{name}",
+                                        opts=pulumi.ResourceOptions(parent=self))
+        return source.data, source.type

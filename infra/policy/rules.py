@@ -419,17 +419,28 @@ def iam_scoped(res: Resource) -> list[str]:
 _STATIC_KEY_NAMES = re.compile(r"^(AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN)$")
 
 
+def copied_into_a_track(res: Resource) -> bool:
+    """A Secret the stack copies, under its own name, from the environment's namespace into one of
+    its release tracks' (`<namespace>-r<revision>`, infra/tracks.py track_namespace), as the
+    annotation naming its source says: the user's Secret, in another namespace."""
+    annotations = (res.props.get("metadata") or {}).get("annotations") or {}
+    namespace, _, name = annotations.get(naming.COPIED_FROM_ANNOTATION, "").partition("/")
+    return bool(namespace) and name == res.object_name and \
+        re.fullmatch(re.escape(namespace) + r"-r[1-9][0-9]*", res.namespace) is not None
+
+
 def no_static_credentials(resources: list[Resource]) -> list[str]:
     """No long-lived cloud key is made or handed to a pod: no IAM user access key, no Secret holding
     one, no container reading one; AWS access goes through roles (Pod Identity, IRSA, OIDC). A
     Secret the user provides for a store outside AWS (weights.access: secret) is named by the spec,
-    not made here, and is reported only when a stack creates it."""
+    not made here, and is reported only when a stack creates it; its copies into the release
+    tracks' namespaces (infra/components/storage.py) are the user's Secret still."""
     problems = []
     for r in resources:
         if r.type in ("aws:iam/accessKey:AccessKey", "aws:iam/userLoginProfile:UserLoginProfile"):
             problems.append(f"{r.type.split(':')[-1]} {r.name}: a long-lived IAM credential. Fix: a role assumed "
                             "through Pod Identity, IRSA or OIDC")
-        if r.kind == "Secret":
+        if r.kind == "Secret" and not copied_into_a_track(r):
             keys = {**(r.props.get("data") or {}), **(r.props.get("stringData") or {})}
             found = [k for k in keys if _STATIC_KEY_NAMES.match(k)]
             if found:

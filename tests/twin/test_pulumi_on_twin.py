@@ -15,6 +15,7 @@ stack is tests/engine.py's stand-in that exports the twin's kubeconfig.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -51,6 +52,18 @@ def live_route(namespace: str) -> dict:
     return fleet.get("httproute", "-n", namespace)[0]
 
 
+def users_objects(spec) -> None:
+    """What the user makes before the first rollout (README, "Objects that stay the user's"): dev's
+    weights credentials Secret (`access: secret`) in the environment's namespace, which each
+    release track's Storage reads to copy into its own (the values are the twin's, no real key)."""
+    namespace = spec.environment.namespace
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
+                                                            "namespace": namespace},
+         "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}))
+
+
 def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp_path, monkeypatch):
     """Revision 1 step by step (each engine step waits for its LeaderWorkerSet's Available, set
     by the real controller), its traffic created by Pulumi and then carried by the fenced patch;
@@ -74,6 +87,7 @@ def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp
                 if step.name not in NOT_AWAITED_HERE:
                     wait_until(f"r{revision} {step.name}", lambda: cluster.ready(revision, step))
 
+        users_objects(spec)
         store.create(spec)
         store.intend({1: 0})  # as the rollout records a first revision: deployed before it serves
         deploy(1, fence=1)
