@@ -1,7 +1,7 @@
 """Every IAM policy the stacks make, judged by AWS's own definitions of IAM actions, resource
 types and condition keys (the Service Authorization Reference, as parliament 1.6.4 ships it in
 parliament/iam_definition.json, pinned in pyproject.toml's `test` extra), and Karpenter's
-controller policy against the project's own policy at the pinned version.
+controller policy against the calls the pinned controller can make.
 
 What parliament cannot judge is named here with the reason, not skipped in silence:
 - a trust policy's principal (parliament knows SAML and a few named web identity providers, not
@@ -167,117 +167,31 @@ def test_the_actions_the_policy_pack_lets_go_unscoped_have_no_resource_type():
         assert not any(t["condition_keys"] for t in privilege["resource_types"]), action
 
 
-# --- Karpenter's controller policy against the project's own ---------------------------------------
+# --- Karpenter's controller policy ---------------------------------------------------------------
+#
+# karpenter-provider-aws publishes its controller policy in its getting-started CloudFormation,
+# under website/, a Go module of its own that the module proxy does not serve; no package this
+# project can pin carries it, so the policy is not compared with it here (README, "Not verified
+# here"). What is checked: every call the pinned controller can make is granted (its SDK
+# interfaces, below), and every action that changes or ends an instance, a launch template or an
+# instance profile acts only on what this cluster's Karpenter tagged as its own.
 
-# The controller policy karpenter-provider-aws publishes for v1.14.1: its getting-started
-# CloudFormation template (website/content/en/preview/getting-started/getting-started-with-karpenter/
-# cloudformation.yaml at tag v1.14.1, git blob 2c2ca72301a002c68185979fc4d2c8dab0f9c13a; the same
-# blob as website/content/en/v1.14/... after the release). The website is a module of its own, so
-# the Go module at v1.14.1 does not carry it: what each statement grants is written down here,
-# statement by statement, with {cluster}, {region} and {account} for its parameters.
-UPSTREAM = [
-    ("AllowScopedEC2InstanceAccessActions", ["ec2:RunInstances", "ec2:CreateFleet"],
-     ["arn:aws:ec2:{region}::image/*", "arn:aws:ec2:{region}::snapshot/*", "arn:aws:ec2:{region}:*:security-group/*",
-      "arn:aws:ec2:{region}:*:subnet/*", "arn:aws:ec2:{region}:*:capacity-reservation/*",
-      "arn:aws:ec2:{region}:*:placement-group/*"], {}),
-    ("AllowScopedEC2LaunchTemplateAccessActions", ["ec2:RunInstances", "ec2:CreateFleet"],
-     ["arn:aws:ec2:{region}:*:launch-template/*"],
-     {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/{cluster}": ["owned"]},
-      "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": ["*"]}}),
-    ("AllowScopedEC2InstanceActionsWithTags", ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-     [f"arn:aws:ec2:{{region}}:*:{t}/*" for t in ("fleet", "instance", "volume", "network-interface",
-                                                  "launch-template", "spot-instances-request")],
-     {"StringEquals": {"aws:RequestTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:RequestTag/eks:eks-cluster-name": ["{cluster}"]},
-      "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": ["*"]}}),
-    ("AllowScopedResourceCreationTagging", ["ec2:CreateTags"],
-     [f"arn:aws:ec2:{{region}}:*:{t}/*" for t in ("fleet", "instance", "volume", "network-interface",
-                                                  "launch-template", "spot-instances-request")],
-     {"StringEquals": {"aws:RequestTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:RequestTag/eks:eks-cluster-name": ["{cluster}"],
-                       "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
-      "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": ["*"]}}),
-    ("AllowScopedResourceTagging", ["ec2:CreateTags"], ["arn:aws:ec2:{region}:*:instance/*"],
-     {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/{cluster}": ["owned"]},
-      "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": ["*"]},
-      "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": ["{cluster}"]},
-      "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]}}),
-    ("AllowScopedDeletion", ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
-     ["arn:aws:ec2:{region}:*:instance/*", "arn:aws:ec2:{region}:*:launch-template/*"],
-     {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/{cluster}": ["owned"]},
-      "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": ["*"]}}),
-    ("AllowPassingInstanceRole", ["iam:PassRole"], ["{node_role}"],
-     {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}}),
-    ("AllowScopedInstanceProfileCreationActions", ["iam:CreateInstanceProfile"],
-     ["arn:aws:iam::{account}:instance-profile/*"],
-     {"StringEquals": {"aws:RequestTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:RequestTag/eks:eks-cluster-name": ["{cluster}"],
-                       "aws:RequestTag/topology.kubernetes.io/region": ["{region}"]},
-      "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": ["*"]}}),
-    ("AllowScopedInstanceProfileTagActions", ["iam:TagInstanceProfile"], ["arn:aws:iam::{account}:instance-profile/*"],
-     {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:ResourceTag/topology.kubernetes.io/region": ["{region}"],
-                       "aws:RequestTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:RequestTag/eks:eks-cluster-name": ["{cluster}"],
-                       "aws:RequestTag/topology.kubernetes.io/region": ["{region}"]},
-      "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": ["*"],
-                     "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": ["*"]}}),
-    ("AllowScopedInstanceProfileActions",
-     ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
-     ["arn:aws:iam::{account}:instance-profile/*"],
-     {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/{cluster}": ["owned"],
-                       "aws:ResourceTag/topology.kubernetes.io/region": ["{region}"]},
-      "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": ["*"]}}),
-    ("AllowAPIServerEndpointDiscovery", ["eks:DescribeCluster"], ["arn:aws:eks:{region}:{account}:cluster/{cluster}"],
-     {}),
-    ("AllowInterruptionQueueActions", ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
-     ["{queue}"], {}),
-    ("AllowZonalShiftStatusReadOnly", ["arc-zonal-shift:GetManagedResource"], ["*"],
-     {"StringEquals": {"arc-zonal-shift:ResourceIdentifier": ["arn:aws:eks:{region}:{account}:cluster/{cluster}"]}}),
-    ("AllowRegionalReadActions", [f"ec2:{a}" for a in (
-        "DescribeCapacityReservations", "DescribeImages", "DescribeInstances", "DescribeInstanceStatus",
-        "DescribeInstanceTypeOfferings", "DescribeInstanceTypes", "DescribeLaunchTemplates", "DescribePlacementGroups",
-        "DescribeSecurityGroups", "DescribeSpotPriceHistory", "DescribeSubnets")], ["*"],
-     {"StringEquals": {"aws:RequestedRegion": ["{region}"]}}),
-    ("AllowSSMReadActions", ["ssm:GetParameter"], ["arn:aws:ssm:{region}::parameter/aws/service/*"], {}),
-    ("AllowPricingReadActions", ["pricing:GetProducts"], ["*"], {}),
-    ("AllowUnscopedInstanceProfileListAction", ["iam:ListInstanceProfiles"], ["*"], {}),
-    ("AllowInstanceProfileReadActions", ["iam:GetInstanceProfile"], ["arn:aws:iam::{account}:instance-profile/*"], {}),
-]
-# What the upstream policy grants that pdstack's does not, and why nothing here calls it.
+# What Karpenter v1.14.1 can call that pdstack's policy does not grant, and why nothing calls it.
 NOT_MODELLED = {
     "sqs:DeleteMessage": "no interruption queue: the chart's settings.interruptionQueue is left empty",
     "sqs:GetQueueUrl": "no interruption queue: the chart's settings.interruptionQueue is left empty",
     "sqs:ReceiveMessage": "no interruption queue: the chart's settings.interruptionQueue is left empty",
     "arc-zonal-shift:GetManagedResource": "zonal shift off: the chart's settings.enableZonalShift is false",
 }
+# Actions that change or end something that already exists: each must be fenced to what this
+# cluster's Karpenter made (the tag karpenter-provider-aws v1.14.1 puts on all it launches:
+# pkg/providers/instance, "kubernetes.io/cluster/<name>": "owned", with karpenter.sh/nodepool).
+CHANGES_WHAT_EXISTS = {"ec2:TerminateInstances", "ec2:DeleteLaunchTemplate", "iam:DeleteInstanceProfile",
+                       "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:TagInstanceProfile"}
 
 
 def _listed(value) -> list:
     return value if isinstance(value, list) else [value]
-
-
-def upstream_statements(cluster: str, region: str, account: str, node_role: str) -> list[dict]:
-    def fill(text: str) -> str:
-        return text.format(cluster=cluster, region=region, account=account, node_role=node_role, queue="")
-
-    return [{"Sid": sid, "Action": actions, "Resource": [fill(r) for r in resources],
-             "Condition": {op: {fill(k): [fill(v) for v in vs] for k, vs in keys.items()}
-                           for op, keys in conditions.items()}}
-            for sid, actions, resources, conditions in UPSTREAM]
-
-
-def as_narrow(ours: dict, theirs: dict) -> bool:
-    """`ours` is at least as narrow as `theirs`: each of their conditions is one of ours, with
-    values among theirs (a `*` of theirs takes any value)."""
-    for op, keys in theirs.get("Condition", {}).items():
-        for key, values in keys.items():
-            mine = (ours.get("Condition") or {}).get(op, {}).get(key)
-            if mine is None:
-                return False
-            if values != ["*"] and not set(_listed(mine)) <= set(values):
-                return False
-    return True
 
 
 def karpenter_policy(stack: str) -> tuple[dict, str, str, str]:
@@ -288,37 +202,33 @@ def karpenter_policy(stack: str) -> tuple[dict, str, str, str]:
 
 
 @pytest.mark.parametrize("stack", ["platform-prod", "platform-dev"])
-def test_karpenters_policy_is_no_wider_than_its_projects_own_at_the_pinned_version(stack):
-    """Every action on every resource pdstack's controller policy grants, the project's own policy
-    at v1.14.1 grants too, under conditions no looser; and everything the project's grants is
-    granted here or named as not called (NOT_MODELLED). Before: `ec2:TerminateInstances` and
-    `ec2:CreateTags` on every instance in the region (any cluster's, anyone's), and
-    `pricing:GetProducts` fenced to the cluster's region, where Karpenter never calls it
-    (pkg/providers/pricing/pricing.go NewAPI), so prices outside us-east-1 were refused."""
+def test_karpenter_changes_only_what_its_cluster_made(stack):
+    """Every grant of an action that changes or ends an existing instance, launch template or
+    instance profile is conditioned on this cluster's ownership tag, and the tagging of new
+    resources only at their creation. Before: `ec2:TerminateInstances` and `ec2:CreateTags` on
+    every instance in the region (any cluster's, anyone's); and `pricing:GetProducts` fenced to the
+    cluster's region, where Karpenter never calls it (pkg/providers/pricing/pricing.go NewAPI in
+    the pinned module), so prices outside us-east-1 were refused."""
     from infra.platform_stack.cloud.aws import pricing_region
-    from infra.recording import MOCK_ACCOUNT
 
     document, cluster, region, spec = karpenter_policy(stack)
-    (node_role,) = {st["Resource"] for st in document["Statement"] if st["Action"] == "iam:PassRole"}
-    theirs = upstream_statements(cluster, region, MOCK_ACCOUNT, node_role)
-    wider = []
+    owned = f"kubernetes.io/cluster/{cluster}"
+    unfenced = []
     for st in document["Statement"]:
         assert st["Effect"] == "Allow"
+        keys = {k for op in (st.get("Condition") or {}).values() for k in op}
         for action in _listed(st["Action"]):
-            for resource in _listed(st["Resource"]):
-                if not any(action in u["Action"] and any(fnmatch.fnmatchcase(resource, r) for r in u["Resource"])
-                           and as_narrow(st, u) for u in theirs):
-                    wider.append(f"{action} on {resource} under {st.get('Condition')}")
-    assert wider == []
-    granted = {a for st in document["Statement"] for a in _listed(st["Action"])}
-    missing = {a for u in theirs for a in u["Action"]} - granted - set(NOT_MODELLED)
-    assert missing == set()
+            if action in CHANGES_WHAT_EXISTS and not any(owned in k for k in keys):
+                unfenced.append(f"{action} on {st['Resource']} under {st.get('Condition')}")
+            if action == "ec2:CreateTags" and not ({"ec2:CreateAction"} <= keys or any(owned in k for k in keys)):
+                unfenced.append(f"{action} on {st['Resource']} under {st.get('Condition')}")
+    assert unfenced == []
     (pricing,) = [st for st in document["Statement"] if st["Action"] == "pricing:GetProducts"]
     assert pricing["Condition"]["StringEquals"]["aws:RequestedRegion"] == pricing_region(region) == "us-east-1"
     assert pricing_region("eu-west-1") == "eu-central-1" and pricing_region("ap-northeast-1") == "ap-south-1"
 
 
-def test_what_the_upstream_comparison_calls_not_modelled_is_not_set():
+def test_what_the_policy_leaves_ungranted_is_switched_off():
     """NOT_MODELLED holds only while the chart values leave the interruption queue and zonal
     shift off (karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml settings)."""
     from infra.platform_stack.catalog import controller
