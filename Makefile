@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup system-deps loadtest-tool engine preview test twin-build twin-up twin-down
+.PHONY: setup system-deps loadtest-tool engine preview test twin-build twin-up twin-down registry-build
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +38,10 @@ engine:
 twin-build: setup
 	$(PY) -m twin build
 
+# The OCI registry the image resolver's tests push to (twin/registry/go.mod), into .twin/bin.
+registry-build: setup
+	$(PY) -m twin.build registry
+
 twin-up: setup
 	$(PY) -m twin up
 
@@ -50,5 +54,5 @@ preview: setup
 # The twin's tests, in one process since they share one twin (they start it, or reuse one
 # `make twin-up` started, and stop what they started), and beside them everything else on every
 # core, a test file to a worker: see scripts/run_tests.py for why side by side.
-test: setup system-deps loadtest-tool engine twin-build
+test: setup system-deps loadtest-tool engine twin-build registry-build
 	$(PY) scripts/run_tests.py

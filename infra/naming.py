@@ -24,9 +24,11 @@ _HF_REPO_ID = re.compile(r"(?=.{1,96}$)([A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9
 # required and sha256 (pdstack pins every image by digest).
 _DOMAIN = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]+)?"
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-OCI_DIGEST_REFERENCE = re.compile(
-    rf"(?=.{{1,255}}@)(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-    r"@sha256:[0-9a-f]{64}")
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+OCI_DIGEST_REFERENCE = re.compile(rf"(?=.{{1,255}}@){_NAME}(?:{_TAG})?@sha256:[0-9a-f]{{64}}")
+# A reference by tag alone (an image pdstack marks as a placeholder until its digest is resolved).
+OCI_TAGGED_REFERENCE = re.compile(rf"(?=.{{1,255}}$){_NAME}{_TAG}")
 # Kubernetes label values: kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set
 _LABEL_VALUE = re.compile(r"(?=.{0,63}$)(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 # A node-local folder pdstack mounts (hostPath) and names in scripts: absolute, normalised, each part

@@ -20,6 +20,7 @@ from infra.components.nodepools import NodePools
 from infra.components.platform_links import PlatformLinks
 from infra.components.storage import Storage
 from infra.components.tracing import Tracing
+from infra.images import placeholder_lines
 from infra.rollout.releases import ReleaseStore, store_for
 from infra.spec import REPO_ROOT, StackSpec, stack_spec_path
 from infra.spec_checks import load_spec
@@ -167,6 +168,8 @@ def main(store: ReleaseStore | None = None) -> None:
     """The program: `store` is the release store to read the tracks from (a rollout's, when it
     runs the program inline), else the spec's."""
     spec = spec_for_current_stack()
+    for line in placeholder_lines(spec):  # `pulumi preview` names them; the policy pack refuses them
+        pulumi.log.warn(line)
     if not isinstance(spec, StackSpec):
         from infra.platform_stack.program import build_platform
 

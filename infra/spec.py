@@ -19,9 +19,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from infra.images import ImageRef, platform_key
 from infra.inputs import InputError, Strict
 from infra.naming import (
-    OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value,
+    OCI_TAGGED_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value,
     release_store_url_problem)
 from infra.platform_stack.weight_cache import ARRAY_RESERVE_GIB, INSTANCE_STORE_GB, RAID0_MOUNT, gib_of_gb
 from infra.weights import SAFE_NAME, unsafe_name
@@ -257,15 +258,6 @@ class ModelSpec(Strict):
 # --- engine and hardware ------------------------------------------------------------------
 
 
-def _image_by_digest(v: str | None) -> str | None:
-    if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
-        raise ValueError(
-            f"image {_shown(v)} is not an image reference pinned by digest (OCI distribution grammar: "
-            "[registry/]path[:tag]@sha256:<64 hex>). Fix: use name@sha256:<64 hex digits>"
-        )
-    return v
-
-
 class EngineSpec(Strict):
     """The engine the pools run; its image is images.engines.<kind>, so it follows the engine."""
 
@@ -290,7 +282,8 @@ class EngineImageSpec(Strict):
     the image: EFA is reached through AWS's libfabric alone, and the stock SGLang and vLLM images
     carry neither it nor aws-ofi-nccl (images/engine-efa.Dockerfile builds one that does)."""
 
-    image: str = Field(description="Pinned by digest (name@sha256:...); its platforms are listed in images.platforms.")
+    image: ImageRef = Field(description="Pinned by digest (name@sha256:...), or a marked placeholder ({ref: name:tag, "
+                                        "digest: placeholder}); its platforms are listed in images.platforms.")
     efa_libfabric: bool = Field(False, description="AWS's libfabric with the EFA provider (the EFA installer).")
     aws_ofi_nccl: bool = Field(False, description="NCCL's libfabric plugin (aws-ofi-nccl): NCCL between nodes over EFA.")
     mooncake_efa: bool = Field(
@@ -300,39 +293,38 @@ class EngineImageSpec(Strict):
         ["UCX"], description="NIXL's backend plugins in the image (stock builds: UCX; LIBFABRIC is built against "
                              "the EFA installer's libfabric).")
 
-    _image = field_validator("image")(classmethod(lambda cls, v: _image_by_digest(v)))
-
 
 class ImagesSpec(Strict):
-    """Every image, each pinned by digest."""
+    """Every image, each pinned by digest or marked a placeholder (infra/images.py)."""
 
     engines: dict[Literal["sglang", "vllm"], EngineImageSpec] = Field(
         min_length=1, description="Each engine's image and what it contains; engine.kind picks one, so "
                                   "`render --engine` runs the other engine in its own image.")
-    router: str
-    mooncake_master: str
-    lmcache_server: str
-    weights_fetcher: str = Field(description="Image for the weights init step; what it must hold is "
+    router: ImageRef
+    mooncake_master: ImageRef
+    lmcache_server: ImageRef
+    weights_fetcher: ImageRef = Field(description="Image for the weights init step; what it must hold is "
                                              "weights_fetcher_tool.")
     weights_fetcher_tool: Literal["aws-cli", "python-boto3"] = Field(
         "aws-cli", description="aws-cli: the image has `aws` and `sha256sum` (amazon/aws-cli does); "
                                "python-boto3: it has python3 with boto3.")
-    otel_collector: str
-    endpoint_picker: str | None = Field(
+    otel_collector: ImageRef
+    endpoint_picker: ImageRef | None = Field(
         None, description="llm-d-inference-scheduler's endpoint picker (gateway_epp), e.g. "
                           "ghcr.io/llm-d/llm-d-inference-scheduler@sha256:... of v0.7.1.")
-    routing_sidecar: str | None = Field(
+    routing_sidecar: ImageRef | None = Field(
         None, description="llm-d's routing sidecar for decode pods (gateway_epp, disaggregated), e.g. "
                           "ghcr.io/llm-d/llm-d-routing-sidecar@sha256:... of v0.7.1.")
 
-    loadtest: str | None = Field(
+    loadtest: ImageRef | None = Field(
         None, description="NVIDIA aiperf at the release pdstack pins (infra/validation/loadtest.py), for the "
                           "in-cluster load-test Job `pdctl validate-deployment --render-job` writes.")
     platforms: dict[str, list[Literal["amd64", "arm64"]]] = Field(
         default_factory=dict,
-        description="The CPU architectures each image digest runs on, keyed by digest (sha256:...): one for a "
-                    "single-platform manifest, the index's platforms for a manifest list, as `docker buildx "
-                    "imagetools inspect <ref>` lists them. A digest names one manifest, so it has the same "
+        description="The CPU architectures each image digest runs on, keyed by digest (sha256:...), or by a "
+                    "placeholder's reference (name:tag) for the platforms it is to be built for: one for a "
+                    "single-platform manifest, the index's platforms for a manifest list, as `pdctl images` "
+                    "reads them from the registry. A digest names one manifest, so it has the same "
                     "platforms in every stack. Every image that runs on the GPU nodes (the engine's, the "
                     "weights fetcher, the routing sidecar) must be listed with hardware.cpu_architecture; "
                     "images with one platform pin their CPU pods to it.")
@@ -341,18 +333,12 @@ class ImagesSpec(Strict):
     @classmethod
     def _digest_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         for digest, archs in v.items():
-            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-                raise ValueError(f"{digest!r} is not an image digest. Fix: the sha256:<64 hex digits> after '@' "
-                                 "in the image reference")
+            if not (re.fullmatch(r"sha256:[0-9a-f]{64}", digest) or OCI_TAGGED_REFERENCE.fullmatch(digest)):
+                raise ValueError(f"{digest[:80]!r} is not an image digest or a placeholder's reference. Fix: the "
+                                 "sha256:<64 hex digits> after '@' in the image reference, or a placeholder's name:tag")
             if not archs:
                 raise ValueError(f"{digest}: no platforms. Fix: the architectures its manifest names, e.g. [amd64]")
         return v
-
-    @field_validator("router", "mooncake_master", "lmcache_server", "weights_fetcher", "otel_collector",
-                     "endpoint_picker", "routing_sidecar", "loadtest")
-    @classmethod
-    def _by_digest(cls, v: str | None) -> str | None:
-        return _image_by_digest(v)
 
 
 class NodeClassRef(Strict):
@@ -997,13 +983,10 @@ def all_to_all_needs_nvlink_domain(spec: StackSpec, phase: PhaseSpec) -> bool:
             and (fab is None or fab.kind == "efa"))
 
 
-def image_digest(ref: str) -> str:
-    return ref.rpartition("@")[2]
-
-
 def image_platforms(spec: StackSpec, ref: str) -> list[str] | None:
-    """The architectures `ref`'s digest runs on, as images.platforms says (None: not listed)."""
-    return spec.images.platforms.get(image_digest(ref))
+    """The architectures `ref`'s digest runs on (a placeholder: is to be built for), as images.platforms
+    says (None: not listed)."""
+    return spec.images.platforms.get(platform_key(ref))
 
 
 def gpu_node_images(spec: StackSpec) -> dict[str, str]:
@@ -1024,8 +1007,8 @@ def image_platform_problems(spec: StackSpec) -> list[str]:
     for field, ref in gpu_node_images(spec).items():
         platforms = image_platforms(spec, ref)
         if platforms is None:
-            problems.append(f"images.platforms: {field} ({image_digest(ref)}) is not listed. Fix: add it with the "
-                            f"platforms its manifest names (`docker buildx imagetools inspect {ref}`)")
+            problems.append(f"images.platforms: {field} ({platform_key(ref)}) is not listed. Fix: add it with the "
+                            f"platforms its manifest names (`pdctl images` reads them from the registry)")
         elif arch not in platforms:
             problems.append(f"{field}: its digest runs on {', '.join(platforms)}, the GPU nodes are {arch} "
                             f"(hardware.cpu_architecture). Fix: an image built for {arch}, or an index that "

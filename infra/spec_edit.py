@@ -22,6 +22,29 @@ def _quoted(ratio: str, like) -> str:
     return (DoubleQuotedScalarString if isinstance(like, DoubleQuotedScalarString) else SingleQuotedScalarString)(ratio)
 
 
+def editable(source: str | Path):
+    """(ruamel's round-trip YAML, the document) of a spec file to edit: comments, key order, quotes
+    and flow style are kept when it is dumped again (`dumped`)."""
+    yaml = YAML()  # round trip: comments, key order and flow style kept
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-fold a long line the operator wrote
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the shipped specs' layout: "  key:\n    - item"
+    text = read_text(source, "spec")
+    parse_yaml(text, source, "spec")  # what every reader refuses (a duplicate key, bad syntax), said the same way
+    try:
+        return yaml, yaml.load(text)
+    except YAMLError as exc:  # what ruamel (YAML 1.2) refuses beyond that
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"{source}: ruamel.yaml cannot edit it{f' at line {mark.line + 1}' if mark else ''} "
+                         f"({getattr(exc, 'problem', None) or exc}). Nothing was written. Fix: correct it") from None
+
+
+def dumped(yaml, doc) -> str:
+    buffer = io.StringIO()
+    yaml.dump(doc, buffer)
+    return buffer.getvalue()
+
+
 def write_counts(source: str | Path, target: str | Path, result) -> list[str]:
     """Write `source` with the plan's instance counts and card ratio to `target`; scaling
     bounds and pd_ratio_bounds widened where the new counts fall outside them; the
@@ -44,18 +67,7 @@ def planned_spec(source: str | Path, result, target: str | Path, label: str) -> 
     """The text `write_counts` would write for `target`, and its notes, validated by the spec's
     own reader (a SpecError, each problem under `label`, if the spec refuses the plan); writes
     nothing, so a dry run can ask whether the spec takes a plan."""
-    yaml = YAML()  # round trip: comments, key order and flow style kept
-    yaml.preserve_quotes = True
-    yaml.width = 4096  # never re-fold a long line the operator wrote
-    yaml.indent(mapping=2, sequence=4, offset=2)  # the shipped specs' layout: "  key:\n    - item"
-    text = read_text(source, "spec")
-    parse_yaml(text, source, "spec")  # what every reader refuses (a duplicate key, bad syntax), said the same way
-    try:
-        doc = yaml.load(text)
-    except YAMLError as exc:  # what ruamel (YAML 1.2) refuses beyond that
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"{source}: ruamel.yaml cannot edit it{f' at line {mark.line + 1}' if mark else ''} "
-                         f"({getattr(exc, 'problem', None) or exc}). Nothing was written. Fix: correct it") from None
+    yaml, doc = editable(source)
     dep = doc["deployment"]
     notes = []
     for role in ("prefill", "decode"):
@@ -82,11 +94,44 @@ def planned_spec(source: str | Path, result, target: str | Path, label: str) -> 
                 notes.append(f"set deployment.autoscaling.{key} from {auto.get(key, 'unset')} to {value:g} "
                              "(the plan's model)")
                 auto[key] = value
-    buffer = io.StringIO()
-    yaml.dump(doc, buffer)
-    text = buffer.getvalue()
+    text = dumped(yaml, doc)
     try:  # the spec's own reader decides whether the result is valid
         parse_spec(parse_yaml(text, target, "spec"))
     except SpecError as exc:
         raise SpecError([f"{label}: the planned spec would be invalid: {p}" for p in exc.problems]) from None
     return text, notes
+
+
+def write_pins(source: str | Path, target: str | Path, pins: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+    """Write `source` to `target` with each image field of `pins` ({dotted field: (pinned reference,
+    platforms)}) set to its pinned reference, and, where the spec lists platforms (images.platforms),
+    its digest listed with them and the placeholder's own entry (keyed by its reference) gone. The
+    written spec is validated by its kind's reader first; nothing is written otherwise."""
+    from ruamel.yaml.comments import CommentedSeq
+
+    from infra.images import is_placeholder, platform_key
+    from infra.platform_stack.spec import parse_platform_spec
+
+    target = Path(target)
+    if not target.parent.is_dir() or target.is_dir():
+        raise InputError(f"--write {target}: not a file in an existing folder. Nothing was written. Fix: name a file "
+                         "in a folder that exists")
+    yaml, doc = editable(source)
+    platforms = (doc.get("images") or {}).get("platforms")
+    for field, (ref, archs) in pins.items():
+        *parents, leaf = field.split(".")
+        node = doc
+        for key in parents:
+            node = node[key]
+        before = str(node[leaf]["ref"]) if hasattr(node[leaf], "get") else str(node[leaf])
+        node[leaf] = ref
+        if platforms is not None and archs:
+            if is_placeholder(before) and before in platforms and platform_key(before) != platform_key(ref):
+                del platforms[before]
+            listed = CommentedSeq(archs)
+            listed.fa.set_flow_style()  # [amd64, arm64], as the shipped specs write them
+            platforms[platform_key(ref)] = listed
+    text = dumped(yaml, doc)
+    data = parse_yaml(text, target, "spec")  # the spec's own reader, for its kind, decides whether it is valid
+    parse_platform_spec(data, target) if data.get("kind") == "platform" else parse_spec(data)
+    write_output(target, text)

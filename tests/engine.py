@@ -79,6 +79,7 @@ class EngineProject:
     work_dir: Path
     stack: str
     kubeconfig: Path
+    spec_file: Path  # the stack's spec as deployed here: its placeholder images pinned (deployable_spec_file)
 
     def render_yaml_to(self, folder: Path) -> None:
         """The provider writes each object to `folder` instead of sending it (it takes no
@@ -88,6 +89,18 @@ class EngineProject:
         settings["config"].pop("kubernetes:context", None)
         settings["config"]["kubernetes:renderYamlToDirectory"] = str(folder)
         settings_file.write_text(yaml.safe_dump(settings))
+
+
+def deployable_spec_file(stack: str, folder: Path) -> Path:
+    """The committed spec with its placeholder images pinned to stand-in digests
+    (tests/oci_registry.py stand_in_pins), written to `folder`: the policy pack refuses a placeholder,
+    as it must at a real `pulumi up`, and nothing here pulls an image."""
+    from infra.spec_checks import load_spec
+    from tests.oci_registry import stand_in_pins
+
+    path = folder / f"{stack}-deployable.yaml"
+    path.write_text(yaml.safe_dump(stand_in_pins(load_spec(stack_spec_path(stack))).model_dump(mode="json")))
+    return path
 
 
 def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path | None = None,
@@ -100,7 +113,8 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
     (work_dir / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
     (work_dir / "stacks").symlink_to(REPO_ROOT / "stacks")  # Pulumi.yaml's main: the CLI checks it exists
     settings = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
-    settings["config"]["pdstack:specFile"] = str(stack_spec_path(stack))
+    spec_file = deployable_spec_file(stack, tmp_path)
+    settings["config"]["pdstack:specFile"] = str(spec_file)
     (work_dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(settings))
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", settings["config"]["kubernetes:context"], twin)
     (tmp_path / "state").mkdir()
@@ -115,7 +129,7 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
         "PDSTACK_PYTHON": sys.executable,  # the random stand-in's interpreter (grpc, pulumi)
     }.items():
         monkeypatch.setenv(name, value)
-    project = EngineProject(work_dir, stack, kubeconfig)
+    project = EngineProject(work_dir, stack, kubeconfig, spec_file)
     if platform_stand_in_stack:
         platform_stand_in(project)
     return project

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from infra.images import image_reference, platform_key
 from infra.offline import run_spec
 from infra.spec_checks import parse_spec
 from tests.conftest import problems_of, stack_data
@@ -58,24 +59,24 @@ def test_one_digest_has_one_set_of_platforms_across_stacks():
 
 def test_an_image_that_cannot_run_on_the_gpu_nodes_is_refused_with_field_and_fix():
     data = stack_data("prod")  # GB200: arm64 Grace CPUs
-    engine_digest = data["images"]["engines"]["sglang"]["image"].rpartition("@")[2]
-    data["images"]["platforms"][engine_digest] = ["amd64"]
+    engine_key = platform_key(image_reference(data["images"]["engines"]["sglang"]["image"]))
+    data["images"]["platforms"][engine_key] = ["amd64"]
     assert any(p.startswith("images.engines.sglang.image: its digest runs on amd64, the GPU nodes are arm64")
                and "Fix:" in p
                for p in problems_of(data))
     data = stack_data("prod")
-    del data["images"]["platforms"][data["images"]["weights_fetcher"].rpartition("@")[2]]
-    assert any(p.startswith("images.platforms: images.weights_fetcher") and "imagetools inspect" in p
+    del data["images"]["platforms"][platform_key(image_reference(data["images"]["weights_fetcher"]))]
+    assert any(p.startswith("images.platforms: images.weights_fetcher") and "pdctl images" in p
                for p in problems_of(data))
     data = stack_data("dev")
     arm_build = stack_data("prod")["images"]["engines"]["sglang"]["image"]  # prod's arm64 build on amd64 nodes
     data["images"]["engines"]["sglang"]["image"] = arm_build
-    data["images"]["platforms"][arm_build.rpartition("@")[2]] = ["arm64"]
+    data["images"]["platforms"][platform_key(image_reference(arm_build))] = ["arm64"]
     assert any(p.startswith("images.engines.sglang.image:") for p in problems_of(data))
 
 
 def test_a_single_platform_router_image_is_kept_to_its_architecture():
     data = stack_data("dev")
-    data["images"]["platforms"][data["images"]["router"].rpartition("@")[2]] = ["arm64"]
+    data["images"]["platforms"][platform_key(image_reference(data["images"]["router"]))] = ["arm64"]
     (deployment,) = [d for d in run_spec(parse_spec(data)).by_kind("Deployment") if d["metadata"]["name"] == "router"]
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/arch": "arm64"}

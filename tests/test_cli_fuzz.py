@@ -74,6 +74,7 @@ SPEC_COMMANDS = {  # each subcommand with the other options it needs, and what i
     "rollback": ["--sim", "{W}/sim.json", "--releases", "{W}/releases"],
     "diff": ["--against", str(REPO_ROOT / "stacks/dev.yaml")],
     "validate-deployment": ["--url", "http://127.0.0.1:9", "--out", "{W}/v"],
+    "images": ["--write", "{W}/pinned.yaml"],
 }
 
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from infra.cli import main
+from infra.images import image_reference, platform_key
 from infra.spec import REPO_ROOT
 from tests.conftest import stack_data
 
@@ -32,10 +33,11 @@ PROD = str(REPO_ROOT / "stacks/prod.yaml")
 DEV = str(REPO_ROOT / "stacks/dev.yaml")
 
 
-def _engine_image(d):  # the next build: another digest, with the platforms its manifest names
+def _engine_image(d):  # the image built and pinned: its digest, with the platforms its manifest names
     engine = d["images"]["engines"][d["engine"]["kind"]]
-    platforms = d["images"]["platforms"][engine["image"].split("@")[1]]
-    engine["image"] = engine["image"].split("@")[0] + "@sha256:" + "5e1f" * 16
+    ref = image_reference(engine["image"])
+    platforms = d["images"]["platforms"][platform_key(ref)]
+    engine["image"] = ref.partition("@")[0] + "@sha256:" + "5e1f" * 16
     d["images"]["platforms"]["sha256:" + "5e1f" * 16] = platforms
 
 

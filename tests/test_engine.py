@@ -145,7 +145,7 @@ def test_the_rollout_applies_its_steps_through_the_automation_api(tmp_path, monk
     render = tmp_path / "rendered"
     project.render_yaml_to(render)
     store = ReleaseStore("dev", tmp_path / "releases")
-    spec = load_spec(stack_spec_path("dev"))
+    spec = load_spec(project.spec_file)  # its placeholder images pinned: the pack refuses placeholders
     revision = store.create(spec).revision
     program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the adapter selects an existing stack
     store.intend({revision: 100})

@@ -352,10 +352,12 @@ def test_the_whole_policy_pack_passes_each_platform_stack(stack):
     """`pulumi preview --policy-pack policy` of a platform stack is not blocked: every rule, not a
     chosen few. A controller's own pods (prometheus-operator's bundle.yaml names its image by
     release tag and has no readiness probe) are judged as their project publishes them; an image
-    with no release at all is still refused (the bite)."""
+    with no release at all is still refused (the bite). Grafana's placeholder image is pinned first
+    (tests/test_images.py shows the pack refusing it)."""
     from infra.policy.rules import Resource, evaluate, evaluate_offline
+    from tests.oci_registry import stand_in_pins
 
-    run = run_spec(load_platform_spec(f"stacks/{stack}.yaml"))
+    run = run_spec(stand_in_pins(load_platform_spec(f"stacks/{stack}.yaml")))
     assert evaluate_offline(run) == []
     resources = [Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()]
     (operator,) = [r for r in resources if r.props.get("metadata", {}).get("name") == "prometheus-operator"

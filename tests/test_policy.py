@@ -1,6 +1,6 @@
 """The policy pack: each rule through pulumi-policy's own policy objects, once on a compliant
-resource from a shipped stack and once on a copy broken on purpose; and the shipped stacks
-pass every mandatory rule.
+resource from a shipped stack and once on a copy broken on purpose; and the shipped stacks, their
+placeholder images pinned, pass every mandatory rule.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import copy
+import functools
 from typing import Callable
 
 import pytest
@@ -24,13 +25,23 @@ from pulumi_policy import (
 from infra import naming
 from infra.policy.pack import policies
 from infra.policy.rules import RULES, Resource
+from infra.offline import run_spec
 from infra.render.manifests import unwrap
-from tests.conftest import shipped_run
+from infra.spec import stack_spec_path
+from infra.spec_checks import load_spec
+from tests.oci_registry import stand_in_pins
+
+
+@functools.cache
+def pinned_run(stack: str):
+    return run_spec(stand_in_pins(load_spec(stack_spec_path(stack))))
 
 
 def shipped(stack: str) -> list[Resource]:
-    """The stack's resources as the analyzer sees them: type, name, plain inputs."""
-    return [Resource(r.type, r.name, unwrap(r.inputs)) for r in shipped_run(stack).custom()]
+    """The stack's resources as the analyzer sees them (type, name, plain inputs), its placeholder
+    images pinned (stand-in digests): placeholders are refused by "pinned by digest" on purpose
+    (tests/test_images.py), and every other rule judges the spec as it will be deployed."""
+    return [Resource(r.type, r.name, unwrap(r.inputs)) for r in pinned_run(stack).custom()]
 
 
 def _opts() -> PolicyResourceOptions:
@@ -257,7 +268,7 @@ def test_the_users_weights_credentials_copied_into_each_release_track_pass_and_n
     from infra.spec_checks import load_spec
     from infra.tracks import plan_tracks
 
-    spec = load_spec(stack_spec_path("dev"))
+    spec = stand_in_pins(load_spec(stack_spec_path("dev")))
     data = spec.model_dump(mode="json")
     run = run_spec(spec, tracks=plan_tracks([(1, 90, data), (2, 10, data)]))
     resources = [Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()]

@@ -68,7 +68,8 @@ EXPECTED = {
                                       "Prometheus: the stand-in"),
     ".venv/bin/python scripts/bench_planner.py": Expect(0, "surface planner (one measured surface) 96/96",
                                                         "with --grid-only"),
-    ".venv/bin/pdctl policy --stack prod": Expect(0, "0 mandatory"),
+    ".venv/bin/pdctl policy --stack prod": Expect(1, "images-pinned-by-digest",
+                                                 "as written: prod's images are marked placeholders, refused"),
     "scripts/upload_weights --stack prod --source /data/DeepSeek-V3": Expect(2, "--source /data/DeepSeek-V3: not a folder"),
     ".venv/bin/python scripts/bench_eplb.py": Expect(0, "hierarchical"),
     ".venv/bin/python scripts/bench_preview.py": Expect(0, "ratio", "with --runs 1"),
@@ -77,7 +78,7 @@ EXPECTED = {
         Expect(1, "gb200-rack0-n00", "as written: the prod hosts are not reachable from here, each is named failing"),
     f".venv/bin/pdctl rollout --stack prod --pulumi-stack prod --prometheus {PROM} "
     '--inventory stacks/inventory/prod.yaml --message "why"':
-        Expect(1, "rollout stopped before any change", "as written: the preflight fails first (no prod hosts)"),
+        Expect(2, "names placeholder images", "as written: prod's images are marked placeholders, refused first"),
     f".venv/bin/pdctl canary --stack prod --prometheus {PROM} --revision 8 --baseline 7":
         Expect(0, "canary r8 vs r7", "Prometheus: the stand-in"),
     ".venv/bin/pdctl releases --stack prod": Expect(0, "releases of prod", "S3: moto"),

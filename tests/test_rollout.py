@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from infra.prometheus import PrometheusAPI
+from infra.render.metrics import ROLE_SERIES_LABEL
 from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, observe
 from infra.rollout.cluster import ROUTER_STEP, InMemoryCluster
 from infra.rollout.releases import LockHeld, ReleaseError, ReleaseStore, RevisionNotFound
@@ -60,7 +61,8 @@ def prom(tmp_path_factory):
             exporter = EngineExporter(behaviour)
             exporter.start(free_port())
             stack.callback(exporter.stop)
-            targets.append((exporter.port, {"namespace": ns, RELEASE_SERIES_LABEL: str(rev)}))
+            # an SGLang decode engine (tests/engine_exporter.py): where the PD engine times TTFT
+            targets.append((exporter.port, {"namespace": ns, RELEASE_SERIES_LABEL: str(rev), ROLE_SERIES_LABEL: "decode"}))
         url = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets))
         api = PrometheusAPI(url)
         deadline = time.monotonic() + 30
@@ -71,7 +73,7 @@ def prom(tmp_path_factory):
 
 
 def observer(api: PrometheusAPI, namespace: str):
-    return lambda rev: observe(api, "sglang", namespace, rev, WINDOW)
+    return lambda rev: observe(api, spec_in(namespace), rev, WINDOW)
 
 
 def test_healthy_canary_moves_all_traffic_in_stages(tmp_path, prom):
@@ -108,12 +110,12 @@ def test_failed_canary_leaves_the_old_revision_serving_everything(tmp_path, prom
 
 
 def test_gates_read_live_numbers(prom):
-    ok = observe(prom, "sglang", HEALTHY_NS, 1, WINDOW)
-    bad = observe(prom, "sglang", DEGRADED_NS, 2, WINDOW)
+    ok = observe(prom, spec_in(HEALTHY_NS), 1, WINDOW)
+    bad = observe(prom, spec_in(DEGRADED_NS), 2, WINDOW)
     assert ok.ttft_p99_s < 0.25 and ok.error_rate == 0 and ok.kv_transfer_errors == 0
     assert bad.ttft_p99_s > 2.5 and bad.error_rate == pytest.approx(0.1, abs=0.02) and bad.kv_transfer_errors > 0
-    assert math.isnan(observe(prom, "sglang", HEALTHY_NS, 99, WINDOW).ttft_p99_s)  # no such revision: no data
-    track = observe(prom, "sglang", HEALTHY_NS, 3, WINDOW)  # served from pdstack-canary-ok-r3
+    assert math.isnan(observe(prom, spec_in(HEALTHY_NS), 99, WINDOW).ttft_p99_s)  # no such revision: no data
+    track = observe(prom, spec_in(HEALTHY_NS), 3, WINDOW)  # served from pdstack-canary-ok-r3
     assert track.ttft_p99_s < 0.25 and track.error_rate == 0
 
 
@@ -206,7 +208,7 @@ def test_revisions_are_numbered_immutable_records(tmp_path):
     record = json.loads(path.read_text())
     assert record["router_weights"]["cache_threshold"] == 0.6
     assert set(record["engine_commands"]) == {"prefill", "decode"}
-    assert record["images"]["engine"].count("@sha256:") == 1
+    assert record["images"]["engine"] == store.get(2).stack_spec().engine_image().image  # pinned, or a placeholder
     assert store.get(1).stack_spec().deployment.load_balancer.weights.cache_threshold == 0.5
 
 

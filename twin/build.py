@@ -79,6 +79,11 @@ MODULES = {
     "controllers": GoModule("controllers"),
     "karpenter": GoModule("karpenter"),
 }
+# Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
+# not by `twin up`, which needs none of them.
+TEST_MODULES = {
+    "registry": GoModule("registry"),  # distribution's OCI registry (tests/test_images.py)
+}
 
 # The program each tool path installs as (`go install` names it after the last path element,
 # or the one before a trailing major-version element: server/v3 installs as `server`).
@@ -91,13 +96,14 @@ PROGRAMS = {
     "kwok": ("controllers", "kwok"),
     "lws-controller-manager": ("controllers", "cmd"),  # sigs.k8s.io/lws/cmd
     "karpenter-kwok": ("karpenter", "kwok"),  # sigs.k8s.io/karpenter/kwok
+    "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 
 
 def program(name: str) -> Path:
     """Path of one built program (build() first)."""
     module, installed_as = PROGRAMS[name]
-    return MODULES[module].bin_dir / installed_as
+    return {**MODULES, **TEST_MODULES}[module].bin_dir / installed_as
 
 
 def go_env() -> dict[str, str]:
@@ -133,7 +139,7 @@ def build_module(module: GoModule, log=print) -> float | None:
 
 
 def build(names: list[str] | None = None, log=print) -> dict[str, float | None]:
-    return {name: build_module(MODULES[name], log) for name in (names or list(MODULES))}
+    return {name: build_module({**MODULES, **TEST_MODULES}[name], log) for name in (names or list(MODULES))}
 
 
 if __name__ == "__main__":

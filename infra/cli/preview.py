@@ -8,8 +8,11 @@ from collections import Counter
 from rich.table import Table
 from rich.tree import Tree
 
+from rich.markup import escape
+
 from infra.cli.common import console, emit, spec_from_args, spec_path, with_spec
 from infra.cli.render import print_validation, render_run, validation_data
+from infra.images import placeholder_lines, placeholders
 from infra.inputs import InputError
 
 # Top of the system first, as the design lists the layers.
@@ -75,13 +78,15 @@ def cmd_preview(args: argparse.Namespace) -> int:
             table.add_row(layer, str(len(by_layer[layer])), ", ".join(f"{k} {n}" for k, n in kinds[layer].items()))
         table.add_row("[bold]total[/bold]", f"[bold]{len(resources)}[/bold]", "")
         console.print(table)
+        for line in placeholder_lines(spec):
+            console.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)
         print_validation(report)
 
     emit(args, "preview", {
         "environment": name, "total": len(resources),
         "layers": [{"layer": layer, "create": len(by_layer[layer]), "kinds": kinds[layer],
                     "resources": [{"type": r.type, "name": r.name} for r in by_layer[layer]]} for layer in layers],
-        "validation": validation_data(report)}, text)
+        "placeholder_images": placeholders(spec), "validation": validation_data(report)}, text)
     if args.output != "text":
         print_validation(report, args)
     return 0 if report.ok else 1

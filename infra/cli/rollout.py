@@ -8,8 +8,9 @@ import argparse
 from rich.markup import escape
 
 from infra.cli.canary import observer, with_gates
-from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, console, err_console, spec_from_args, with_spec
+from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, console, err_console, spec_from_args, spec_path, with_spec
 from infra.cli.preflight import preflight
+from infra.images import RESOLVE_FIX, placeholders
 from infra.inputs import InputError
 from infra.spec import StackSpec
 
@@ -123,6 +124,16 @@ def run_change(args: argparse.Namespace, spec: StackSpec, action) -> int:
         return EXIT_REFUSED
 
 
+def refuse_placeholders(spec: StackSpec, path) -> None:
+    """A real cluster would pull each image: a marked placeholder names none that exists. The
+    simulated cluster (--sim) pulls nothing, so it runs the spec as it is."""
+    found = placeholders(spec)
+    if found:
+        raise InputError(f"rollout: {path} names placeholder images, which a cluster cannot pull: "
+                         + "; ".join(f"{field} = {ref}" for field, ref in found.items())
+                         + f". Nothing was changed. Fix: {RESOLVE_FIX}")
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     from infra.rollout.rollout import RolloutOptions, rollout
 
@@ -136,6 +147,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         from infra.rollout.rollback import abort
 
         return run_change(args, spec, lambda store, cluster: abort(store, cluster, console=console, force=args.force))
+    if args.pulumi_stack and not args.resume:  # a resumed rollout deploys its own, admitted, spec
+        refuse_placeholders(spec, spec_path(args))
     if not args.prometheus:
         raise InputError("rollout: --prometheus is required (the canary gates read it). Fix: e.g. "
                          "--prometheus http://prometheus.monitoring.svc:9090")

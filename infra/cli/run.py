@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 from rich.markup import escape
 
-from infra.cli import (canary, cost, diff, eplb, plan, policy, preflight, preview, releases, render, rollout, validate,
-                       validate_deployment)
+from infra.cli import (canary, cost, diff, eplb, images, plan, policy, preflight, preview, releases, render, rollout,
+                       validate, validate_deployment)
 from infra.cli.common import EXIT_FAILED, EXIT_REFUSED, err_console
 from infra.cli.interrupts import EXIT_INTERRUPTED, caused_by_interrupt
 from infra.inputs import InputError
@@ -20,7 +20,7 @@ from infra.spec import SpecError
 # In the order `pdctl --help` lists them.
 COMMANDS = (validate.register, preview.register, render.register, eplb.register, plan.register, preflight.register,
             rollout.register_rollout, canary.register, rollout.register_rollback, cost.register, policy.register,
-            validate_deployment.register, diff.register, releases.register)
+            validate_deployment.register, diff.register, releases.register, images.register)
 
 
 def _version() -> str:

@@ -19,7 +19,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
 from infra.spec import SpecError
-from infra.naming import OCI_DIGEST_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
+from infra.images import ImageRef
+from infra.naming import S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
 
 PositiveInt = Annotated[int, Field(gt=0)]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -56,12 +57,6 @@ def _each(check):
 
 
 _INSTANCE_TYPE = _check(is_label_value, "is not an instance type (a node label value). Fix: e.g. p5.48xlarge")
-
-
-def _digest(cls, v):
-    if v is not None and not OCI_DIGEST_REFERENCE.fullmatch(v):
-        raise ValueError(f"{v[:80]!r} is not an image pinned by digest. Fix: name@sha256:<64 hex digits>")
-    return v
 
 
 class HostedEnvironment(Strict):
@@ -211,10 +206,11 @@ class NodesSpec(Strict):
 
 
 class ImagesSpec(Strict):
-    grafana: str
-    prometheus_adapter: str | None = None
-    efa_device_plugin: str | None = None
-    _digests = field_validator("grafana", "prometheus_adapter", "efa_device_plugin")(classmethod(_digest))
+    """Each pinned by digest or marked a placeholder (infra/images.py)."""
+
+    grafana: ImageRef
+    prometheus_adapter: ImageRef | None = None
+    efa_device_plugin: ImageRef | None = None
 
 
 class ControllerValues(Strict):

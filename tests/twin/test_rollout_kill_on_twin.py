@@ -69,7 +69,7 @@ def test_a_rollout_killed_at_its_changes_on_the_twin_is_recovered_to_agreement(d
     store = ReleaseStore("dev", releases)
     cluster = PulumiCluster("dev", store, kubectl=str(program("kubectl")), work_dir=project.work_dir,
                             kube=KubeTarget("pdstack-dev", str(project.kubeconfig)))
-    target = ["--stack", "dev", "--pulumi-stack", "dev", "--pulumi-project", str(project.work_dir),
+    target = ["--spec", str(project.spec_file), "--pulumi-stack", "dev", "--pulumi-project", str(project.work_dir),
               "--releases", str(releases)]
     env = dict(os.environ)
     try:

@@ -11,6 +11,7 @@ from infra.components.k8s import LayerContext
 from infra.components.monitoring import dashboard
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import PlatformSpec
+from infra.policy.rules import IMAGES_FROM_SPEC
 from infra.spec import StackSpec
 
 PROMETHEUS = "pdstack"
@@ -71,7 +72,8 @@ def grafana_manifests(spec: PlatformSpec, serving: list[StackSpec]) -> list[dict
          "data": provisioning},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "grafana-dashboards", "namespace": ns},
          "data": dashboards},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": GRAFANA, "namespace": ns, "labels": labels},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": GRAFANA, "namespace": ns, "labels": labels,
+                                                                   "annotations": {IMAGES_FROM_SPEC: "true"}},
          "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
           "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 472, "fsGroup": 472},
                    "containers": [{
