@@ -202,3 +202,45 @@ def test_a_digest_the_registry_does_not_serve_is_reported(registry, tmp_path, mo
     source.write_text(yaml.safe_dump(data))
     assert main(["images", str(source)]) == 1
     assert "404" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lie", ["header", "body"])
+def test_a_manifest_that_does_not_hash_to_its_digest_is_refused(lie, tmp_path, monkeypatch):
+    """OCI distribution-spec v1.1 (spec.md, "Pulling manifests"): the digest is the sha256 of the
+    body as served, and a client verifies it. A server whose Docker-Content-Digest disagrees with
+    the body it sends, or whose body does not hash to the digest asked for, is refused; nothing is
+    taken from it."""
+    import hashlib
+    import http.server
+    import threading
+
+    from infra.registry import RegistryError, resolve
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no config: anonymous
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1,
+                                       "digest": "sha256:" + "1" * 64,
+                                       "platform": {"architecture": "amd64", "os": "linux"}}]}).encode()
+    served = "sha256:" + hashlib.sha256(index).hexdigest()
+    other = "sha256:" + hashlib.sha256(b"another manifest").hexdigest()
+
+    class Lying(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.index.v1+json")
+            self.send_header("Docker-Content-Digest", other if lie == "header" else served)
+            self.end_headers()
+            self.wfile.write(index)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lying)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = f"127.0.0.1:{server.server_address[1]}/pdstack/router" + (":v1" if lie == "header" else f"@{other}")
+        with pytest.raises(RegistryError, match="hashes to"):
+            resolve(ref)
+    finally:
+        server.shutdown()
+        server.server_close()
