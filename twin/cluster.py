@@ -195,7 +195,8 @@ class Supervisor:
         sa = service_account_keys(self.pki)
         # etcd's own CA and certificates, as kubeadm makes them (pki/etcd/)
         etcd_ca = Authority(self.pki / "etcd")
-        etcd_server = etcd_ca.issue("server", "twin-etcd", server_names=("127.0.0.1", "localhost"))
+        # client use too, as kubeadm's: etcd's own JSON gateway (/v3/...) calls etcd with it
+        etcd_server = etcd_ca.issue("server", "twin-etcd", server_names=("127.0.0.1", "localhost"), client=True)
         etcd_peer = etcd_ca.issue("peer", "twin-etcd", server_names=("127.0.0.1", "localhost"), client=True)
         etcd_probe = etcd_ca.issue("healthcheck-client", "twin-etcd-healthcheck-client", client=True)
         apiserver_etcd = etcd_ca.issue("apiserver-etcd-client", "kube-apiserver-etcd-client", client=True)
