@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 
-from infra.render.metrics import with_selector
-from infra.rollout.canary import Observation, gate_queries, judge
+from infra.prometheus import PrometheusAPI
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, with_selector
+from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, gate_queries, judge, observe
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
 from infra.spec import SLOSpec
+from infra.spec_checks import parse_spec
 from infra.render.query_check import query_problems
+from tests.conftest import stack_data, vllm_with_epp
+from tests.servers import http_server, prometheus
 
 SLO = SLOSpec(ttft_p99_ms=2000, tpot_p99_ms=50, tokens_per_second_per_user=15, max_error_rate=0.01)
 GOOD = Observation(ttft_p99_s=0.5, tpot_p99_s=0.03, error_rate=0.001, kv_transfer_errors=0)
@@ -48,7 +52,9 @@ def test_queries_select_one_revision_of_one_environment_and_name_real_metrics():
     import re
 
     for engine in ("sglang", "vllm"):
-        for name, query in gate_queries(engine, "pdstack-prod", 7, "5m").items():
+        data = stack_data("prod")
+        spec = parse_spec(vllm_with_epp(data) if engine == "vllm" else data)
+        for name, query in gate_queries(spec, 7, "5m").items():
             assert 'namespace=~"pdstack-prod(-r7)?"' in query and 'pdstack_io_release="7"' in query, (engine, name)
             names = set(re.findall(r"\b(?:sglang|vllm):[A-Za-z0-9_:]*", query))
             assert names and query_problems(query, engine) == [], (engine, name, names)
@@ -64,3 +70,58 @@ def test_colocated_mode_has_one_engine_step(colocated_spec):
     steps = [s.name for s in plan_steps(colocated_spec, run_spec(colocated_spec).resources)]
     assert steps == ["initialise environment", "split pools", "deploy prefill", "deploy kv cache and balancers",
                      "open access", "verify"]
+
+
+# Each role's TTFT samples per 0.1 s of a vLLM PD revision: every request passes both roles, and
+# 3 in 200 wait 4 s on prefill. Prefill's p99 is in that tail; over both roles' samples (3 in 400)
+# it is not.
+VLLM_TTFT_PER_TICK = {"prefill": {0.2: 197, 4.0: 3}, "decode": {0.2: 200}}
+TTFT_BUCKETS = (0.25, 1.0, 2.5, 5.0, math.inf)
+
+
+def vllm_ttft_exposition(per_tick: dict[float, int], ticks: int) -> bytes:
+    """vllm:time_to_first_token_seconds as the pinned vLLM exposes it (labels engine, model_name:
+    infra/render/pinned/vllm-0.33.0-metrics.json), after `ticks` ticks of `per_tick` samples."""
+    name = ENGINE_METRICS["vllm"].ttft_bucket.removesuffix("_bucket")
+    labels = 'engine="0",model_name="deepseek-ai/DeepSeek-V3"'
+    lines = [f"# TYPE {name} histogram"]
+    for le in TTFT_BUCKETS:
+        count = ticks * sum(n for value, n in per_tick.items() if value <= le)
+        lines.append(f'{name}_bucket{{{labels},le="{"+Inf" if le == math.inf else le}"}} {count}')
+    lines.append(f"{name}_sum{{{labels}}} {ticks * sum(value * n for value, n in per_tick.items())}")
+    lines.append(f"{name}_count{{{labels}}} {ticks * sum(per_tick.values())}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_vllm_canary_whose_prefill_tail_is_over_the_slo_fails_the_ttft_gate(tmp_path):
+    """vLLM 0.33.0 observes TTFT on prefill and on decode, each from the request's arrival at that
+    instance (vllm/v1/metrics/stats.py update_from_output). The gate read one p99 over both roles'
+    histograms summed, where prefill's tail was 3 in 400 samples, under the 1% a p99 shows: the
+    revision passed with its prefill p99 at 4 s. Each role's p99 is judged now (a real Prometheus
+    on 127.0.0.1 scraping each role's stand-in)."""
+    import time
+
+    spec = parse_spec(vllm_with_epp(stack_data("dev")))
+    namespace, revision, window = spec.environment.namespace, 2, "10s"
+    started = time.monotonic()
+
+    def role_exporter(role: str):
+        return http_server(lambda query: (200, vllm_ttft_exposition(
+            VLLM_TTFT_PER_TICK[role], int((time.monotonic() - started) * 10))))
+
+    with role_exporter("prefill") as prefill, role_exporter("decode") as decode:
+        targets = [(int(url.rsplit(":", 1)[1]), {"namespace": namespace, RELEASE_SERIES_LABEL: str(revision),
+                                                 ROLE_SERIES_LABEL: role})
+                   for role, url in (("prefill", prefill), ("decode", decode))]
+        with prometheus(tmp_path, targets) as url:
+            api = PrometheusAPI(url)
+            ttft = ENGINE_METRICS["vllm"].ttft_bucket
+            deadline = time.monotonic() + 60
+            while api.query(f"count(rate({ttft.replace('_bucket', '_count')}[{window}]) > 0)") != 2:
+                assert time.monotonic() < deadline, "Prometheus has no TTFT rates from both stand-ins"
+                time.sleep(0.5)
+            summed = p99(ttft, f'{{{RELEASE_SERIES_LABEL}="{revision}"}}', window)  # what the gate read
+            assert api.query(summed) <= SLO.ttft_p99_ms / 1000  # both roles' samples together: under the SLO
+            canary = observe(api, spec, revision, window)
+    assert canary.ttft_p99_s > SLO.ttft_p99_ms / 1000  # prefill's own p99, in its 4 s tail
+    assert "TTFT p99 vs SLO" in failed(judge(canary, None, SLO))

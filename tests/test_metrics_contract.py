@@ -47,7 +47,7 @@ def every_query(spec) -> dict[str, str]:
     ctx = LayerContext(spec, ns)
     (rules, _) = hpa_support(ctx)
     queries |= {f"recording {r['record']}": r["expr"] for r in rules["spec"]["groups"][0]["rules"]}
-    queries |= {f"canary {k}": q for k, q in gate_queries(engine, ns, 7, "5m").items()}
+    queries |= {f"canary {k}": q for k, q in gate_queries(spec, 7, "5m").items()}
     queries |= {f"fleet {k}": q for k, q in fleet_queries(engine, ns, "10m", roles, balancedness_roles(spec)).items()}
     queries |= {f"plan --watch {k}": q for k, q in watch_queries(spec).items()}
     queries |= {f"profile {f.__name__} {role}": f(engine, ns, role, 60) for role in roles

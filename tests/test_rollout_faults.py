@@ -46,7 +46,7 @@ def test_prometheus_failing_mid_canary_fails_the_gate_and_reverts(tmp_path, mode
         def observe_r2(rev: int) -> Observation:  # Prometheus answers well until `failing_from`
             if rev == 1 or store.operation().stage < failing_from:
                 return GOOD
-            return observe(api, "sglang", spec.environment.namespace, rev, "5m")
+            return observe(api, spec, rev, "5m")
 
         with pytest.raises(CanaryFailed, match=f"at {failing_from}%.*{says}"):
             rollout(spec, store, cluster, observe=observe_r2, options=OPTIONS, console=quiet)
@@ -153,7 +153,7 @@ def test_a_lease_half_run_out_while_a_stage_waits_on_prometheus_is_renewed_befor
             expiries.append(store.lease().expires)
             if len(expiries) == 1:
                 store.LEASE_SECONDS = 10 * ReleaseStore.LEASE_SECONDS
-            return observe(api, "sglang", spec.environment.namespace, rev, "5m")
+            return observe(api, spec, rev, "5m")
 
         with pytest.raises(CanaryFailed, match="at 50%.*did not answer within 1s"):
             rollout(spec, store, cluster, observe=observe_r2, options=OPTIONS, console=quiet)
@@ -169,7 +169,7 @@ def test_a_stage_judged_with_every_read_timing_out_cannot_outlast_the_lease():
     from infra.rollout.canary import gate_queries
     from infra.rollout.rollout import OBSERVE_ATTEMPTS
 
-    queries_per_try = 2 * len(gate_queries("sglang", "pdstack-dev", 2, "5m"))
+    queries_per_try = 2 * len(gate_queries(parse_spec(stack_data("dev")), 2, "5m"))
     longest_wait = RolloutOptions().poll_seconds * OBSERVE_ATTEMPTS
     assert queries_per_try * PrometheusAPI.timeout_seconds + longest_wait < ReleaseStore.LEASE_SECONDS / 2
 

@@ -29,7 +29,7 @@ def observer(spec: StackSpec, args: argparse.Namespace):
     from infra.rollout.canary import observe
 
     api = PrometheusAPI(args.prometheus)
-    return lambda rev: observe(api, spec.engine.kind, spec.environment.namespace, rev, args.window)
+    return lambda rev: observe(api, spec, rev, args.window)
 
 
 def cmd_canary(args: argparse.Namespace) -> int:

@@ -5,6 +5,11 @@
 
 A revision's series carry the label `pdstack_io_release` (the pod label
 `pdstack.io/release`, copied onto every series by the PodMonitor's podTargetLabels).
+
+TTFT is judged per role, read from the pools where the engine times it (`ttft_pools`, the table
+the alerts and scalers read): vLLM times it on prefill and on decode, each its own part, and a
+histogram summed over both hides one role's slow tail in the other's samples; an SGLang PD
+prefill times none. The gate reads the slowest role's p99: any role's above the SLO fails it.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.prometheus import PrometheusAPI
-from infra.render.metrics import ENGINE_METRICS, p99, with_selector
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, ttft_pools, with_selector
 from infra.tracks import namespaces_matcher
-from infra.spec import SLOSpec
+from infra.spec import SLOSpec, StackSpec
 
 RELEASE_SERIES_LABEL = naming.RELEASE_LABEL.replace(".", "_").replace("/", "_")
 
@@ -34,7 +39,7 @@ class GatePolicy:
 
 @dataclass(frozen=True)
 class Observation:
-    ttft_p99_s: float
+    ttft_p99_s: float  # the slowest role's, each where its engine times TTFT
     tpot_p99_s: float
     error_rate: float
     kv_transfer_errors: float
@@ -59,12 +64,13 @@ class Verdict:
         return "; ".join(f"{g.name}: {g.detail}" for g in self.gates if not g.passed) or "all gates passed"
 
 
-def gate_queries(engine: str, namespace: str, revision: int, window: str) -> dict[str, str]:
+def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
     """One environment's revision: a Prometheus often scrapes several environments."""
-    m = ENGINE_METRICS[engine]
-    sel = f'{{{namespaces_matcher(namespace, revision)},{RELEASE_SERIES_LABEL}="{revision}"}}'
+    m = ENGINE_METRICS[spec.engine.kind]
+    sel = f'{{{namespaces_matcher(spec.environment.namespace, revision)},{RELEASE_SERIES_LABEL}="{revision}"}}'
+    timing_first_tokens = with_selector(sel, f'{{{ROLE_SERIES_LABEL}=~"{"|".join(ttft_pools(spec))}"}}')
     return {
-        "ttft_p99_s": p99(m.ttft_bucket, sel, window),
+        "ttft_p99_s": f"max({p99(m.ttft_bucket, timing_first_tokens, window, by=(ROLE_SERIES_LABEL,))})",
         "tpot_p99_s": p99(m.tpot_bucket, sel, window),
         # No traffic gives 0/0 = NaN, which fails the gate: a canary must be seen to work.
         "error_rate": f"sum(rate({with_selector(m.requests_failed, sel)}[{window}])) / "
@@ -101,6 +107,6 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
     return Verdict(tuple(gates))
 
 
-def observe(api: PrometheusAPI, engine: str, namespace: str, revision: int, window: str) -> Observation:
+def observe(api: PrometheusAPI, spec: StackSpec, revision: int, window: str) -> Observation:
     """One revision of one environment, as the gates read it from Prometheus."""
-    return Observation(**{k: api.query(q) for k, q in gate_queries(engine, namespace, revision, window).items()})
+    return Observation(**{k: api.query(q) for k, q in gate_queries(spec, revision, window).items()})
