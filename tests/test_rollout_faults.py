@@ -189,8 +189,10 @@ def test_options_are_checked_before_anything_changes(tmp_path, capsys):
 def test_a_missing_pulumi_cli_is_said_plainly_and_creates_no_revision(tmp_path, capsys):
     """This machine has no Pulumi CLI: the Automation API cannot select the stack."""
     from infra.cli import main
+    from tests.engine import deployable_spec_file  # placeholder images are refused first (tests/test_images.py)
 
-    code = main(["rollout", "--stack", "dev", "--pulumi-stack", "dev", "--releases", str(tmp_path / "releases"),
+    code = main(["rollout", "--spec", str(deployable_spec_file("dev", tmp_path)), "--pulumi-stack", "dev",
+                 "--releases", str(tmp_path / "releases"),
                  "--prometheus", "http://127.0.0.1:9", "--stages", "100", "--bake", "0"])
     err = capsys.readouterr().err
     assert code == 3 and "the Pulumi CLI is not installed here" in err and "weights" not in err
