@@ -116,7 +116,6 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
     for revision, weight, _ in entries:
         data = recorded[revision].model_dump(mode="json")
         dep = data["deployment"]
-        data["environment"]["namespace"] = track_namespace(data["environment"]["namespace"], revision)
         counts = {}
         for role, phase in recorded[revision].deployment.pools().items():
             others_min = sum(other.deployment.pools()[role].bounds()[0] for r, other in recorded.items()
@@ -135,5 +134,9 @@ def plan_tracks(entries: list[tuple[int, int, dict]]) -> list[Track]:
         if "prefill" in counts and "decode" in counts:
             ratio = Fraction(counts["prefill"], counts["decode"])
             dep["pd_ratio"] = f"{ratio.numerator}:{ratio.denominator}"
-        tracks.append(Track(revision, weight, _parse(revision, data)))
+        shared = _parse(revision, data)  # checked with the environment's namespace, which the spec holds to NAMESPACE_MAX
+        # The track's own namespace is the environment's and '-r<revision>': a DNS label by that bound and
+        # REVISION_DIGITS. Not checked again as an environment's: that rule leaves room for this suffix.
+        own = shared.environment.model_copy(update={"namespace": track_namespace(shared.environment.namespace, revision)})
+        tracks.append(Track(revision, weight, shared.model_copy(update={"environment": own})))
     return tracks

@@ -103,9 +103,8 @@ def track_dashboards(engine: str, namespace: str | None = None, revisions=(7, 8)
     return out
 
 
-# The longest environment namespace whose tracks' specs are read today (plan_tracks holds a track's
-# own namespace to NAMESPACE_MAX too): its tracks' `pdstack-<namespace>` is 65 characters.
-LONG_NAMESPACE = "p" * (NAMESPACE_MAX - len("-r9999"))
+# The longest environment namespace a spec admits: its tracks' `pdstack-<namespace>` is 71 characters.
+LONG_NAMESPACE = "p" * NAMESPACE_MAX
 
 
 @pytest.mark.parametrize("namespace", [None, LONG_NAMESPACE], ids=["prod", "long namespace"])

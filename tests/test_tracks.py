@@ -99,3 +99,34 @@ def test_an_environments_first_revision_is_planned_before_it_takes_traffic():
     assert track.revision == 1 and track.weight == 0
     with pytest.raises(SpecError, match="add up to 100"):
         plan_tracks([(1, 0, stack_data("dev")), (2, 50, stack_data("dev"))])
+
+
+def test_the_longest_namespace_a_spec_admits_runs_tracks_up_to_r9999(tmp_path, capsys):
+    """The spec holds an environment's namespace to NAMESPACE_MAX, leaving room for '-r9999' in a
+    Kubernetes namespace, a DNS label of 63 at most (Kubernetes, "Namespaces": RFC 1123 label
+    names). plan_tracks held each track's own namespace to NAMESPACE_MAX as well, so an environment
+    whose namespace was longer than 51 characters could not run its tracks. Now the longest valid one
+    runs r9999, rendered, schema-checked and passing the policy pack; one character more is refused
+    by validate, naming the field."""
+    import yaml
+
+    from infra.cli import main
+    from infra.spec import NAMESPACE_MAX
+    from tests.oci_registry import stand_in_pins
+
+    data = stand_in_pins(parse_spec(stack_data("prod"))).model_dump(mode="json")
+    data["environment"]["namespace"] = "p" * NAMESPACE_MAX
+    tracks = plan_tracks([(9998, 95, data), (9999, 5, data)])
+    assert [len(t.namespace) for t in tracks] == [63, 63]
+    run = run_offline(lambda: build_stack(parse_spec(data), release="9999", tracks=tracks), stack="prod")
+    report = validate_manifests(manifests(run), "1.33")
+    assert report.ok, report.errors
+    violations = evaluate([Resource(r.type, r.name, unwrap(r.inputs)) for r in run.custom()])
+    assert [v for v in violations if v.level == "mandatory"] == []
+
+    data["environment"]["namespace"] += "p"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "environment.namespace" in err and f"at most {NAMESPACE_MAX} fit" in err and "Traceback" not in err
