@@ -22,7 +22,8 @@ from pydantic import Field, field_validator, model_validator
 from infra.images import ImageRef, platform_key
 from infra.inputs import InputError, Strict
 from infra.naming import (
-    OCI_TAGGED_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path, is_label_key, is_label_value,
+    OCI_TAGGED_REFERENCE, PULUMI_STACK_REFERENCE, S3_BUCKET_NAME, is_dns_subdomain, is_hf_repo_id, is_host_path,
+    is_label_key, is_label_value,
     release_store_url_problem)
 from infra.platform_stack.weight_cache import ARRAY_RESERVE_GIB, INSTANCE_STORE_GB, RAID0_MOUNT, gib_of_gb
 from infra.weights import SAFE_NAME, unsafe_name
@@ -744,7 +745,7 @@ class PlatformRef(Strict):
                                   "cross-checks read).")
     # Pulumi's names: organization, project and stack of letters, digits, '-', '_', '.', 100 at most each.
     _stack = field_validator("stack")(_checked(
-        lambda v: re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,2}", v),
+        lambda v: PULUMI_STACK_REFERENCE.fullmatch(v),
         "is not a stack reference (<org>/<project>/<stack>, each 100 characters at most). Fix: e.g. "
         "example/pdstack/platform-prod"))
     # Pulumi reads a two-part name as <org>/<stack>: "pdstack/platform-dev" names an organization

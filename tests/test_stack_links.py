@@ -79,3 +79,34 @@ def test_irsa_puts_the_role_on_the_engine_service_account_from_its_first_version
     assert sorted(a["metadata"]["namespace"] for a in accounts) == sorted(t.namespace for t in tracks)
     assert all(IRSA_ROLE_ANNOTATION in a["metadata"].get("annotations", {}) for a in accounts), accounts
     assert not run.of_type("kubernetes:core/v1:ServiceAccountPatch")
+
+
+@pytest.mark.parametrize("name, ok", [("prod", True), (".hidden-ok", True), ("-dash_ok.1", True), ("a" * 100, True),
+                                      ("a" * 101, False), ("has space", False), ("semi;colon", False), ("", False)])
+def test_one_stack_name_rule_everywhere_a_stack_is_named(name, ok):
+    """A Pulumi stack name is what the pinned CLI's ParseStackName takes (pulumi v3.274.1
+    sdk/go/common/tokens/stack_name.go: [A-Za-z0-9_.-], 1 to 100), in the serving spec's
+    platform reference, the platform spec's hosted environments and `--pulumi-stack` alike."""
+    from pydantic import ValidationError
+
+    from infra.inputs import InputError
+    from infra.platform_stack.spec import HostedEnvironment
+    from infra.rollout.pulumi_cluster import kube_target
+    from infra.spec import PlatformRef
+
+    def accepted(make) -> bool:
+        try:
+            make()
+        except (ValidationError, ValueError):
+            return False
+        return True
+
+    assert accepted(lambda: PlatformRef(stack=name, spec="stacks/platform-dev.yaml")) == ok
+    assert accepted(lambda: PlatformRef(stack=f"example/pdstack/{name}", spec="stacks/platform-dev.yaml")) == ok
+    assert accepted(lambda: HostedEnvironment(spec="stacks/dev.yaml", stack=name)) == ok
+    try:
+        kube_target(name, REPO_ROOT)
+        refused_for_name = False
+    except InputError as exc:
+        refused_for_name = "not a stack name" in str(exc)
+    assert refused_for_name == (not ok)

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
 from infra.spec import SpecError
 from infra.images import ImageRef
-from infra.naming import S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
+from infra.naming import PULUMI_STACK_NAME, S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
 
 PositiveInt = Annotated[int, Field(gt=0)]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -28,8 +28,6 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 _AMI_ALIAS = re.compile(r"(al2023|bottlerocket)@(v\d{8}|v?\d+\.\d+\.\d+)")  # pinned: never @latest
 # EC2 resource ids: the type's prefix and 8 (older ids) to 17 hexadecimal digits (EC2 user guide, "Resource IDs").
 _RESERVATION, _VPC, _SUBNET = (re.compile(rf"{prefix}-[0-9a-f]{{8,17}}") for prefix in ("cr", "vpc", "subnet"))
-# Pulumi's stack names: letters, digits, '-', '_', '.', 100 at most (as infra/spec.py PlatformRef.stack reads them).
-_STACK = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 _ACCOUNT = re.compile(r"\d{12}")
 
@@ -64,8 +62,8 @@ class HostedEnvironment(Strict):
 
     spec: str = Field(description="The serving spec, relative to the project (e.g. stacks/prod.yaml).")
     stack: str | None = Field(None, description="Its Pulumi stack name; default the spec's environment.name.")
-    _stack = field_validator("stack")(_check(_STACK, "is not a Pulumi stack name (letters, digits, '_', '.', '-', 100 "
-                                                     "at most). Fix: e.g. prod"))
+    _stack = field_validator("stack")(_check(PULUMI_STACK_NAME, "is not a Pulumi stack name (letters, digits, '_', "
+                                                                "'.', '-', 100 at most). Fix: e.g. prod"))
     inventory: str | None = Field(None, description="nodes.mode static: the inventory naming its nodes by role "
                                                     "(the same file `pdctl preflight` reads).")
 

@@ -57,7 +57,6 @@ OPEN_ACCESS_STEP = "open access"
 POLICY_PACK = str(REPO_ROOT / "policy" / "run-pack")
 FENCE_ANNOTATION = "pdstack.io/fence"
 ROUTE_CAS_ATTEMPTS = 5  # the gateway controller's status writes also move the resourceVersion
-STACK_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,9 @@ def kube_target(stack_name: str, project_dir: Path = REPO_ROOT) -> KubeTarget:
     `kubernetes:kubeconfig` (a path; contents or a secret value are refused: a kubeconfig is a
     credential, and kubectl is handed a file)."""
     short = stack_name.rsplit("/", 1)[-1]  # org/project/stack -> stack
-    if not STACK_NAME.fullmatch(short):
-        raise InputError(f"--pulumi-stack {stack_name[:80]!r}: not a stack name (letters, digits, '_', '.', '-'). "
-                         "Fix: e.g. --pulumi-stack prod")
+    if not naming.PULUMI_STACK_NAME.fullmatch(short):
+        raise InputError(f"--pulumi-stack {stack_name[:80]!r}: not a stack name (letters, digits, '_', '.', '-', 100 "
+                         "at most). Fix: e.g. --pulumi-stack prod")
     path = project_dir / f"Pulumi.{short}.yaml"
     if not path.is_file():
         raise InputError(f"--pulumi-stack {stack_name}: {path} does not exist, so which cluster it deploys to is "
