@@ -161,3 +161,20 @@ def test_a_ttft_over_the_slo_does_not_stop_decodes_sweep():
 
     found = capacity_sweep("chat", measure, engine.instances, max_running=None)
     assert found.concurrencies[-1] > 64 and "the SLO broke (tpot_p99" in found.stopped, found.stopped
+
+
+def test_a_sweep_starved_by_prefill_says_so_not_that_the_engine_is_capped():
+    """With too few prefill instances for the decode pool, the sequences queue for prefill: decode
+    holds no more however many are asked, and TTFT is over the SLO. That is not decode's cap (the
+    simulated fleet of scripts/bench_planner_sim.py, profiled at 4000/200 on 8 prefill instances,
+    was planned at twice the decode instances it needed): the profile says which, and the fix."""
+    engine = Engine(cap=60, fleet=FleetModel(decode_ms_per_kv_token=0.0))
+
+    def measure(concurrency: int):
+        result, _ = engine.run(concurrency)
+        starved = dataclasses.replace(result, ttft_p99_ms=TTFT_SLO * 3 if concurrency > 120 else 300.0)
+        return starved, judge(starved, TTFT_SLO, ITL_SLO, 20)
+
+    found = capacity_sweep("chat", measure, engine.instances, max_running=None)
+    assert "prefill fed decode no more sequences than at concurrency 128" in found.stopped, found.stopped
+    assert "Fix: more prefill instances per decode instance" in found.stopped

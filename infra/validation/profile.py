@@ -57,6 +57,10 @@ def past_limit(run: Run, before: Run | None, decode_instances: int, max_running:
         return f"the engine's running-request cap (max_running_requests {max_running} an instance)"
     if before is not None and result.concurrency >= 1.5 * before[0].concurrency and \
             held < PLATEAU * held_batch(before[0], decode_instances):
+        if any(g.name in PREFILL_GATES and not g.passed for g in gates):  # the sequences queued for prefill
+            return (f"prefill fed decode no more sequences than at concurrency {before[0].concurrency} "
+                    f"({held:.1f} a decode instance; TTFT over the SLO): decode's capacity is past what was "
+                    "measured. Fix: more prefill instances per decode instance while profiling")
         return (f"the engine held no more sequences than at concurrency {before[0].concurrency} "
                 f"({held:.1f} an instance): a cap")
     return None
