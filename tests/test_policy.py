@@ -263,9 +263,6 @@ def test_the_users_weights_credentials_copied_into_each_release_track_pass_and_n
     user's key for a store outside AWS, not one the stack makes. dev with two tracks passes every
     mandatory rule; a Secret holding such a key is still reported when its annotation names a
     source it was not copied from (another Secret, or a namespace whose track it is not in)."""
-    from infra.offline import run_spec
-    from infra.spec import stack_spec_path
-    from infra.spec_checks import load_spec
     from infra.tracks import plan_tracks
 
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))
