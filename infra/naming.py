@@ -30,10 +30,12 @@ OCI_DIGEST_REFERENCE = re.compile(rf"(?=.{{1,255}}@){_NAME}(?:{_TAG})?@sha256:[0
 # A reference by tag alone (an image pdstack marks as a placeholder until its digest is resolved).
 OCI_TAGGED_REFERENCE = re.compile(rf"(?=.{{1,255}}$){_NAME}{_TAG}")
 # Pulumi's stack names: letters, digits, '_', '.', '-', 1 to 100 (the pinned CLI's
-# sdk/go/common/tokens/stack_name.go, ParseStackName, pulumi v3.274.1); a StackReference names
+# sdk/go/common/tokens/stack_name.go, ParseStackName, pulumi v3.274.1), here not starting with
+# '-' (any command line it reaches would read it as an option); a StackReference names
 # <org>/<project>/<stack>, or fewer parts, each of the same characters.
-PULUMI_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-PULUMI_STACK_REFERENCE = re.compile(r"[A-Za-z0-9_.-]{1,100}(/[A-Za-z0-9_.-]{1,100}){0,2}")
+_STACK_PART = r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,99}"
+PULUMI_STACK_NAME = re.compile(_STACK_PART)
+PULUMI_STACK_REFERENCE = re.compile(rf"{_STACK_PART}(/{_STACK_PART}){{0,2}}")
 # Kubernetes label values: kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set
 _LABEL_VALUE = re.compile(r"(?=.{0,63}$)(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 # A node-local folder pdstack mounts (hostPath) and names in scripts: absolute, normalised, each part

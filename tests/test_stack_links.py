@@ -81,11 +81,13 @@ def test_irsa_puts_the_role_on_the_engine_service_account_from_its_first_version
     assert not run.of_type("kubernetes:core/v1:ServiceAccountPatch")
 
 
-@pytest.mark.parametrize("name, ok", [("prod", True), (".hidden-ok", True), ("-dash_ok.1", True), ("a" * 100, True),
+@pytest.mark.parametrize("name, ok", [("prod", True), (".hidden-ok", True), ("dash-ok_1.x", True), ("a" * 100, True),
+                                      ("--help", False), ("-x", False),
                                       ("a" * 101, False), ("has space", False), ("semi;colon", False), ("", False)])
 def test_one_stack_name_rule_everywhere_a_stack_is_named(name, ok):
     """A Pulumi stack name is what the pinned CLI's ParseStackName takes (pulumi v3.274.1
-    sdk/go/common/tokens/stack_name.go: [A-Za-z0-9_.-], 1 to 100), in the serving spec's
+    sdk/go/common/tokens/stack_name.go: [A-Za-z0-9_.-], 1 to 100; not starting with '-', which a
+    command line would take for an option), in the serving spec's
     platform reference, the platform spec's hosted environments and `--pulumi-stack` alike."""
     from pydantic import ValidationError
 

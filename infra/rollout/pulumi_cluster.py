@@ -76,8 +76,8 @@ def kube_target(stack_name: str, project_dir: Path = REPO_ROOT) -> KubeTarget:
     credential, and kubectl is handed a file)."""
     short = stack_name.rsplit("/", 1)[-1]  # org/project/stack -> stack
     if not naming.PULUMI_STACK_NAME.fullmatch(short):
-        raise InputError(f"--pulumi-stack {stack_name[:80]!r}: not a stack name (letters, digits, '_', '.', '-', 100 "
-                         "at most). Fix: e.g. --pulumi-stack prod")
+        raise InputError(f"--pulumi-stack {stack_name[:80]!r}: not a stack name (letters, digits, '_', '.', '-', not "
+                         "starting with '-', 100 at most). Fix: e.g. --pulumi-stack prod")
     path = project_dir / f"Pulumi.{short}.yaml"
     if not path.is_file():
         raise InputError(f"--pulumi-stack {stack_name}: {path} does not exist, so which cluster it deploys to is "
