@@ -38,6 +38,7 @@ RUN_ELSEWHERE = {
     "make twin-up": "tests/twin start the twin (or reuse one make twin-up started)",
     "make twin-down": "it would stop a twin the developer started; tests/twin stop theirs",
     "make twin-build": "make test runs it before the tests",
+    "make registry-build": "make test runs it before the tests",
     ".venv/bin/python -m pytest tests/twin": "make test runs tests/twin",
     ".venv/bin/python -m pytest -s tests/test_fault_matrix.py": "make test runs it",
 }
@@ -143,6 +144,7 @@ def test_what_runs_the_commands_not_run_here():
     for verb in ("up", "down", "build"):
         assert re.search(rf"^twin-{verb}:.*\n\t\$\(PY\) -m twin {verb}$", makefile, re.M), verb
     assert re.search(r"^test:.*\btwin-build\b.*\n\t\$\(PY\) scripts/run_tests.py$", makefile, re.M)
+    assert re.search(r"^test:.*\bregistry-build\b", makefile, re.M)
     runner = runpy.run_path(str(REPO_ROOT / "scripts/run_tests.py"))
     assert runner["TWIN_TESTS"][1:] == ["-m", "pytest", "tests/twin"]
     assert runner["OTHER_TESTS"][-7:] == ["-m", "pytest", "-n", "auto", "--dist", "loadfile", "--ignore=tests/twin"]
