@@ -142,6 +142,8 @@ class RecordingMocks(pulumi_mocks.Mocks):
             state["outputs"] = self.stack_outputs(args.name)
         if args.resource_id and args.typ == "kubernetes:core/v1:Secret":  # a read (`Secret.get`)
             state.update(_user_secret(args.resource_id))
+        if args.resource_id and args.typ == "kubernetes:core/v1:Node":  # a read (`Node.get`): an untainted node
+            state.update({"apiVersion": "v1", "kind": "Node", "metadata": {"name": args.resource_id}, "spec": {}})
         arn = _mock_arn(args.typ, args.name, args.inputs)
         if arn:
             state.setdefault("arn", arn)

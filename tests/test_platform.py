@@ -985,3 +985,39 @@ def test_a_bad_platform_spec_is_refused_naming_its_file_and_field(tmp_path, caps
     assert str(path) in err and "Traceback" not in err, err
     assert "- monitoring_namespace:" in err and "cluster.discovery_tag:" in err and "Fix:" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["platform-bad.yaml"]
+
+
+def test_static_mode_keeps_the_taints_another_manager_put_on_a_node_and_forces_the_list():
+    """Node.spec.taints is an atomic list (k8s.io/api v0.34.4 core/v1/types.go, `+listType=atomic`):
+    server-side apply owns it whole, so a NodePatch carrying only the role's taints was refused on
+    a node another manager had tainted (a conflict on .spec.taints), and forcing it alone would
+    drop that manager's taints. The patch is forced (pulumi-kubernetes provider
+    pkg/metadata/annotations.go, `pulumi.com/patchForce`) and carries the live node's other
+    taints: a foreign taint is kept, a pdstack role taint of an earlier role is not, and a taint
+    with the key and effect of one of ours (a taint's identity) becomes ours."""
+    from infra.recording import RecordingMocks
+
+    foreign = {"key": "example.com/maintenance", "value": "disk", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}
+    live = {"gpu-decode-0": [foreign, {"key": "pdstack.io/role", "value": "prefill", "effect": "NoSchedule"},
+                             {"key": "nvidia.com/gpu", "value": "other", "effect": "NoSchedule"}]}
+    answer = RecordingMocks.new_resource
+
+    def node_read(self, args):
+        resource_id, state = answer(self, args)
+        if args.resource_id and args.typ == "kubernetes:core/v1:Node":
+            state["spec"] = {"taints": live.get(args.resource_id, [])}
+        return resource_id, state
+
+    spec = load_platform_spec("stacks/platform-dev.yaml")
+    spec = spec.model_copy(update={"nodes": spec.nodes.model_copy(update={"mode": "static"})})
+    hosts = [HostEntry(name=f"gpu-{r}-{i}", address="127.0.0.1", role=r) for r in ("prefill", "decode") for i in range(2)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RecordingMocks, "new_resource", node_read)
+        objects = platform_objects(spec, [Hosted(load_spec("stacks/dev.yaml"), "dev",
+                                                 Inventory(key_file="k", known_hosts="h", hosts=hosts))])
+    nodes = [o for o in objects if o["kind"] == "Node"]
+    patched = {o["metadata"]["name"]: o for o in nodes}
+    assert len(nodes) == len(patched) == 4  # the reads are not objects of the stack
+    assert all(o["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"} for o in nodes)
+    assert patched["gpu-decode-0"]["spec"]["taints"] == [foreign] + role_taints("decode")
+    assert patched["gpu-prefill-0"]["spec"]["taints"] == role_taints("prefill")
