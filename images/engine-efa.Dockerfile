@@ -26,7 +26,15 @@ FROM ${BASE}
 
 ARG TARGETARCH
 ARG EFA_INSTALLER_VERSION=1.43.1
-ARG NIXL_REF=0.7.1
+# NIXL: the version the pinned engines need, read from their wheels by tests/test_engine_image.py
+# (vLLM 0.33.0 refuses NIXL below 1.5.0, check_nixl_version("1.5.0") in its NIXL connector;
+# SGLang 0.5.23's connector imports nixl_thread_sync_t and passes sync_mode=, which NIXL 0.7.1
+# lacks, so every scheduler raised at start). The same version is installed twice over: the
+# PyPI meta package `nixl` (the import name both engines use) and its CUDA backend built here.
+ARG NIXL_VERSION=1.5.0
+# NIXL's LIBFABRIC plugin needs libfabric v1.21.0 or later (ai-dynamo/nixl
+# src/plugins/libfabric/README.md); step 4 holds the installer's libfabric to it.
+ARG NIXL_LIBFABRIC_MIN=1.21.0
 ARG MOONCAKE_REF=v0.3.7
 # 1 on x86_64 only: Mooncake's transfer engine has an efa transport only when built with
 # -DUSE_EFA=ON, and its EFA builds are made for x86_64 (kvcache-ai/Mooncake, EFA transport guide).
@@ -49,12 +57,15 @@ ENV PATH=/opt/amazon/efa/bin:${PATH} \
 #    installer's libfabric, beside UCX. This is the P->D path on arm64 (prod, GB200) for both
 #    engines: SGLang selects it with SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC, vLLM with the
 #    NixlConnector's "backends": ["LIBFABRIC"] (pdstack renders both).
+#    Both meson runs (the C++ install, and the one pip's meson-python makes for the Python
+#    backend) are given AWS's libfabric: without it meson finds the distribution's by pkg-config.
 RUN set -eux; \
-    git clone --depth 1 --branch "${NIXL_REF}" https://github.com/ai-dynamo/nixl /tmp/nixl; \
+    libfabric="-Dlibfabric_path=/opt/amazon/efa"; \
+    git clone --depth 1 --branch "${NIXL_VERSION}" https://github.com/ai-dynamo/nixl /tmp/nixl; \
     cd /tmp/nixl; \
-    meson setup build --prefix=/usr/local/nixl --libdir=lib -Dlibfabric_path=/opt/amazon/efa; \
+    meson setup build --prefix=/usr/local/nixl --libdir=lib "${libfabric}"; \
     ninja -C build install; \
-    pip install --no-cache-dir --no-deps --force-reinstall .; \
+    pip install --no-cache-dir --no-deps --force-reinstall -Csetup-args="${libfabric}" . "nixl==${NIXL_VERSION}"; \
     rm -rf /tmp/nixl
 # (step 4 fails the build if NIXL does not find its LIBFABRIC plugin here)
 ENV NIXL_PLUGIN_DIR=/usr/local/nixl/lib/plugins
@@ -75,10 +86,36 @@ RUN set -eux; \
     fi
 
 # 4. What the spec will claim, checked where it can be without an EFA device: the libraries are
-#    there and NIXL lists its LIBFABRIC plugin. (Whether they reach the NICs is the preflight's
-#    and the first rollout's to show: `fi_info -p efa` on a node.)
+#    there, the installer's libfabric is one NIXL's plugin accepts, NIXL's agent is made with the
+#    config SGLang 0.5.23 makes (sync_mode, num_threads), the LIBFABRIC plugin that agent loads
+#    links AWS's libfabric (ldd) and its backend is created. A backend that fails with
+#    NIXL_ERR_NOT_FOUND ("unsupported backend") is a plugin that did not load (a library it links
+#    is missing): that fails the build; any other error is the absent EFA device, which only a node
+#    has. (Whether they reach the NICs is the preflight's and the first rollout's to show:
+#    `fi_info -p efa` on a node.)
 RUN set -eux; \
     test -e /opt/amazon/efa/lib/libfabric.so; \
     ls /opt/amazon/ofi-nccl/lib/libnccl-net*.so; \
-    python3 -c "from nixl._api import nixl_agent; a = nixl_agent('check'); assert 'LIBFABRIC' in a.get_plugin_list(), a.get_plugin_list()"; \
+    have="$(fi_info --version | sed -n 's/^libfabric: *//p')"; \
+    test "$(printf '%s\n' "${NIXL_LIBFABRIC_MIN}" "${have%%[!0-9.]*}" | sort -V | head -n1)" = "${NIXL_LIBFABRIC_MIN}"; \
+    plugin="${NIXL_PLUGIN_DIR}/libplugin_LIBFABRIC.so"; \
+    ldd "${plugin}"; \
+    ! ldd "${plugin}" | grep -q 'not found'; \
+    ldd "${plugin}" | grep -q 'libfabric\.so.* => /opt/amazon/efa/lib'; \
     if [ "${MOONCAKE_EFA}" = "1" ]; then python3 -c "import mooncake.engine"; fi
+RUN python3 - <<'PY'
+import importlib.metadata, os
+from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+from nixl._bindings import nixlNotFoundError
+
+assert importlib.metadata.version("nixl") == os.environ["NIXL_VERSION"], importlib.metadata.version("nixl")
+config = nixl_agent_config(backends=[], num_threads=8, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+agent = nixl_agent("check", config)
+assert "LIBFABRIC" in agent.get_plugin_list(), agent.get_plugin_list()
+try:
+    agent.create_backend("LIBFABRIC", {})
+except nixlNotFoundError:
+    raise
+except Exception as exc:
+    print("LIBFABRIC backend not created without an EFA device:", exc)
+PY

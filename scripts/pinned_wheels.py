@@ -8,8 +8,9 @@ and pip's caches are, so a fresh clone (CI's) reuses it, and read from there aft
 manylinux x86_64): the one whose sha256 the generated files record, so a different wheel shows
 as a difference, never silently.
 
-    from pinned_wheels import pinned_wheel   # in scripts/ (a script's own folder is on sys.path)
+    from pinned_wheels import pinned_wheel, wheel_metadata   # in scripts/ (a script's own folder is on sys.path)
     wheel = pinned_wheel("vllm", "0.33.0")   # <CACHE>/wheels/vllm-0.33.0-cp38-abi3-....whl
+    wheel_metadata(wheel).get_all("Requires-Dist")  # its core metadata
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +52,12 @@ def pinned_wheel(dist: str, version: str, folder: Path = WHEELS) -> Path:
                              f"PyPI is reachable, or put the wheel in {folder}")
         os.replace(got[0], folder / got[0].name)
         return folder / got[0].name
+
+
+def wheel_metadata(wheel: Path):
+    """The wheel's METADATA (core metadata: Name, Version, Requires-Dist...) as an email.Message."""
+    from email.parser import HeaderParser
+
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return HeaderParser().parsestr(z.read(name).decode())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import subprocess
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -17,6 +19,17 @@ from infra.spec import SpecError, StackSpec, stack_spec_path
 from infra.spec_checks import load_spec, parse_spec
 from tests.servers import require_binary, sshd
 from tests.ssh_hosts import write_stubs
+
+
+def script_modules(*names: str) -> tuple:
+    """Modules of scripts/ by name: it is no package and its scripts import their neighbours, so it is on
+    sys.path while they load."""
+    folder = str(Path(__file__).resolve().parent.parent / "scripts")
+    sys.path.insert(0, folder)
+    try:
+        return tuple(importlib.import_module(name) for name in names)
+    finally:
+        sys.path.remove(folder)
 
 
 @functools.cache

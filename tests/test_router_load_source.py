@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import tarfile
 import warnings
 import zipfile
@@ -27,22 +26,16 @@ import pytest
 
 from infra.render.metrics import catalogue
 from infra.render.router_config import ENGINE_LOAD_ROUTES, POLICY_POLLS, router_launch
-from infra.spec import REPO_ROOT, SpecError
+from infra.spec import SpecError
 from infra.spec_checks import parse_spec
-from tests.conftest import stack_data
+from tests.conftest import script_modules, stack_data
 
 ROUTER_VERSION = "0.3.2"
 ROUTER_SDIST_SHA256 = "bdbea1d54cce879fb83d2885d01ee3c006f242d0adbbac806f2fb2b91a5fe73d"  # PyPI's simple index
 
 
 def _scripts():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        import pinned_sdist
-        import pinned_wheels
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
-    return pinned_wheels, pinned_sdist
+    return script_modules("pinned_wheels", "pinned_sdist")
 
 
 def sglang_wheel() -> Path:
