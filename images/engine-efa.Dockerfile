@@ -86,8 +86,8 @@ RUN set -eux; \
     fi
 
 # 4. What the spec will claim, checked where it can be without an EFA device: the libraries are
-#    there, the installer's libfabric is one NIXL's plugin accepts, NIXL's agent is made with the
-#    config SGLang 0.5.23 makes (sync_mode, num_threads), the LIBFABRIC plugin that agent loads
+#    there, the installer's libfabric is one NIXL's plugin accepts, the engines' NIXL agent configs
+#    are made and an agent with SGLang 0.5.23's (sync_mode, num_threads), the LIBFABRIC plugin that agent loads
 #    links AWS's libfabric (ldd) and its backend is created. A backend that fails with
 #    NIXL_ERR_NOT_FOUND ("unsupported backend") is a plugin that did not load (a library it links
 #    is missing): that fails the build; any other error is the absent EFA device, which only a node
@@ -100,7 +100,6 @@ RUN set -eux; \
     test "$(printf '%s\n' "${NIXL_LIBFABRIC_MIN}" "${have%%[!0-9.]*}" | sort -V | head -n1)" = "${NIXL_LIBFABRIC_MIN}"; \
     plugin="${NIXL_PLUGIN_DIR}/libplugin_LIBFABRIC.so"; \
     ldd "${plugin}"; \
-    ! ldd "${plugin}" | grep -q 'not found'; \
     ldd "${plugin}" | grep -q 'libfabric\.so.* => /opt/amazon/efa/lib'; \
     if [ "${MOONCAKE_EFA}" = "1" ]; then python3 -c "import mooncake.engine"; fi
 RUN python3 - <<'PY'
@@ -109,7 +108,8 @@ from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 from nixl._bindings import nixlNotFoundError
 
 assert importlib.metadata.version("nixl") == os.environ["NIXL_VERSION"], importlib.metadata.version("nixl")
-config = nixl_agent_config(backends=[], num_threads=8, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+nixl_agent_config(backends=[], capture_telemetry=True)  # vLLM 0.33.0's (kv_connector/v1/nixl/base_worker.py)
+config = nixl_agent_config(backends=[], num_threads=8, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)  # SGLang 0.5.23's
 agent = nixl_agent("check", config)
 assert "LIBFABRIC" in agent.get_plugin_list(), agent.get_plugin_list()
 try:
