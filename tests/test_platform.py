@@ -561,7 +561,8 @@ def assert_pods_land_on(pod: dict, labels: dict, taints: list[dict], what: str) 
 def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_land_on(monkeypatch):
     """nodes.mode node-groups (what EKS recommends for GB200): one EKS managed node group per
     environment and role, with the role label and taints a NodePool's nodes carry, EFA through
-    its launch template and a cluster placement group, decode from Capacity Blocks, sized for
+    its launch template and a cluster placement group (prefill; decode's Capacity Blocks are
+    placed by AWS), decode from Capacity Blocks, sized for
     the pool's maximum plus the rollout surge in whole NVLink domains. The serving stack then
     makes no NodePool, and its engine pods tolerate the groups' taints and select their labels."""
     import base64
@@ -600,14 +601,14 @@ def test_node_groups_mode_makes_one_managed_group_a_pool_whose_nodes_its_pods_la
     for name, template in templates.items():
         efa = [n for n in template["networkInterfaces"] if n["interfaceType"] in ("efa", "efa-only")]
         assert len(efa) == 4, (name, template["networkInterfaces"])  # the node class's efa_interfaces
-        assert template["placement"]["groupName"]
+        assert ("placement" in template) == (name == "prod-prefill")  # a Capacity Block is placed by AWS
         # the cluster's security group beside EFA's on every interface: listed groups replace the default
         assert all(len(n["securityGroups"]) == 2 for n in template["networkInterfaces"]), name
         assert "strategy: RAID0" in base64.b64decode(template["userData"]).decode()  # the weight cache's array
     # Grace is arm64: the accelerated AL2023 AMI for it, a value the pinned botocore's EKS model lists
     ami_types = botocore.session.get_session().get_service_model("eks").shape_for("AMITypes").enum
     assert {g["amiType"] for g in groups.values()} == {"AL2023_ARM_64_NVIDIA"} and "AL2023_ARM_64_NVIDIA" in ami_types
-    assert len(platform.of_type("aws:ec2/placementGroup:PlacementGroup")) == 2
+    assert len(platform.of_type("aws:ec2/placementGroup:PlacementGroup")) == 1
 
     import infra.platform_stack.spec as platform_spec_module
 
@@ -1021,3 +1022,54 @@ def test_static_mode_keeps_the_taints_another_manager_put_on_a_node_and_forces_t
     assert all(o["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"} for o in nodes)
     assert patched["gpu-decode-0"]["spec"]["taints"] == [foreign] + role_taints("decode")
     assert patched["gpu-prefill-0"]["spec"]["taints"] == role_taints("prefill")
+
+
+def test_each_capacity_block_group_is_made_in_its_blocks_zone_without_a_placement_group_of_ours():
+    """A Capacity Block is a reservation of one Availability Zone, placed by AWS (botocore 1.44.18,
+    ec2 2016-11-15 service-2.json, CapacityReservation: AvailabilityZone "in which the capacity is
+    reserved", PlacementGroupArn "the cluster placement group in which the Capacity Reservation
+    was created"). Each block's group was given every listed subnet and the role's one placement
+    group of ours; now only its block's zone's subnets, and no placement group (a group not on
+    blocks keeps both)."""
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "prefill", "environment": "prod", "node_class": "gb200"},
+        {"role": "decode", "environment": "prod", "node_class": "gb200", "capacity_block": True}]}
+    spec = PlatformSpec.model_validate(data)
+    reservations = spec.cloud.node_classes[0].capacity_reservations
+    platform = run_spec(spec)
+    groups = {r.name: r.inputs for r in platform.of_type("aws:eks/nodeGroup:NodeGroup")}
+    templates = {r.name: r.inputs for r in platform.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    zone_of = spec.cloud.cluster.subnet_zones
+    assert len(set(reservations.zones[b] for b in reservations.by_role["decode"])) == 2  # the blocks span zones
+    for i, block in enumerate(reservations.by_role["decode"]):
+        subnets = groups[f"prod-decode-{i}"]["subnetIds"]
+        assert subnets and {zone_of[s] for s in subnets} == {reservations.zones[block]}, (block, subnets)
+        assert "placement" not in templates[f"prod-decode-{i}"]
+    assert groups["prod-prefill"]["subnetIds"] == spec.cloud.cluster.private_subnet_ids
+    assert "groupName" in templates["prod-prefill"]["placement"]
+    assert [r.name for r in platform.of_type("aws:ec2/placementGroup:PlacementGroup")] == ["prod-prefill"]
+
+
+def test_a_capacity_block_without_a_zone_or_a_subnet_in_its_zone_is_refused():
+    """Each block's group is made in its zone's subnets: a block with no zone, or in a zone no
+    listed subnet is in, is named with the fix (EKS would refuse the group at `pulumi up`)."""
+    from pydantic import ValidationError
+
+    data = yaml.safe_load(open("stacks/platform-prod.yaml"))
+    data["nodes"] = {"mode": "node-groups", "node_groups": [
+        {"role": "decode", "environment": "prod", "node_class": "gb200", "capacity_block": True},
+        {"role": "prefill", "environment": "prod", "node_class": "gb200"}]}
+    reservations = data["cloud"]["node_classes"][0]["capacity_reservations"]
+    del reservations["zones"]["cr-0a1b2c3d4e5f60702"]
+    reservations["zones"]["cr-0a1b2c3d4e5f60703"] = "us-east-1c"
+    spec = PlatformSpec.model_validate(data)
+    problems = platform_problems(spec, hosted_environments(spec))
+    assert len(problems) == 2, problems
+    assert "Capacity Block cr-0a1b2c3d4e5f60702 has no zone in node class gb200's capacity_reservations.zones" \
+        in problems[0] and "Fix:" in problems[0]
+    assert "Capacity Block cr-0a1b2c3d4e5f60703 is in us-east-1c, and no subnet of cloud.cluster.private_subnet_ids" \
+        in problems[1] and "Fix:" in problems[1]
+    reservations["zones"]["cr-0a1b2c3d4e5f60703"] = "us-east-1"  # a region, not a zone
+    with pytest.raises(ValidationError, match="is not an Availability Zone name"):
+        PlatformSpec.model_validate(data)

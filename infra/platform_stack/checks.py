@@ -112,7 +112,17 @@ def capacity_block_problems(platform: PlatformSpec, s: StackSpec) -> list[str]:
             problems.append(f"nodes.node_groups[{g.environment} {g.role}]: capacity_block, but node class {g.node_class} "
                             f"lists no capacity reservation for {g.role}. Fix: list the blocks' ids (cr-...) in its "
                             f"capacity_reservations.by_role.{g.role}")
-        elif need % len(blocks) or rack and (need // len(blocks)) % rack:
+        cluster, zones = platform.cloud.cluster, families[g.node_class].capacity_reservations.zones
+        for block in blocks:
+            if block not in zones:
+                problems.append(f"nodes.node_groups[{g.environment} {g.role}]: Capacity Block {block} has no zone in "
+                                f"node class {g.node_class}'s capacity_reservations.zones (its group is made in that "
+                                "zone's subnets). Fix: add its AvailabilityZone (aws ec2 describe-capacity-reservations)")
+            elif not cluster.subnets_in(zones[block]):
+                problems.append(f"nodes.node_groups[{g.environment} {g.role}]: Capacity Block {block} is in "
+                                f"{zones[block]}, and no subnet of cloud.cluster.private_subnet_ids is there "
+                                f"(cluster.subnet_zones). Fix: list a private subnet of {zones[block]} and its zone")
+        if blocks and (need % len(blocks) or rack and (need // len(blocks)) % rack):
             whole = f" in whole NVLink domains of {rack} nodes" if rack else ""
             problems.append(f"nodes.node_groups[{g.environment} {g.role}]: {need} nodes do not split evenly{whole} over "
                             f"{len(blocks)} Capacity Blocks (one group each). Fix: list blocks that hold them so")

@@ -28,6 +28,9 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
 _AMI_ALIAS = re.compile(r"(al2023|bottlerocket)@(v\d{8}|v?\d+\.\d+\.\d+)")  # pinned: never @latest
 # EC2 resource ids: the type's prefix and 8 (older ids) to 17 hexadecimal digits (EC2 user guide, "Resource IDs").
 _RESERVATION, _VPC, _SUBNET = (re.compile(rf"{prefix}-[0-9a-f]{{8,17}}") for prefix in ("cr", "vpc", "subnet"))
+# An Availability Zone's name: its region's and a letter (EC2 user guide, "Regions and Zones"), as
+# DescribeCapacityReservations' AvailabilityZone and DescribeSubnets' AvailabilityZone give it.
+_ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d[a-z]")
 _GITHUB_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 _ACCOUNT = re.compile(r"\d{12}")
 
@@ -52,6 +55,19 @@ def _check(pattern, fix: str):
 def _each(check):
     """A field validator for a list: `check` (a `_check`) on each item."""
     return classmethod(lambda cls, v: [check.__func__(cls, item) for item in v])
+
+
+def _zone_map(key, fix: str):
+    """A field validator for a map of an EC2 resource id (matching `key`, else `fix`) to its
+    Availability Zone's name."""
+    def check(cls, v: dict[str, str]) -> dict[str, str]:
+        for item, zone in v.items():
+            if not key.fullmatch(item):
+                raise ValueError(f"{item[:80]!r} {fix}")
+            if not _ZONE.fullmatch(zone):
+                raise ValueError(f"{item}: {zone[:80]!r} is not an Availability Zone name. Fix: e.g. us-east-1a")
+        return v
+    return classmethod(check)
 
 
 _INSTANCE_TYPE = _check(is_label_value, "is not an instance type (a node label value). Fix: e.g. p5.48xlarge")
@@ -91,6 +107,16 @@ class ClusterSpec(Strict):
     _vpc = field_validator("vpc_id")(_check(_VPC, "is not a VPC id. Fix: vpc-<8 or 17 hex digits>"))
     _subnets = field_validator("private_subnet_ids")(_each(_check(_SUBNET, "is not a subnet id. Fix: subnet-<8 or 17 "
                                                                            "hex digits>")))
+    subnet_zones: dict[str, str] = Field(
+        {}, description="private subnet id -> its Availability Zone (us-east-1a; DescribeSubnets' AvailabilityZone). "
+                        "node-groups mode: a Capacity Block's group is made in its block's zone's subnets only.")
+    _subnet_zones = field_validator("subnet_zones")(_zone_map(_SUBNET, "is not a subnet id. Fix: subnet-<8 or 17 "
+                                                                       "hex digits>"))
+
+    def subnets_in(self, zone: str) -> list[str]:
+        """The private subnets subnet_zones places in `zone`, in the listed order."""
+        return [s for s in self.private_subnet_ids if self.subnet_zones.get(s) == zone]
+
     endpoint_public_access: bool = Field(False, description="create: a public API endpoint (else private only).")
     discovery_tag: str | None = Field(None, description="Value of karpenter.sh/discovery on the subnets and "
                                                         "security groups node classes select; default the name.")
@@ -130,6 +156,10 @@ class CapacityReservations(Strict):
 
     by_role: dict[Literal["prefill", "decode", "colocated"], list[str]] = Field(
         {}, description="role -> capacity reservation ids (cr-...) its node class selects.")
+    zones: dict[str, str] = Field(
+        {}, description="reservation id -> its Availability Zone (DescribeCapacityReservations' AvailabilityZone): "
+                        "a reservation, a Capacity Block too, holds instances of one zone. node-groups mode needs "
+                        "each Capacity Block's.")
 
     @field_validator("by_role")
     @classmethod
@@ -139,6 +169,7 @@ class CapacityReservations(Strict):
                 if not _RESERVATION.fullmatch(i):
                     raise ValueError(f"{role}: {i!r} is not a capacity reservation id. Fix: cr-<hex>")
         return v
+    _zones = field_validator("zones")(_zone_map(_RESERVATION, "is not a capacity reservation id. Fix: cr-<hex>"))
 
 
 class NodeClassSpec(Strict):
@@ -191,7 +222,9 @@ class NodeGroupSpec(Strict):
     role: Literal["prefill", "decode", "colocated"]
     environment: str
     node_class: str = Field(description="A node_classes name: its AMI, instance types, EFA and reservations.")
-    placement_group: bool = Field(True, description="A cluster placement group (EFA wants one).")
+    placement_group: bool = Field(True, description="A cluster placement group (EFA wants one). Not for a "
+                                                    "capacity_block group: AWS places a block's instances itself "
+                                                    "(its reservation's PlacementGroupArn).")
     capacity_block: bool = Field(False, description="The group's instances come from EC2 Capacity Blocks for ML.")
 
 

@@ -580,16 +580,21 @@ class AwsCloud(pulumi.ComponentResource):
             family = families[group.node_class]
             nodes = nodes_needed(by_env[group.environment], group.role)
             name = f"{group.environment}-{group.role}"
-            placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=pulumi.ResourceOptions(parent=self))
-                         if group.placement_group else None)
             if not group.capacity_block:
-                self.node_group(name, group, family, nodes, placement, None)
+                placement = (aws.ec2.PlacementGroup(name, strategy="cluster", opts=pulumi.ResourceOptions(parent=self))
+                             if group.placement_group else None)
+                self.node_group(name, group, family, nodes, placement, None, c.cluster.private_subnet_ids)
                 continue
-            blocks = family.capacity_reservations.by_role[group.role]
+            # A block is a reservation of one Availability Zone, placed by AWS (EC2 API, botocore
+            # 1.44.18 ec2 2016-11-15 CapacityReservation: AvailabilityZone, PlacementGroupArn):
+            # its group gets that zone's subnets and no placement group of ours.
+            blocks, zones = family.capacity_reservations.by_role[group.role], family.capacity_reservations.zones
             for i, block in enumerate(blocks):
-                self.node_group(f"{name}-{i}", group, family, nodes // len(blocks), placement, block)
+                self.node_group(f"{name}-{i}", group, family, nodes // len(blocks), None, block,
+                                c.cluster.subnets_in(zones[block]))
 
-    def node_group(self, name: str, group, family: NodeClassSpec, nodes: int, placement, block: str | None) -> None:
+    def node_group(self, name: str, group, family: NodeClassSpec, nodes: int, placement, block: str | None,
+                   subnets: list[str]) -> None:
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
         # Interfaces a launch template lists get only the security groups listed here: the
         # cluster's (control plane <-> nodes) as well as EFA's, or the nodes never join.
@@ -609,7 +614,7 @@ class AwsCloud(pulumi.ComponentResource):
         aws.eks.NodeGroup(
             name, cluster_name=c.cluster.name, node_role_arn=self.node_role.arn,
             ami_type=accelerated_ami_type(family.instance_types),
-            subnet_ids=c.cluster.private_subnet_ids, instance_types=list(family.instance_types),
+            subnet_ids=subnets, instance_types=list(family.instance_types),
             capacity_type="CAPACITY_BLOCK" if block else "ON_DEMAND",
             scaling_config={"min_size": nodes, "max_size": nodes, "desired_size": nodes},
             labels={naming.ROLE_LABEL: group.role, "pdstack.io/environment": group.environment},
