@@ -67,6 +67,82 @@ def test_merges_deploy_dev_then_prod_behind_its_environment():
     assert pulumi["with"]["command"] == "up" and pulumi["with"]["policyPacks"] == "policy"
 
 
+def deployed_environments() -> list[tuple[dict, dict, object]]:
+    """deploy.yml's jobs, each with its call's inputs and the platform spec of the stack it deploys
+    (the serving spec's `platform.spec`)."""
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.spec_checks import load_spec
+
+    jobs = load("deploy.yml")["jobs"]
+    assert set(jobs) == {"dev", "prod"}
+    return [(job, job["with"], load_platform_spec(REPO_ROOT / load_spec(STACKS_DIR / f"{job['with']['stack']}.yaml")
+                                                  .platform.spec)) for job in jobs.values()]
+
+
+def test_each_deploy_job_assumes_the_ci_role_its_platform_trusts_for_that_environment():
+    """The CI role's trust admits GitHub's OIDC token whose sub is `repo:<repo>:environment:<env>`
+    for the platform spec's cloud.ci.environments (infra/platform_stack/cloud/aws.py ci_identities):
+    the job must request that token (`permissions: id-token: write`, on the caller too: a called
+    workflow gets no more than its caller grants, GitHub docs "Reusing workflows"), run in that
+    environment, and exchange it for exactly that role in the platform's region (GitHub docs
+    "Configuring OpenID Connect in Amazon Web Services": audience sts.amazonaws.com, STS
+    AssumeRoleWithWebIdentity). No stored AWS key: the only secrets are Pulumi's and the kubeconfig."""
+    from infra.platform_stack.cloud.aws import ci_role_name
+
+    up = load("pulumi-up.yml")
+    job = up["jobs"]["up"]
+    assert job["environment"] == "${{ inputs.stack }}"
+    assert job["permissions"] == {"contents": "read", "id-token": "write"}
+    assert set(up["on"]["workflow_call"]["secrets"]) == {"PULUMI_ACCESS_TOKEN", "KUBECONFIG"}
+    names = [s.get("name") for s in job["steps"]]
+    assume = job["steps"][names.index("AWS credentials of the platform's CI role")]
+    assert names.index(assume["name"]) < names.index("pulumi up with the policy pack")
+    assert assume["env"]["AWS_REGION"] == "${{ inputs.region }}" and assume["env"]["CI_ROLE"] == "${{ inputs.ci-role }}"
+    assert "audience=sts.amazonaws.com" in assume["run"]
+    assert 'aws sts assume-role-with-web-identity' in assume["run"]
+    assert '--role-arn "arn:aws:iam::$AWS_ACCOUNT_ID:role/$CI_ROLE"' in assume["run"]
+    assert '--web-identity-token "file://' in assume["run"]  # the token never in argv
+    assert "AWS_REGION=$AWS_REGION" in assume["run"]
+    for caller, inputs, platform in deployed_environments():
+        assert caller["permissions"] == {"contents": "read", "id-token": "write"}, inputs["stack"]
+        assert inputs["stack"] in platform.cloud.ci.environments, inputs["stack"]
+        assert inputs["ci-role"] == ci_role_name(platform.cloud.cluster.name)
+        assert inputs["region"] == platform.cloud.region
+
+
+def test_each_deploy_job_runs_where_its_cluster_api_endpoint_is_reached():
+    """A GitHub-hosted runner reaches only a public API endpoint: the job of an environment whose
+    platform makes a private-only one (EKS endpoint_public_access false, pulumi-eks) runs on the
+    self-hosted runner its platform spec names (cloud.ci.runs_on), inside the VPC."""
+    import json
+
+    assert load("pulumi-up.yml")["jobs"]["up"]["runs-on"] == "${{ fromJSON(inputs.runs-on) }}"
+    runners = {}
+    for _, inputs, platform in deployed_environments():
+        runners[inputs["stack"]] = json.loads(inputs["runs-on"])
+        assert runners[inputs["stack"]] == platform.cloud.ci.runs_on
+        cluster = platform.cloud.cluster
+        if cluster.mode == "create" and not cluster.endpoint_public_access:
+            assert "self-hosted" in runners[inputs["stack"]], inputs["stack"]
+    assert runners == {"dev": ["ubuntu-24.04"], "prod": ["self-hosted", "pdstack-prod"]}
+
+
+def test_a_private_cluster_whose_ci_runs_on_a_github_hosted_runner_is_refused(tmp_path, capsys):
+    """platform-prod without cloud.ci.runs_on (so GitHub-hosted) and its private-only endpoint:
+    preview refuses it naming the field and the fix, no traceback."""
+    from infra.cli import main
+
+    data = yaml.safe_load((STACKS_DIR / "platform-prod.yaml").read_text())
+    del data["cloud"]["ci"]["runs_on"]
+    path = tmp_path / "platform-prod.yaml"
+    path.write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["preview", "--offline", "--spec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cloud.ci.runs_on: ['ubuntu-24.04'] is a GitHub-hosted runner" in err and "Traceback" not in err, err
+    assert "Fix: name a self-hosted runner inside the VPC" in err
+
+
 def test_every_pull_request_gets_the_fleet_diff_without_credentials_and_one_updated_comment():
     wf = load("pull-request.yml")
     job = wf["jobs"]["fleet-diff"]

@@ -26,6 +26,13 @@ def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
     """`hosted`: infra/platform_stack/program.py Hosted (spec, stack, inventory) of each environment."""
     problems = []
     families = {f.name for f in platform.cloud.node_classes} if platform.cloud.provider == "aws" else set()
+    cloud = platform.cloud
+    if cloud.provider == "aws" and cloud.ci and cloud.cluster.mode == "create" \
+            and not cloud.cluster.endpoint_public_access and "self-hosted" not in cloud.ci.runs_on:
+        problems.append(f"cloud.ci.runs_on: {cloud.ci.runs_on} is a GitHub-hosted runner, and the cluster's API "
+                        "endpoint is private only (cluster.endpoint_public_access: false): CI's `pulumi up` could not "
+                        "reach it. Fix: name a self-hosted runner inside the VPC, e.g. [self-hosted, pdstack-prod] "
+                        "(.github/workflows/deploy.yml passes the same labels), or make the endpoint public")
     if platform.nodes.mode == "node-groups":
         if platform.cloud.provider != "aws":
             problems.append("nodes.mode: node-groups are EKS managed node groups (cloud.provider: aws). Fix: karpenter "

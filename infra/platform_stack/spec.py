@@ -148,6 +148,11 @@ class CISpec(Strict):
         description="The account's IAM OIDC provider for GitHub's tokens (IAM holds one per URL in an account): "
                     "create (this stack makes it, and keeps it at `pulumi destroy`) or existing (another stack or "
                     "you made it). One platform spec per account creates it.")
+    runs_on: list[str] = Field(
+        ["ubuntu-24.04"], min_length=1,
+        description="The runner labels of the CI job that deploys these environments (.github/workflows/deploy.yml "
+                    "passes them to its job): a GitHub-hosted runner reaches only a public API endpoint; a private-only "
+                    "one needs a self-hosted runner inside the VPC, e.g. [self-hosted, pdstack-prod].")
 
 
 class CapacityReservations(Strict):

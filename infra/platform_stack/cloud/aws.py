@@ -27,6 +27,11 @@ KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
 GITHUB_OIDC = "token.actions.githubusercontent.com"
 
 
+def ci_role_name(cluster: str) -> str:
+    """The CI role's name: what .github/workflows/deploy.yml assumes for each environment."""
+    return f"{cluster}-ci"
+
+
 def namespace_conditions(hosted: list[StackSpec], key: str, value: str = "{}", excluded: str = "{}") -> list[dict]:
     """One IAM condition block per hosted environment: `key` (its value `value` with the namespace
     in place of {}) names the environment's namespace or one of its release tracks'
@@ -447,7 +452,7 @@ class AwsCloud(pulumi.ComponentResource):
         else:
             provider_arn = aws.iam.get_open_id_connect_provider_output(url=f"https://{GITHUB_OIDC}").arn
         subjects = [f"repo:{c.ci.github_repository}:environment:{e}" for e in c.ci.environments]
-        ci = aws.iam.Role("ci", name=f"{c.cluster.name}-ci", assume_role_policy=provider_arn.apply(lambda arn: policy({
+        ci = aws.iam.Role("ci", name=ci_role_name(c.cluster.name), assume_role_policy=provider_arn.apply(lambda arn: policy({
             "Effect": "Allow", "Principal": {"Federated": arn}, "Action": "sts:AssumeRoleWithWebIdentity",
             "Condition": {"StringEquals": {f"{GITHUB_OIDC}:aud": "sts.amazonaws.com", f"{GITHUB_OIDC}:sub": subjects}}})),
             opts=child)
