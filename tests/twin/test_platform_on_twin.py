@@ -26,6 +26,7 @@ import json
 
 import pytest
 
+from infra.components.nodepools import role_taints
 from infra.platform_stack.catalog import controller
 from infra import naming
 from infra.platform_stack.program import Hosted, build_platform
@@ -122,9 +123,17 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
     namespaces = sorted({controller(n).namespace for n in ("cert-manager", "envoy-gateway", "gpu-operator",
                                                            "prometheus-operator")} | {spec.monitoring_namespace})
     try:
+        # One GPU node comes with a taint another manager put on it: Node.spec.taints is atomic,
+        # so the platform's patch takes the list over (forced) and must carry that taint
+        # (PreferNoSchedule: the GPU DaemonSets below need not tolerate it).
+        foreign = {"key": "example.com/maintenance", "value": "disk", "effect": "PreferNoSchedule"}
+        foreign_node = next(n for n in bare if n["metadata"]["name"] == hosts[0].name)
+        foreign_node["spec"]["taints"] = [foreign]
         assert hosts and fleet.apply_each_pass(bare).rejected == {}
         result = stack.up(on_output=log.append, color="never")
         assert result.summary.result == "succeeded", "\n".join(log[-40:])
+        taints = next(n for n in fleet.get("nodes") if n["metadata"]["name"] == hosts[0].name)["spec"]["taints"]
+        assert taints == [foreign] + role_taints(hosts[0].role), taints
         resources = stack.export_stack().deployment["resources"]
         objects = [r for r in resources if r["type"].startswith("kubernetes:")
                    and not r["type"].startswith(("kubernetes:helm.sh", "pulumi:providers"))]
@@ -202,7 +211,9 @@ def test_the_platform_stack_installs_for_real_and_its_gpu_daemonsets_land_on_the
         assert not fleet.get("deployment", "-n", controller("cert-manager").namespace)
         kept = [n["metadata"]["name"] for n in fleet.get("nodes", "-l", f"{TWIN_LABEL}={env}")
                 if naming.ROLE_LABEL in n["metadata"]["labels"] or n["spec"].get("taints")]
-        assert kept == [], f"destroy left a role label or taint on {kept}"  # the nodes, the operator's, stay
+        # the nodes, the operator's, stay; the forced taint list goes whole with the patch (the
+        # provider relinquishes it: pulumi-kubernetes provider pkg/ssa Relinquish), the foreign taint too
+        assert kept == [], f"destroy left a role label or taint on {kept}"
     finally:
         if not destroyed:
             try:
