@@ -1,4 +1,4 @@
-"""Reading a spec whole: its own rules (infra/spec.py, the data) and the rules that need the
+"""Reading a spec whole: its own rules (infra/spec/, the data) and the rules that need the
 planner (infra/planning/), checked together so an operator sees every problem at once.
 
 This module sits above both, so that the spec stays data and never imports the planner, and

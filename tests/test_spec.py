@@ -162,9 +162,9 @@ def test_the_spec_is_data_and_imports_no_planner():
 
     from infra.spec import REPO_ROOT
 
-    tree = ast.parse((REPO_ROOT / "infra/spec.py").read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    trees = [ast.parse(path.read_text()) for path in sorted((REPO_ROOT / "infra/spec").glob("*.py"))]
+    imported = {n.module for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+        a.name for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m.startswith(("infra.planning", "infra.spec_checks"))}, imported
     data = stack_data("prod")
     data["hardware"]["max_gpus"] = 8  # the planner's rule: what the pools reserve against the quota

@@ -101,7 +101,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
         # Memory holds the engine processes, /dev/shm (memory-backed, so it counts), and the larger
         # of the weights being loaded and the host cache tier plus the store segments each rank
-        # lends (infra/spec.py, pod_memory_gib).
+        # lends (infra/spec/, pod_memory_gib).
         "resources": {
             "requests": {"cpu": "32", "memory": f"{memory['total']}Gi", **devices},
             "limits": {"memory": f"{memory['limit']}Gi", **devices},

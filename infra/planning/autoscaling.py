@@ -22,7 +22,7 @@ The P:D ratio bounds are signals too: the prefill scaler asks for at least
 ceil(min_ratio x decode GPUs / GPUs per prefill instance) instances, and the decode scaler
 for at least ceil(prefill GPUs / max_ratio / GPUs per decode instance). Since an HPA can
 only be pushed up by a signal, the lagging side is raised instead of the leading side
-being held back: neither phase starves the other. The spec check (infra/spec.py,
+being held back: neither phase starves the other. The spec check (infra/spec/,
 ratio_bounds_problems) makes sure both maximums leave room for that.
 
 A decode instance is a whole LeaderWorkerSet group, and the scalers target the

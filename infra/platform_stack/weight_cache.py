@@ -15,7 +15,7 @@ root EBS volume. So the cache path must be under the array, and the array holds 
 the preflight checks its free space on every host.
 
 This module is the facts, and imports nothing of pdstack's: the spec checks the fit against them
-(infra/spec.py weight_cache_problems), the cloud layer and the offline mocks read the table.
+(infra/spec/ weight_cache_problems), the cloud layer and the offline mocks read the table.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ One place decides, from `hardware.fabric` and `hardware.gpu_type`:
 - the transfer backends' transport: Mooncake's protocol (`efa` through libfabric where the
   image has Mooncake's EFA build, x86_64 only; `rdma` through verbs; `tcp` otherwise), NIXL's
   backend plugin (LIBFABRIC on EFA, UCX on InfiniBand/RoCE); what the image contains is
-  `images.engines.<kind>`, checked against the fabric in infra/spec.py (transfer_problems);
+  `images.engines.<kind>`, checked against the fabric in infra/spec/ (transfer_problems);
 - the environment the communication libraries read (libfabric, NCCL, NVSHMEM, UCX).
 
 Sources: Mooncake's protocols and SGLang's EFA allocator rule are in sglang 0.5.23
@@ -35,7 +35,7 @@ def mooncake_protocol(spec: StackSpec) -> str:
 
     On EFA without Mooncake's efa transport (any arm64 node, or an image built without it) only
     the store can use Mooncake, over TCP (a cache tier, off the latency path); the spec check
-    refuses Mooncake for the P->D hop there (infra/spec.py, transfer_problems).
+    refuses Mooncake for the P->D hop there (infra/spec/, transfer_problems).
     """
     fab = spec.hardware.fabric
     if fab is None:

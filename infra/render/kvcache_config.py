@@ -13,7 +13,7 @@
   (vllm/distributed/mooncake_store.py), which this layer renders into its ConfigMap, and
   registers under the address vLLM detects (get_ip).
   Every rank process that runs the prefix cache lends its own segment of host memory, so
-  the spec's capacity is split over those ranks (infra/spec.py, store_segment_gib_per_rank).
+  the spec's capacity is split over those ranks (infra/spec/, store_segment_gib_per_rank).
   SGLang 0.5.23 divides MOONCAKE_GLOBAL_SEGMENT_SIZE by the storage config's tp_size x pp_size
   (mooncake_store.py, rank_scale_factor), and that tp_size is the attention-TP size under DP
   attention (sglang/srt/managers/cache_controller.py, _generate_storage_config): the value

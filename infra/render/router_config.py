@@ -53,7 +53,7 @@ def router_policy_problems(spec: StackSpec) -> list[str]:
     (infra/spec_checks.py reads the spec with it, so `pdctl validate` says it too)."""
     lb, engine = spec.deployment.load_balancer, spec.engine
     if lb.implementation != "sglang_router" or engine.kind not in ENGINE_LOAD_ROUTES:
-        return []  # sglang_router routes SGLang only (infra/spec.py engine_capability_problems)
+        return []  # sglang_router routes SGLang only (infra/spec/ engine_capability_problems)
     served = ENGINE_LOAD_ROUTES[engine.kind]
     unserved = [p for p in SGLANG_POLICIES[lb.strategy] if p in POLICY_POLLS and POLICY_POLLS[p] not in served]
     if not unserved:
