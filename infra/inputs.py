@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 import typing
 from pathlib import Path
 
@@ -202,7 +203,10 @@ def _model_in(annotation):
 
 
 def _doc_of(model: type[BaseModel]) -> str:
-    return f"{model.__module__.replace('.', '/')}.py {model.__name__}"
+    """Where the model is written: its module's file (a package's is its __init__.py)."""
+    path = model.__module__.replace(".", "/")
+    package = hasattr(sys.modules.get(model.__module__), "__path__")
+    return f"{path}/__init__.py {model.__name__}" if package else f"{path}.py {model.__name__}"
 
 
 M = typing.TypeVar("M", bound=BaseModel)

@@ -22,7 +22,7 @@ def test_unknown_key_is_an_error_naming_the_path_with_a_did_you_mean():
     problems = problems_of(data)
     assert sorted(problems) == [
         "access.api_keys.0.nmae: unknown key. Fix: did you mean name?",
-        "deployment.decode.colour: unknown key. Fix: remove it or correct its spelling (see infra/spec.py StackSpec)",
+        "deployment.decode.colour: unknown key. Fix: remove it or correct its spelling (see infra/spec/__init__.py StackSpec)",
         "deployment.decode.expert_paralel: unknown key. Fix: did you mean expert_parallel?",
     ]
 
