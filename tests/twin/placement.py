@@ -4,6 +4,7 @@ tests/twin/test_tracks_on_twin.py)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 
 from infra import naming
@@ -115,3 +116,15 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
         if domain_label and domain_placement(spec, role) == "exclusive":
             taken = [next(iter(d)) for (_, r, _), d in domains_of_group.items() if r == role]
             assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
+
+
+def users_objects(spec) -> None:
+    """What the user makes before the first rollout (README, "Objects that stay the user's"): dev's
+    weights credentials Secret (`access: secret`) in the environment's namespace, which each
+    release track's Storage reads to copy into its own (the values are the twin's, no real key)."""
+    namespace = spec.environment.namespace
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
+                                                            "namespace": namespace},
+         "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}))

@@ -28,7 +28,7 @@ from infra.spec import REPO_ROOT
 from infra.tracks import track_namespace
 from tests.engine import dev_program, engine_project, program_stack
 from tests.servers import healthy_prometheus
-from tests.twin.placement import delete_namespaces
+from tests.twin.placement import delete_namespaces, users_objects
 from tests.twin.standins import controllers_status
 from twin.build import program
 from twin.cluster import kubectl
@@ -61,6 +61,7 @@ def test_a_rollout_killed_at_its_changes_on_the_twin_is_recovered_to_agreement(d
     env_ns = spec.environment.namespace
     namespaces = [env_ns, *[track_namespace(env_ns, r) for r in range(1, 8)]]
     delete_namespaces(namespaces)  # what an earlier test of dev left, so that this one starts from nothing
+    users_objects(spec)
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG)
     program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the rollout selects it
     kubectl_dir = str(program("kubectl").parent)
