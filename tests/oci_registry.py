@@ -17,7 +17,6 @@ import http.server
 import io
 import json
 import tarfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers import free_port, running
+from tests.servers import free_port, running, serving
 
 SERVICE = "pdstack-test-registry"
 ISSUER = "pdstack-test-token-service"
@@ -103,14 +102,8 @@ class TokenService:
             def log_message(self, *args):
                 pass
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/token"
-        finally:
-            server.shutdown()
-            server.server_close()
+        with serving(Handler) as url:
+            yield f"{url}/token"
 
 
 @dataclass
