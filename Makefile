@@ -34,11 +34,11 @@ engine:
 	python3 scripts/build_engine.py
 
 # The cluster twin (README.md, "Cluster twin"): a real control plane and controllers built from
-# the Go modules in twin/*/go.mod, on 127.0.0.1. Builds are cached in .twin/bin by go.sum.
+# the Go modules in twin/*/go.mod, on 127.0.0.1. Builds are cached by go.sum in ~/.cache/pdstack/twin-bin.
 twin-build: setup
 	$(PY) -m twin build
 
-# The OCI registry the image resolver's tests push to (twin/registry/go.mod), into .twin/bin.
+# The OCI registry the image resolver's tests push to (twin/registry/go.mod), into the same cache.
 registry-build: setup
 	$(PY) -m twin.build registry
 

@@ -7,10 +7,11 @@ versions engine/cli/go.mod and engine/kubernetes/go.mod pin (their go.sum checks
 module). Each module is its own build: their dependency graphs differ (the provider's
 pulumi/pkg is older than the CLI's).
 
-Binaries go to .engine/bin/<module>-<key>/, keyed by the hash of that module's go.mod and
-go.sum, so a build runs once per pin; each is written into a temporary folder first and
-renamed into place whole. .engine/path/ then holds links to the current binaries: the
-folder to put first on PATH, where the CLI finds its plugins ("ambient" plugins) without
+Binaries go to the machine's cache (scripts/machine_cache.py: `$PDSTACK_ENGINE_BIN`, else
+~/.cache/pdstack/engine-bin/<module>-<key>/), keyed by the hash of that module's go.mod and
+go.sum, so a build runs once per pin on a machine, whichever clone asks; each is written into a
+temporary folder first and renamed into place whole, under a lock. .engine/path/ (in the
+checkout) then holds links to the current binaries: the folder to put first on PATH, where the CLI finds its plugins ("ambient" plugins) without
 downloading any.
 
     python3 scripts/build_engine.py            # builds what is missing; prints each build's time
@@ -34,10 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_cache import building, cache_folder  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "engine"
 OUT = ROOT / ".engine"
 PATH_DIR = OUT / "path"
+BIN = cache_folder("engine-bin", "PDSTACK_ENGINE_BIN")
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def module_key(module: Module) -> str:
 
 
 def build_dir(module: Module) -> Path:
-    return OUT / "bin" / f"{module.folder}-{module_key(module)}"
+    return BIN / f"{module.folder}-{module_key(module)}"
 
 
 def _module_of(package: str, folder: Path) -> dict:
@@ -126,8 +131,13 @@ def _generate(binary: Binary, source: dict, version: str, folder: Path, work: Pa
 def build(module: Module) -> float | None:
     """Build one module's binaries unless this pin's are there; seconds taken, or None."""
     target = build_dir(module)
-    if all((target / b.name).is_file() for b in module.binaries):
-        return None
+    with building(target):
+        if all((target / b.name).is_file() for b in module.binaries):
+            return None
+        return _build_into(module, target)
+
+
+def _build_into(module: Module, target: Path) -> float:
     folder = ENGINE / module.folder
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +164,7 @@ def build(module: Module) -> float | None:
 
 def link_path() -> None:
     """.engine/path: links to the current binaries, replaced whole."""
+    OUT.mkdir(exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=OUT, prefix=".path-"))
     for module in MODULES:
         for binary in module.binaries:
@@ -182,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         except BuildError as exc:
             print(f"build_engine: {exc}", file=sys.stderr)
             return 1
-        where = build_dir(module).relative_to(ROOT)
+        where = build_dir(module)
         print(f"{module.folder}: {'built in %.0f s' % took if took is not None else 'cached'} -> {where}")
     link_path()
     print(f"put {PATH_DIR.relative_to(ROOT)} first on PATH")

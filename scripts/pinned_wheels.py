@@ -24,8 +24,10 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("PDSTACK_UPSTREAM_CACHE")
-             or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdstack" / "upstream")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_cache import cache_folder  # noqa: E402
+
+CACHE = cache_folder("upstream", "PDSTACK_UPSTREAM_CACHE")
 WHEELS = CACHE / "wheels"
 
 

@@ -1,9 +1,10 @@
 """Build the twin's programs from the Go modules pinned in twin/*/go.mod and go.sum.
 
 Each module folder lists its programs as `tool` lines in go.mod; `go install tool` builds them
-all. The binaries land in `.twin/bin/<module>-<key>/`, where the key hashes go.mod, go.sum and
-the build flags, so a warm run (same pins) finds them and builds nothing, and a changed pin
-builds into a new folder. Go's own caches (GOCACHE, GOMODCACHE) stay where the machine keeps
+all. The binaries land in the machine's cache (`~/.cache/pdstack/twin-bin/<module>-<key>/`,
+twin/paths.py BIN_DIR), where the key hashes go.mod, go.sum and the build flags, so a warm run
+(same pins, any clone) finds them and builds nothing, and a changed pin builds into a new folder
+(other pins' folders stay: another clone may be on them). Go's own caches (GOCACHE, GOMODCACHE) stay where the machine keeps
 them, so a fresh clone on a machine that built the twin before only links.
 """
 
@@ -19,7 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from twin.paths import BIN_DIR, TWIN_SRC
+from scripts.machine_cache import building
+from twin import paths
+from twin.paths import TWIN_SRC
 
 KUBERNETES_VERSION = "v1.34.4"
 # k8s.io/kubernetes reads its version from ldflags (hack/lib/version.sh does the same); without
@@ -56,7 +59,7 @@ class GoModule:
 
     @property
     def bin_dir(self) -> Path:
-        return BIN_DIR / f"{self.name}-{self.key()}"
+        return paths.BIN_DIR / f"{self.name}-{self.key()}"
 
 
 def _tool_lines(go_mod: str) -> list[str]:
@@ -115,8 +118,13 @@ def go_env() -> dict[str, str]:
 
 def build_module(module: GoModule, log=print) -> float | None:
     """Install the module's tools into its keyed folder; None when they are there already."""
-    if (module.bin_dir / ".complete").is_file():
-        return None
+    with building(module.bin_dir):
+        if (module.bin_dir / ".complete").is_file():
+            return None
+        return _install(module, log)
+
+
+def _install(module: GoModule, log) -> float:
     go = shutil.which("go")
     if go is None:
         raise SystemExit("twin: the `go` command is not on PATH. Fix: install Go 1.26 (the README's set-up)")
@@ -131,9 +139,6 @@ def build_module(module: GoModule, log=print) -> float | None:
     (staging / ".complete").write_text(json.dumps({"seconds": round(took, 1), "tools": module.tools()}) + "\n")
     shutil.rmtree(module.bin_dir, ignore_errors=True)
     staging.rename(module.bin_dir)
-    for old in BIN_DIR.glob(f"{module.name}-*"):  # earlier pins' builds
-        if old != module.bin_dir:
-            shutil.rmtree(old, ignore_errors=True)
     log(f"twin: built twin/{module.name} in {took:.0f} s")
     return took
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from scripts.machine_cache import cache_folder
+
 TWIN_SRC = Path(__file__).resolve().parent
 ROOT = TWIN_SRC.parent
 # PDSTACK_TWIN_DIR moves the state (a second twin beside the first, or a shorter path).
 STATE_DIR = Path(os.environ.get("PDSTACK_TWIN_DIR", ROOT / ".twin"))
-BIN_DIR = STATE_DIR / "bin"
+# Built programs live in the machine's cache, keyed by go.mod and go.sum (twin/build.py), so a
+# fresh clone, or a second twin's state folder, reuses them: scripts/machine_cache.py.
+BIN_DIR = cache_folder("twin-bin", "PDSTACK_TWIN_BIN")
 RUN_DIR = STATE_DIR / "run"  # one started twin: certificates, data, logs, processes
 KUBECONFIG = STATE_DIR / "kubeconfig"
 LOCK = STATE_DIR / "twin.lock"  # flock held by `up` and then by the supervisor, for the twin's life
