@@ -135,6 +135,15 @@ def prometheus(workdir, targets: list[tuple[int, dict[str, str]]], scrape_second
     Target labels stand in for what the Prometheus operator adds from a PodMonitor
     (namespace, and pod labels named in podTargetLabels).
     """
+    jobs = [{"job_name": "engines", "static_configs": [
+        {"targets": [f"127.0.0.1:{port}"], "labels": labels} for port, labels in targets]}]
+    with prometheus_server(workdir, jobs, scrape_seconds) as url:
+        yield url
+
+
+@contextmanager
+def prometheus_server(workdir, scrape_configs: list[dict], scrape_seconds: float = 1.0):
+    """A real Prometheus server on 127.0.0.1 with these scrape configs; yields its URL."""
     from pathlib import Path
 
     import yaml
@@ -143,8 +152,7 @@ def prometheus(workdir, targets: list[tuple[int, dict[str, str]]], scrape_second
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config = {"global": {"scrape_interval": f"{scrape_seconds:g}s", "evaluation_interval": f"{scrape_seconds:g}s"},
-              "scrape_configs": [{"job_name": "engines", "static_configs": [
-                  {"targets": [f"127.0.0.1:{port}"], "labels": labels} for port, labels in targets]}]}
+              "scrape_configs": scrape_configs}
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
