@@ -5,9 +5,15 @@
   Kubernetes guide deploys it (kvcache-ai/Mooncake docs/source/deployment/kubernetes-deployment-
   guide/mooncake-on-kubernetes.md): no metadata service to run, and each client registers under
   its pod IP (MOONCAKE_LOCAL_HOSTNAME; SGLang's default is "localhost", which no peer can reach).
-  The master is a single replica without HA: Mooncake's HA mode needs an etcd (or Redis) cluster
-  for master election, which pdstack does not run; a master restart empties the store (a cache)
-  and the engines reconnect. SGLang's HiCache reads the MOONCAKE_* variables
+  The master is a single replica without HA: Mooncake's HA mode (mooncake-transfer-engine
+  0.3.8.post1, `mooncake_master --enable_ha --etcd_endpoints=...`) elects its leader through an
+  etcd cluster, which pdstack does not run. The master holds only the store's metadata (which
+  object lives in which client's segment, leases, the mounted segments): a restart loses all of
+  it, so every cached object is a miss (the bytes stay in the engines' segments, unreachable) and
+  the prefix cache is recomputed and written again. Engines keep serving: each store client's ping
+  thread (store.so, Client::PingThreadMain) finds the master gone, reconnects to the same address
+  and remounts its segments. tests/test_kvcache_master.py runs the rendered master with the
+  wheel's binary. SGLang's HiCache reads the MOONCAKE_* variables
   (sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py, load_from_env); vLLM's
   MooncakeStoreConnector reads only the JSON file MOONCAKE_CONFIG_PATH names
   (vllm/distributed/mooncake_store.py), which this layer renders into its ConfigMap, and
@@ -106,7 +112,7 @@ def kv_cache_plan(spec: StackSpec) -> KVCachePlan:
             image=spec.images.mooncake_master,
             command=[
                 "mooncake_master",
-                f"--port={MOONCAKE_RPC_PORT}",
+                f"--rpc_port={MOONCAKE_RPC_PORT}",  # --port is deprecated (its --helpfull)
                 f"--metrics_port={MOONCAKE_METRICS_PORT}",
                 # LRU eviction starts at 95% full and frees 5% at a time.
                 "--eviction_high_watermark_ratio=0.95",
