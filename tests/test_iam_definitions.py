@@ -178,9 +178,6 @@ def test_the_actions_the_policy_pack_lets_go_unscoped_have_no_resource_type():
 
 # What Karpenter v1.14.1 can call that pdstack's policy does not grant, and why nothing calls it.
 NOT_MODELLED = {
-    "sqs:DeleteMessage": "no interruption queue: the chart's settings.interruptionQueue is left empty",
-    "sqs:GetQueueUrl": "no interruption queue: the chart's settings.interruptionQueue is left empty",
-    "sqs:ReceiveMessage": "no interruption queue: the chart's settings.interruptionQueue is left empty",
     "arc-zonal-shift:GetManagedResource": "zonal shift off: the chart's settings.enableZonalShift is false",
 }
 # Actions that change or end something that already exists: each must be fenced to what this
@@ -229,22 +226,30 @@ def test_karpenter_changes_only_what_its_cluster_made(stack):
 
 
 def test_what_the_policy_leaves_ungranted_is_switched_off():
-    """NOT_MODELLED holds only while the chart values leave the interruption queue and zonal
-    shift off (karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml settings)."""
+    """NOT_MODELLED holds only while the chart values leave zonal shift off
+    (karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml settings); the interruption queue
+    is on, and its calls are granted on that queue alone."""
+    from infra.platform_stack.cloud.interruption import interruption_queue_arn
+
     from infra.platform_stack.catalog import controller
     from infra.platform_stack.program import hosted_environments, platform_context
 
     spec = load_platform_spec("stacks/platform-prod.yaml")
     settings = controller("karpenter").values(platform_context(spec, [h.spec for h in hosted_environments(spec)]))[
         "settings"]
-    assert not settings.get("interruptionQueue") and not settings.get("enableZonalShift")
+    assert settings["interruptionQueue"] and not settings.get("enableZonalShift")
+    document, cluster, region, _ = karpenter_policy("platform-prod")
+    (queue,) = [st for st in document["Statement"] if any(a.startswith("sqs:") for a in _listed(st["Action"]))]
+    assert queue["Resource"] == interruption_queue_arn(region, "000000000000", cluster)
+    assert sorted(queue["Action"]) == ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"]
 
 
 def test_every_call_karpenter_makes_is_granted():
     """The AWS calls Karpenter v1.14.1 can make are its SDK interfaces (pkg/aws/sdk.go in the
     pinned module, read from the Go module cache): each is granted, or is one NOT_MODELLED
     names, or is declared and never called (iam:GetRole: only the test fake implements it;
-    timestream: the project's own test metrics)."""
+    timestream: the project's own test metrics; sqs:SendMessage: only its e2e suite sends,
+    test/pkg/environment/aws/expectations.go, and EventBridge fills the queue)."""
     from infra.platform_stack.modules import module_file
 
     text = module_file(KARPENTER, "pkg/aws/sdk.go").read_text()
@@ -257,4 +262,4 @@ def test_every_call_karpenter_makes_is_granted():
     patterns = [a for st in document["Statement"] for a in _listed(st["Action"])]
     granted = {c for c in calls if any(fnmatch.fnmatchcase(c, p) for p in patterns)}
     off = {c for c in calls if c.split(":")[0] in {a.split(":")[0] for a in NOT_MODELLED}}  # the queue, zonal shift
-    assert calls - granted - off - {"iam:GetRole", "timestream:WriteRecords"} == set()
+    assert calls - granted - off - {"iam:GetRole", "timestream:WriteRecords", "sqs:SendMessage"} == set()

@@ -1073,3 +1073,67 @@ def test_a_capacity_block_without_a_zone_or_a_subnet_in_its_zone_is_refused():
     reservations["zones"]["cr-0a1b2c3d4e5f60703"] = "us-east-1"  # a region, not a zone
     with pytest.raises(ValidationError, match="is not an Availability Zone name"):
         PlatformSpec.model_validate(data)
+
+
+def _go_string_returns(parser_go: str) -> dict[str, str]:
+    """A Karpenter message parser's `func (p Parser) <Name>() string { return "<value>" }` values."""
+    return dict(re.findall(r'func \(p Parser\) (\w+)\(\) string \{\s*return "([^"]*)"', parser_go))
+
+
+def test_karpenter_interruption_queue_gets_every_event_the_pinned_controller_handles_and_no_other():
+    """The queue Karpenter reads (its chart's settings.interruptionQueue) and the EventBridge rules
+    that fill it, against the pinned controller's own parsers, read from the module:
+    karpenter-provider-aws v1.14.1 pkg/controllers/interruption/parser.go DefaultParsers, each
+    one's Source() and DetailType() (messages/*/parser.go), statechange's acceptedStates and
+    scheduledchange's acceptedService and acceptedEventTypeCategory. Before, no queue, no rule and
+    an empty interruptionQueue: a Spot reclaim, a rebalance, a scheduled EC2 maintenance or a
+    capacity reservation taking its instances back ended a node with no drain."""
+    from infra.platform_stack.catalog import KARPENTER
+    from infra.platform_stack.cloud.interruption import interruption_queue_name
+    from infra.platform_stack.modules import module_dir
+
+    folder = module_dir(KARPENTER) / "pkg/controllers/interruption"
+    default = re.search(r"DefaultParsers = \[\]messages\.Parser\{(.*?)\n\s*\}", (folder / "parser.go").read_text(), re.S)
+    packages = re.findall(r"(\w+)\.Parser\{\}", default.group(1))
+    assert len(packages) >= 5
+    handled = {}
+    for package in packages:
+        text = (folder / "messages" / package / "parser.go").read_text()
+        returns = _go_string_returns(text)
+        detail = None
+        if states := re.search(r"acceptedStates = sets\.NewString\(([^)]*)\)", text):
+            detail = {"state": sorted(re.findall(r'"([^"]+)"', states.group(1)))}
+        if service := re.search(r'acceptedService\s*=\s*"([^"]+)"', text):
+            category = re.search(r'acceptedEventTypeCategory\s*=\s*"([^"]+)"', text).group(1)
+            detail = {"eventTypeCategory": [category], "service": [service.group(1)]}
+        handled[(returns["Source"], returns["DetailType"])] = detail
+
+    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    spec = load_platform_spec("stacks/platform-prod.yaml")
+    (queue,) = platform.of_type("aws:sqs/queue:Queue")
+    assert queue.inputs["name"] == interruption_queue_name(spec.cloud.cluster.name)
+    assert queue.inputs["sqsManagedSseEnabled"] is True
+    rules = {r.name: json.loads(r.inputs["eventPattern"]) for r in platform.of_type("aws:cloudwatch/eventRule:EventRule")}
+    routed = {}
+    for name, pattern in rules.items():
+        (source,), (detail_type,) = pattern["source"], pattern["detail-type"]
+        detail = pattern.get("detail")
+        routed[(source, detail_type)] = {k: sorted(v) for k, v in detail.items()} if detail else None
+    assert routed == handled
+    queue_arn = f"arn:aws:sqs:{spec.cloud.region}:000000000000:{queue.inputs['name']}"
+    targets = platform.of_type("aws:cloudwatch/eventTarget:EventTarget")
+    rule_urns = {r.urn for r in platform.of_type("aws:cloudwatch/eventRule:EventRule")}
+    assert sorted(u for t in targets for u in t.property_dependencies["rule"]) == sorted(rule_urns)
+    assert {t.inputs["arn"] for t in targets} == {queue_arn}
+    (queue_policy,) = platform.of_type("aws:sqs/queuePolicy:QueuePolicy")
+    allow = [st for st in json.loads(queue_policy.inputs["policy"])["Statement"] if st["Effect"] == "Allow"]
+    assert allow == [{"Sid": "EventBridgeSends", "Effect": "Allow", "Action": "sqs:SendMessage", "Resource": queue_arn,
+                      "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]}}]
+    values = controller("karpenter").values(context("platform-prod"))
+    assert values["settings"]["interruptionQueue"] == queue.inputs["name"]
+    assert values_problems("karpenter", values) == []
+    # made before the controller starts (it looks the queue up by name), deleted after it stops
+    from tests.test_platform_order import closure, graph
+
+    (chart,) = [r for r in platform.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "karpenter"]
+    assert {queue.urn, queue_policy.urn, *(r.urn for r in targets)} <= closure(graph(platform), chart.urn)

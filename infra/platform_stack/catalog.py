@@ -119,10 +119,13 @@ def _aws(ctx: PlatformContext) -> bool:
 
 
 def karpenter_values(ctx: PlatformContext) -> dict:
+    from infra.platform_stack.cloud.interruption import interruption_queue_name  # pulumi_aws: only where it is used
+
     c = ctx.spec.cloud
     return {
         "replicas": ctx.spec.controllers.karpenter_replicas,
-        "settings": {"clusterName": c.cluster.name,
+        # the queue the cloud layer makes (cloud/interruption.py), which the controller reads from its start
+        "settings": {"clusterName": c.cluster.name, "interruptionQueue": interruption_queue_name(c.cluster.name),
                      # karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml settings.featureGates
                      "featureGates": {"staticCapacity": ctx.karpenter_gates.get("staticCapacity", False),
                                       "reservedCapacity": ctx.karpenter_gates.get("reservedCapacity", False)}},

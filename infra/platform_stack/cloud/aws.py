@@ -16,6 +16,7 @@ from infra import naming
 from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.platform_stack.checks import nodes_needed
+from infra.platform_stack.cloud.interruption import interruption_queue, karpenter_queue_statement
 from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
@@ -180,8 +181,8 @@ def karpenter_controller_statements(cluster: str, region: str, account: str, nod
 
     The pricing API is fenced to the region Karpenter calls it in (pricing_region), not the
     cluster's: the cluster's region refused every price lookup outside us-east-1. Not
-    granted, as nothing here calls it: the interruption queue (settings.interruptionQueue is
-    unset) and ARC zonal shift (settings.enableZonalShift is false)."""
+    granted, as nothing here calls it: ARC zonal shift (settings.enableZonalShift is false). The
+    interruption queue's calls are granted on its queue only (cloud/interruption.py)."""
     def ec2(resource: str) -> str:
         return f"arn:aws:ec2:{region}:*:{resource}/*"
 
@@ -219,6 +220,7 @@ def karpenter_controller_statements(cluster: str, region: str, account: str, nod
         {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
         {"Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*",
          "Condition": {"StringEquals": {"aws:RequestedRegion": pricing_region(region)}}},
+        karpenter_queue_statement(region, account, cluster),
     ]
 
 
@@ -501,9 +503,11 @@ class AwsCloud(pulumi.ComponentResource):
         association = aws.eks.PodIdentityAssociation(
             "karpenter", cluster_name=c.cluster.name, namespace=KARPENTER_NAMESPACE, service_account=KARPENTER_SA,
             role_arn=controller.arn, opts=self.in_cluster())
-        # Before its pods start (the Pod Identity webhook injects credentials at admission), and
-        # after they stop: it finalizes the node classes' nodes with these (test_platform_order).
-        self.before_controller["karpenter"] = [controller, controller_policy, association, node, node_entry]
+        queue = interruption_queue(c.cluster.name, c.region, self.account_id, child)
+        # Before its pods start (the Pod Identity webhook injects credentials at admission; the
+        # controller looks its queue up at start), and after they stop: it finalizes the node
+        # classes' nodes with these (test_platform_order).
+        self.before_controller["karpenter"] = [controller, controller_policy, association, node, node_entry, *queue]
         return {"node_role_arn": node.arn, "karpenter_role_arn": controller.arn}
 
     def node_iam_role(self, name: str, opts: pulumi.ResourceOptions, *extra_policies: str) -> aws.iam.Role:
