@@ -81,6 +81,7 @@ MODULES = {
     "kube": GoModule("kube", _KUBE_LDFLAGS),
     "controllers": GoModule("controllers"),
     "karpenter": GoModule("karpenter"),
+    "helm": GoModule("helm"),  # renders Karpenter's chart for its RBAC (twin/identities.py)
 }
 # Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
 # not by `twin up`, which needs none of them.
@@ -99,6 +100,7 @@ PROGRAMS = {
     "kwok": ("controllers", "kwok"),
     "lws-controller-manager": ("controllers", "cmd"),  # sigs.k8s.io/lws/cmd
     "karpenter-kwok": ("karpenter", "kwok"),  # sigs.k8s.io/karpenter/kwok
+    "helm-template": ("helm", "helm"),  # pdstack.dev/twin/helm, on helm.sh/helm/v3's library
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from twin import build, crds, netns
+from twin import build, crds, identities, netns
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
 from twin.process import die_with_parent, has_open, identity
@@ -237,9 +237,12 @@ class Supervisor:
             f"--service-account-issuer={ISSUER}", f"--api-audiences={ISSUER}",
             f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
             "--authorization-mode=Node,RBAC", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # the defaults of the pinned kube-apiserver plus what kubeadm adds (README's admission
+            # table); API priority and fairness is on, as by default
+            "--enable-admission-plugins=NodeRestriction",
             # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse.
             "--endpoint-reconciler-type=none",
-            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false"])
+            "--allow-privileged=true", "--profiling=false"])
         self.wait_until("kube-apiserver", lambda: self.https_ok(
             self.ports.apiserver, "/readyz", (admin.cert, admin.key)))
 
@@ -260,8 +263,10 @@ class Supervisor:
         self.wait_until("kube-controller-manager", lambda: self.https_ok(self.ports.controller_manager, "/healthz"))
         self.wait_until("kube-scheduler", lambda: self.https_ok(self.ports.scheduler, "/healthz"))
 
+        # each controller as its own ServiceAccount, with the RBAC its project publishes (twin/identities.py)
+        kwok_kc = identities.start_as_own(identities.kwok_rbac(), admin_kc)
         self.spawn("kwok", [
-            str(build.program("kwok")), f"--kubeconfig={admin_kc}",
+            str(build.program("kwok")), f"--kubeconfig={kwok_kc}",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--server-address=127.0.0.1:{self.ports.kwok}", "--node-ip=127.0.0.1", f"--cidr={POD_CIDR}",
             *(f"--config={p}" for p in crds.kwok_stages())])
@@ -269,8 +274,9 @@ class Supervisor:
         self.record("starting", step="CRDs")
         crds.apply_twin_crds(lambda *a, **k: kubectl(*a, kubeconfig_path=admin_kc, **k))
 
+        lws_kc = identities.start_as_own(identities.lws_rbac(), admin_kc)
         self.spawn("lws-controller-manager", [
-            str(build.program("lws-controller-manager")), f"--kubeconfig={admin_kc}",
+            str(build.program("lws-controller-manager")), f"--kubeconfig={lws_kc}",
             f"--config={self.lws_config(webhook)}"])
         self.wait_until("the LeaderWorkerSet webhook server", lambda: self.tls_listening(self.ports.lws_webhook))
         kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pdstack-twin", "-f", "-",
@@ -307,16 +313,14 @@ class Supervisor:
     def start_karpenter(self, admin_kc: Path) -> None:
         """Karpenter binds its metrics and health ports on every interface, so it runs in a network
         namespace of its own (twin/netns.py) and reaches the API server through a Unix socket."""
-        inside_port = 6443
-        kubeconfig_path = RUN_DIR / "karpenter.kubeconfig"
-        config = yaml.safe_load(admin_kc.read_text())
-        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{inside_port}"
-        kubeconfig_path.write_text(yaml.safe_dump(config))
+        inside_port, namespace = 6443, "kube-system"
+        kubeconfig_path = identities.start_as_own(identities.karpenter_rbac(namespace), admin_kc,
+                                                  server=f"https://127.0.0.1:{inside_port}")
         tunnel = RUN_DIR / "karpenter-apiserver.sock"
         self.tunnel = netns.forward_unix_to_tcp(tunnel, self.ports.apiserver)
         self.spawn("karpenter", netns.argv(tunnel, inside_port, [
             str(build.program("karpenter-kwok"))]), env={
-            "KUBECONFIG": str(kubeconfig_path), "SYSTEM_NAMESPACE": "kube-system", "DISABLE_LEADER_ELECTION": "true",
+            "KUBECONFIG": str(kubeconfig_path), "SYSTEM_NAMESPACE": namespace, "DISABLE_LEADER_ELECTION": "true",
             "FEATURE_GATES": "StaticCapacity=true", "LOG_LEVEL": "info",
             "PYTHONPATH": str(ROOT),
             "INSTANCE_TYPES_FILE_PATH": str(self.karpenter_instance_types())})

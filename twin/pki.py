@@ -75,6 +75,17 @@ class Authority:
         self.ca.cert.write_bytes(self.pem)
         _write_key(self._key, self.ca.key)
 
+    @classmethod
+    def existing(cls, folder: Path, issue_into: Path) -> "Authority":
+        """The CA a started twin made in `folder` (ca.crt, ca.key), issuing into `issue_into`: a
+        test's own identities (a node's certificate), signed as the twin signs its components'."""
+        authority = cls.__new__(cls)
+        authority.folder = private_folder(issue_into)
+        authority.ca = Pair(folder / "ca.crt", folder / "ca.key")
+        authority._key = serialization.load_pem_private_key(authority.ca.key.read_bytes(), password=None)
+        authority._cert = x509.load_pem_x509_certificate(authority.ca.cert.read_bytes())
+        return authority
+
     @property
     def pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
