@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup system-deps loadtest-tool engine preview test twin-build twin-up twin-down registry-build
+.PHONY: setup system-deps loadtest-tool engine preview test twin-build twin-up twin-down registry-build up down
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -47,6 +47,16 @@ twin-up: setup
 
 twin-down:
 	$(PY) -m twin down
+
+# The platform stack and dev's serving stack by the real Pulumi engine, on the twin (started, or
+# the running one) or, with UP_ARGS="--kubeconfig F --context C --inventory I", a cluster of
+# your own; then every pod Ready and one request. `down` destroys both and stops the twin
+# (scripts/up.py; a killed `make up` is run again, or followed by `make down`).
+up: setup engine
+	$(PY) -m scripts.up up $(UP_ARGS)
+
+down: setup
+	$(PY) -m scripts.up down $(UP_ARGS)
 
 preview: setup
 	$(VENV)/bin/pdctl preview --offline --stack dev
