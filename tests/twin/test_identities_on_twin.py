@@ -14,6 +14,7 @@ the twin's run/identities.json):
 from __future__ import annotations
 
 import json
+import re
 import stat
 import uuid
 from pathlib import Path
@@ -70,32 +71,36 @@ def _log_since(component: str, offset: int) -> str:
     return (RUN_DIR / "logs" / f"{component}.log").read_bytes()[offset:].decode(errors="replace")
 
 
-def _forbidden_in_log(component: str, offset: int, account: str, verb: str, resource: str) -> str:
-    """The controller's own words once the API server refused it (polls its log; '' if never)."""
-    user = f"system:serviceaccount:{account.replace('/', ':')}"
+def _forbidden_in_log(component: str, offset: int, about: str, account: str, verb: str, resource: str) -> str:
+    """The controller's own words once the API server refused it its work on object `about`
+    (polls its log; '' if never). Its logs quote with \\" (JSON or logr's key-values)."""
+    refusal = re.compile(rf'{re.escape(about)}.*forbidden: User \\?"system:serviceaccount:{account.replace("/", ":")}'
+                         rf'\\?" cannot {verb} resource \\?"{re.escape(resource)}\\?"')
 
     def said():
-        lines = [line for line in _log_since(component, offset).splitlines()
-                 if "forbidden" in line and user in line and f"cannot {verb} resource" in line
-                 and resource.split("/")[0] in line]
+        lines = [line for line in _log_since(component, offset).splitlines() if refusal.search(line)]
         return lines[0] if lines else ""
     return fleet.wait_for(f"{component} refused", said, timeout=120, interval=1)
 
 
 @pytest.fixture
-def rbac_restored(twin):
-    """Put every controller's RBAC back as its project publishes it after a test broke one."""
-    yield
-    for objects_and_origins in (identities.kwok_rbac(), identities.lws_rbac(),
-                                identities.karpenter_rbac("kube-system")):
-        identities.grant(objects_and_origins[0])
+def broken_rbac(twin):
+    """break_(objects, kind, name, resource, verb): grant a controller's RBAC without one rule;
+    what its project publishes is granted again after the test."""
+    granted = []
+
+    def break_(objects: list[dict], *rule) -> None:
+        granted.append(objects)
+        identities.grant(identities.without(objects, *rule))
+    yield break_
+    for objects in granted:
+        identities.grant(objects)
 
 
-def test_kwok_without_its_node_status_rule_cannot_make_a_node_ready(twin, rbac_restored):
+def test_kwok_without_its_node_status_rule_cannot_make_a_node_ready(broken_rbac):
     """Drop `patch` on nodes/status from kwok's ClusterRole: kwok's patch of a new node's status
     is refused, to its ServiceAccount, and the node is not Ready. The break bites."""
-    objects, _ = identities.kwok_rbac()
-    identities.grant(identities.without(objects, "ClusterRole", "kwok-controller", "nodes/status", "patch"))
+    broken_rbac(identities.kwok_rbac()[0], "ClusterRole", "kwok-controller", "nodes/status", "patch")
     offset = (RUN_DIR / "logs" / "kwok.log").stat().st_size
     name = f"hp-rbac-probe-{uuid.uuid4().hex[:6]}"
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -103,7 +108,7 @@ def test_kwok_without_its_node_status_rule_cannot_make_a_node_ready(twin, rbac_r
         "spec": {"taints": [{"key": "hp-rbac-probe", "effect": "NoSchedule"}]}}
     assert fleet.apply_each_pass([node]).rejected == {}
     try:
-        said = _forbidden_in_log("kwok", offset, ACCOUNTS["kwok"], "patch", "nodes/status")
+        said = _forbidden_in_log("kwok", offset, name, ACCOUNTS["kwok"], "patch", "nodes/status")
         assert said, _log_since("kwok", offset)[-3000:]
         conditions = fleet.get("nodes", f"--field-selector=metadata.name={name}")[0]["status"].get("conditions", [])
         assert not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions), conditions
@@ -111,11 +116,10 @@ def test_kwok_without_its_node_status_rule_cannot_make_a_node_ready(twin, rbac_r
         cluster.kubectl("delete", "node", name, "--wait=false")
 
 
-def test_lws_without_its_statefulset_rule_cannot_form_a_group(twin, rbac_restored):
+def test_lws_without_its_statefulset_rule_cannot_form_a_group(broken_rbac):
     """Drop `create` on statefulsets from LWS's manager ClusterRole: its reconcile of a new
     LeaderWorkerSet is refused, to its ServiceAccount. The break bites."""
-    objects, _ = identities.lws_rbac()
-    identities.grant(identities.without(objects, "ClusterRole", "lws-manager-role", "statefulsets", "create"))
+    broken_rbac(identities.lws_rbac()[0], "ClusterRole", "lws-manager-role", "statefulsets", "create")
     offset = (RUN_DIR / "logs" / "lws-controller-manager.log").stat().st_size
     name = f"hp-rbac-probe-{uuid.uuid4().hex[:6]}"
     lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
@@ -124,7 +128,7 @@ def test_lws_without_its_statefulset_rule_cannot_form_a_group(twin, rbac_restore
                "containers": [{"name": "c", "image": "registry.invalid/none:1"}]}}}}}
     assert fleet.apply_each_pass([lws]).rejected == {}
     try:
-        said = _forbidden_in_log("lws-controller-manager", offset, ACCOUNTS["lws-controller-manager"],
+        said = _forbidden_in_log("lws-controller-manager", offset, name, ACCOUNTS["lws-controller-manager"],
                                  "create", "statefulsets")
         assert said, _log_since("lws-controller-manager", offset)[-3000:]
         assert fleet.get("statefulsets", "-n", "default", f"--field-selector=metadata.name={name}") == []
@@ -140,12 +144,11 @@ def _can(account: str, verb: str, resource: str) -> bool:
     return done.stdout.strip() == "yes"
 
 
-def test_karpenter_without_its_nodeclaim_rule_may_not_launch(twin, rbac_restored):
+def test_karpenter_without_its_nodeclaim_rule_may_not_launch(broken_rbac):
     """Karpenter launches by creating a NodeClaim; its chart's core ClusterRole grants that.
     Dropped, the authorizer refuses its ServiceAccount (tests/twin/test_karpenter_on_twin.py
     shows the launch itself with the rule)."""
     account = ACCOUNTS["karpenter"]
     assert _can(account, "create", "nodeclaims.karpenter.sh")
-    objects, _ = identities.karpenter_rbac("kube-system")
-    identities.grant(identities.without(objects, "ClusterRole", "karpenter-core", "nodeclaims", "create"))
+    broken_rbac(identities.karpenter_rbac("kube-system")[0], "ClusterRole", "karpenter-core", "nodeclaims", "create")
     assert not _can(account, "create", "nodeclaims.karpenter.sh")
