@@ -261,3 +261,29 @@ def test_every_rollout_step_finds_what_it_depends_on_deployed_or_targeted(tmp_pa
                 for r in run.custom() if r.urn in step
                 for u in r.depends_on_urns if u in step and step[u] > step[r.urn]]
         assert late == []
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_the_load_balancer_controller_is_up_before_the_gateways_service(name):
+    """The gateway's Service is made by Envoy Gateway for each Gateway of the platform's class and
+    annotated for the AWS Load Balancer Controller, which makes its NLB (and at `pulumi destroy`
+    deletes it, removing the Service's finalizer). So the class and its EnvoyProxy come after the
+    controller's chart (its Deployment and webhooks ready), and go before it; the chart comes after
+    what its pods need: its role, policy and Pod Identity association, and cert-manager, whose
+    Certificate is its webhook's serving certificate (the chart's templates/cert-manager.yaml,
+    sigs.k8s.io/aws-load-balancer-controller at the pinned version). Before, no controller was
+    installed: EKS's legacy in-tree controller made the NLB, as it does for any Service of type
+    LoadBalancer no other controller is named for."""
+    run = platform_run(name)
+    edges = graph(run)
+    chart = one(run, "kubernetes:helm.sh/v4:Chart", "aws-load-balancer-controller")
+    needs = [one(run, "aws:iam/role:Role", "aws-load-balancer-controller"),
+             one(run, "aws:iam/rolePolicy:RolePolicy", "aws-load-balancer-controller"),
+             one(run, "aws:eks/podIdentityAssociation:PodIdentityAssociation", "aws-load-balancer-controller"),
+             one(run, "kubernetes:helm.sh/v4:Chart", "cert-manager")]
+    after = closure(edges, chart.urn)
+    assert [f"{r.type} {r.name}" for r in needs if r.urn not in after] == []
+    gateway = [r for r in run.custom() if r.type in ("kubernetes:gateway.networking.k8s.io/v1:GatewayClass",
+                                                      "kubernetes:gateway.envoyproxy.io/v1alpha1:EnvoyProxy")]
+    assert len(gateway) == 2
+    assert [r.name for r in gateway if chart.urn not in closure(edges, r.urn)] == []

@@ -34,6 +34,7 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
 LWS = "sigs.k8s.io/lws"
 CERT_MANAGER = "github.com/cert-manager/cert-manager"
 GPU_OPERATOR = "github.com/NVIDIA/gpu-operator"
+LOAD_BALANCER_CONTROLLER = "sigs.k8s.io/aws-load-balancer-controller"
 
 # Why a row's values cannot be checked: the Go module proxy answers 403 for these modules
 # (`go list -m -versions <module>`), and no other registry this project reaches carries them.
@@ -105,6 +106,9 @@ class Controller:
     chart_crds: tuple[tuple[str, str], ...] = ()
     gpu_toleration_paths: tuple[str, ...] = ()  # dotted values paths: tolerations of GPU-node DaemonSets
     enabled: Callable[[PlatformContext], bool] = lambda ctx: True
+    # Rows whose kinds this row's chart renders, or whose webhooks its objects pass: installed
+    # after them (their CRDs and running controllers), deleted before them.
+    after: tuple[str, ...] = ()
     hooks: tuple[Hook, ...] = ()  # every Helm hook of the chart at this version (tests/test_charts.py finds them)
     # A chart in no pinned module: where its hooks were read (repository, tag, commit, folder).
     hooks_read_from: str | None = None
@@ -206,6 +210,24 @@ def envoy_gateway_certgen(row: Controller, ctx: PlatformContext) -> list[dict]:
     ]
 
 
+def load_balancer_controller_values(ctx: PlatformContext) -> dict:
+    """The AWS Load Balancer Controller (its chart's values.yaml in the pinned module). Its region
+    is said (and the cloud layer says its VPC, cloud/aws.py): the nodes' instance metadata answers
+    one hop only (httpPutResponseHopLimit 1), which a pod's network namespace already is
+    (docs/deploy/installation.md, "Using the Amazon EC2 instance metadata server version 2").
+    Its webhook certificate comes from cert-manager: the chart's other way makes a new CA at every
+    render, a change at every `pulumi up`. No service mutator webhook: it would take every Service
+    of type LoadBalancer, and fail each Service's creation while the controller is down
+    (serviceMutatorWebhookConfig.failurePolicy: Fail); the gateway's Service names the controller
+    itself (cloud/load_balancer.py). pdstack makes no Ingress: no IngressClass or its params."""
+    from infra.platform_stack.cloud.load_balancer import SERVICE_ACCOUNT
+
+    return {"clusterName": ctx.spec.cloud.cluster.name, "region": ctx.spec.cloud.region,
+            "serviceAccount": {"name": SERVICE_ACCOUNT},
+            "enableCertManager": True, "enableServiceMutatorWebhook": False,
+            "createIngressClassResource": False, "ingressClassParams": {"create": False}}
+
+
 # Hooks that make nothing the stack needs, by why.
 _AT_DELETE = "nothing at install: it runs when the release is deleted"
 _CRDS_OURS = ("the row's CRDs, registered by the stack from the pinned module (an upgrade of the row "
@@ -287,6 +309,16 @@ CATALOG: tuple[Controller, ...] = (
                 for n in ("backends", "backendtrafficpolicies", "clienttrafficpolicies", "envoyextensionpolicies",
                           "envoypatchpolicies", "envoyproxies", "httproutefilters", "securitypolicies")),
               Source(GIE, "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"))),
+    Controller(
+        # The gateway's NLB, instead of EKS's legacy in-tree controller. Its chart's source carries
+        # no hook; its CRDs are those `helm install` applies from the chart's crds/.
+        "aws-load-balancer-controller", "v3.2.2", "kube-system", "the gateway's NLB (its Service of type LoadBalancer)",
+        chart=Chart("https://aws.github.io/eks-charts", "aws-load-balancer-controller", "3.2.2"),
+        values=load_balancer_controller_values,
+        values_source=Source(LOAD_BALANCER_CONTROLLER, "helm/aws-load-balancer-controller"),
+        crds=tuple(Source(LOAD_BALANCER_CONTROLLER, f"helm/aws-load-balancer-controller/crds/{n}.yaml")
+                   for n in ("crds", "gateway-crds")),
+        after=("cert-manager",), enabled=_aws),
     Controller(
         "prometheus-operator", "v0.93.0", "monitoring", "Prometheus, PodMonitors, ServiceMonitors, PrometheusRules",
         manifests=Source(PROMETHEUS_OPERATOR, "bundle.yaml")),

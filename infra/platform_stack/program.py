@@ -86,19 +86,24 @@ def build_platform(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> di
     k8s_opts = pulumi.ResourceOptions(providers=[cloud.kubernetes] if cloud.kubernetes else None)
     namespaces: dict[str, pulumi.Resource] = {}
 
-    def install_opts(row: str) -> pulumi.ResourceOptions:  # after what its pods need, deleted before it
-        return pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
-            depends_on=cloud.before_controllers + cloud.before_controller.get(row, [])))
-
-    installs = {row.name: ControllerInstall(row, ctx, namespaces, install_opts(row.name)) for row in installed(ctx)}
-    layers: dict[str, pulumi.ComponentResource] = dict(installs)
+    installs: dict[str, ControllerInstall] = {}
 
     def after(row: str) -> list[pulumi.Resource]:  # a user-installed row is there before the stack runs
         return installs[row].ready() if row in installs else []
 
+    for row in installed(ctx):  # the catalog lists a row after those it comes after
+        # after what its pods need and the rows it names, deleted before them
+        opts = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
+            depends_on=cloud.before_controllers + cloud.before_controller.get(row.name, [])
+            + [r for name in row.after for r in after(name)]))
+        installs[row.name] = ControllerInstall(row, ctx, namespaces, opts, cloud.controller_values.get(row.name))
+    layers: dict[str, pulumi.ComponentResource] = dict(installs)
+
+    # The class after the load balancer controller and its webhooks: each Gateway's Service is made
+    # for it, and deleted (its NLB with it) while the controller still runs.
     layers["gateway"] = GatewayPlatform("gateway", spec, ENVOY_GATEWAY_NAMESPACE, cloud.gateway_service_annotations,
-                                        after("envoy-gateway"), k8s_opts)
-    layers["observability"] = Observability("observability", spec, serving, after("prometheus-operator"), k8s_opts)
+                                        after("envoy-gateway") + after("aws-load-balancer-controller"), k8s_opts)
+    layers["observability"] = Observability("observability", spec, after("prometheus-operator"), k8s_opts)
     node_classes = [m for hook in cloud.after_controllers for m in hook(installs)]
     if spec.nodes.mode == "static":
         layers["nodes"] = StaticNodes("nodes", [(h.spec, h.inventory) for h in hosted if h.inventory], k8s_opts)

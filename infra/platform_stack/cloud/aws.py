@@ -17,6 +17,8 @@ from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.platform_stack.checks import nodes_needed
 from infra.platform_stack.cloud.interruption import interruption_queue, karpenter_queue_statement
+from infra.platform_stack.cloud.load_balancer import (gateway_service_annotations, load_balancer_controller_identity,
+                                                      load_balancer_controller_statements)
 from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
@@ -26,6 +28,7 @@ from infra.tracks import namespace_globs
 
 KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
 GITHUB_OIDC = "token.actions.githubusercontent.com"
+LOAD_BALANCER_ROW = "aws-load-balancer-controller"  # its catalog row (cloud/load_balancer.py: its IAM)
 
 
 def ci_role_name(cluster: str) -> str:
@@ -306,7 +309,8 @@ class AwsCloud(pulumi.ComponentResource):
             cluster_arn = pulumi.Output.concat(f"arn:aws:eks:{c.region}:", self.account_id,
                                                f":cluster/{c.cluster.name}")
             self.cluster_security_group = cluster.eks_cluster.vpc_config.cluster_security_group_id
-            vpc_id = pulumi.Output.from_input(c.cluster.vpc_id)
+            vpc_id = (pulumi.Output.from_input(c.cluster.vpc_id) if c.cluster.vpc_id
+                      else cluster.eks_cluster.vpc_config.vpc_id)  # pulumi-eks's default VPC
             oidc_arn, oidc_issuer = cluster.oidc_provider_arn, cluster.oidc_issuer
             self.before_controllers.append(aws.eks.Addon(
                 "eks-pod-identity-agent", cluster_name=c.cluster.name, addon_name="eks-pod-identity-agent",
@@ -360,6 +364,11 @@ class AwsCloud(pulumi.ComponentResource):
         if c.ci:
             exports.update(self.ci_identities())
         exports.update(self.karpenter_identities(cluster_arn))
+        if LOAD_BALANCER_ROW not in spec.controllers.user_installed:
+            self.before_controller[LOAD_BALANCER_ROW] = load_balancer_controller_identity(
+                c.cluster.name, cluster_arn.apply(pod_identity_trust),
+                self.account_id.apply(lambda a: policy(*load_balancer_controller_statements(c.region, a))),
+                child, self.in_cluster())
         if c.cluster.mode == "create":
             self.system_nodes_and_storage(cluster_arn)
 
@@ -384,11 +393,9 @@ class AwsCloud(pulumi.ComponentResource):
         if spec.nodes.mode == "node-groups":
             self.node_groups()
 
-        annotations = {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}
-        if c.gateway_load_balancer == "internal":
-            annotations["service.beta.kubernetes.io/aws-load-balancer-internal"] = "true"
         self.outputs = CloudOutputs(kubernetes=self.provider, kubeconfig=kubeconfig, cluster_name=c.cluster.name,
-                                    gateway_service_annotations=annotations, exports=exports,
+                                    gateway_service_annotations=gateway_service_annotations(c.gateway_load_balancer),
+                                    controller_values={LOAD_BALANCER_ROW: {"vpcId": vpc_id}}, exports=exports,
                                     after_controllers=[self.register_node_classes],
                                     before_controllers=self.before_controllers,
                                     before_controller=self.before_controller)

@@ -23,3 +23,5 @@ class CloudOutputs:
     # and, by catalog row, what that row's controller needs besides (its cloud identity).
     before_controllers: list[pulumi.Resource] = field(default_factory=list)
     before_controller: dict[str, list[pulumi.Resource]] = field(default_factory=dict)
+    # By catalog row, chart values only the cloud knows (an existing cluster's VPC), over the row's own.
+    controller_values: dict[str, dict] = field(default_factory=dict)

@@ -112,8 +112,9 @@ class ControllerInstall(PlatformLayer):
     layer = "controllers"
 
     def __init__(self, row: Controller, ctx: PlatformContext, namespaces: dict[str, pulumi.Resource],
-                 opts: pulumi.ResourceOptions | None = None):
-        """`namespaces`: those made so far, by name (two rows may share one; it is made once)."""
+                 opts: pulumi.ResourceOptions | None = None, cloud_values: dict | None = None):
+        """`namespaces`: those made so far, by name (two rows may share one; it is made once).
+        `cloud_values`: top-level chart values the cloud gives the row (CloudOutputs.controller_values)."""
         super().__init__(row.name, opts)
         self.row = row
         first: list[pulumi.Resource] = []
@@ -123,7 +124,7 @@ class ControllerInstall(PlatformLayer):
                     "name": row.namespace, "labels": {"app.kubernetes.io/part-of": "pdstack-platform"}}})
             first.append(namespaces[row.namespace])
         self.crds = [self.add(doc) for source in row.crds for doc in crd_documents(source)]
-        self.values = row.values(ctx)
+        self.values = {**row.values(ctx), **(cloud_values or {})}
         self.resources: list[pulumi.Resource] = []
         if row.manifests:
             docs = manifest_documents(row.manifests, row.namespace)
