@@ -185,7 +185,9 @@ def _cluster(args: dict) -> dict:
     name = args.get("name", "cluster")
     return {"name": name, "arn": f"arn:aws:eks:{MOCK_REGION}:{MOCK_ACCOUNT}:cluster/{name}",
             "endpoint": f"https://{name}.eks.example", "certificateAuthorities": [{"data": "bW9jaw=="}],
-            "vpcConfig": {"vpcId": "vpc-mock"}, "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.example/{name}"}]}]}
+            "vpcConfig": {"vpcId": "vpc-mock"}, "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.example/{name}"}]}],
+            # a mode that takes access entries (DescribeCluster accessConfig; tests refuse CONFIG_MAP's)
+            "accessConfigs": [{"authenticationMode": "API_AND_CONFIG_MAP", "bootstrapClusterCreatorAdminPermissions": True}]}
 
 
 def _instance_type(args: dict) -> dict:

@@ -15,10 +15,11 @@ import unicodedata
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra.inputs import InputError, Strict, load_yaml_mapping, validation_problems
 from infra.spec import SpecError
+from infra.spec._base import repeated
 from infra.images import ImageRef
 from infra.naming import PULUMI_STACK_NAME, S3_BUCKET_NAME, is_dns_subdomain, is_label_key, is_label_value
 
@@ -197,6 +198,38 @@ class NodeClassSpec(Strict):
     capacity_reservations: CapacityReservations = CapacityReservations()
 
 
+# An IAM role or user of an account (IAM User Guide, "IAM identifiers": a path, then a name of
+# letters, digits and +=,.@_-, 64 characters for a role and a user): what an EKS access entry names.
+_PRINCIPAL = re.compile(r"arn:aws:iam::\d{12}:(role|user)/([\w+=,.@-]+/)*[\w+=,.@-]{1,64}")
+# EKS's access policies by the Kubernetes role each mirrors (EKS User Guide, "Review access policy
+# permissions": cluster-admin, admin, edit, view).
+ACCESS_POLICIES = {"cluster-admin": "AmazonEKSClusterAdminPolicy", "admin": "AmazonEKSAdminPolicy",
+                   "edit": "AmazonEKSEditPolicy", "view": "AmazonEKSViewPolicy"}
+
+
+class ClusterAccessSpec(Strict):
+    """Who may reach the cluster's API besides CI and the nodes: an EKS access entry and its access
+    policy association."""
+
+    principal_arn: str = Field(description="An IAM role or user (arn:aws:iam::<account>:role/<name>).")
+    _principal = field_validator("principal_arn")(_check(_PRINCIPAL, "is not an IAM role or user ARN. Fix: e.g. "
+                                                                     "arn:aws:iam::123456789012:role/platform-team"))
+    policy: Literal["cluster-admin", "admin", "edit", "view"] = Field(
+        description="EKS's access policy, as the Kubernetes role of that name: cluster-admin (everything), admin, "
+                    "edit or view.")
+    namespaces: list[str] = Field([], description="Only these namespaces (the association's namespace scope); "
+                                                  "empty: the whole cluster. Not for cluster-admin.")
+    _namespaces = field_validator("namespaces")(_each(_check(_DNS_LABEL, "is not a namespace name (a DNS label). "
+                                                                         "Fix: e.g. prod")))
+
+    @model_validator(mode="after")
+    def _cluster_wide(self):
+        if self.policy == "cluster-admin" and self.namespaces:
+            raise ValueError("cluster-admin is the whole cluster's: it takes no namespaces. Fix: policy admin for "
+                             "these namespaces, or drop namespaces")
+        return self
+
+
 class AwsSpec(Strict):
     provider: Literal["aws"] = "aws"
     region: str
@@ -213,6 +246,20 @@ class AwsSpec(Strict):
     node_classes: list[NodeClassSpec] = Field(min_length=1)
     gateway_load_balancer: Literal["internet-facing", "internal"] = Field(
         "internet-facing", description="Scheme of the NLB in front of Envoy (the AWS Load Balancer Controller's).")
+    cluster_access: list[ClusterAccessSpec] = Field(
+        [], description="Who may reach the cluster (EKS access entries). CI's role and the nodes' get theirs from "
+                        "the stack, and a created cluster's creator keeps admin; an existing cluster must take access "
+                        "entries (authentication mode API or API_AND_CONFIG_MAP).")
+
+    @field_validator("cluster_access")
+    @classmethod
+    def _one_entry_each(cls, v: list[ClusterAccessSpec]) -> list[ClusterAccessSpec]:
+        """EKS holds one access entry per principal (CreateAccessEntry: ResourceInUseException)."""
+        twice = repeated([a.principal_arn for a in v])
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once: EKS holds one access entry per principal. "
+                             "Fix: one item each (its policy the widest it needs)")
+        return v
 
 
 class OnPremSpec(Strict):

@@ -115,6 +115,11 @@ def _cidr_list(v: list[str], example: str) -> list[str]:
     return v
 
 
+def repeated(values: list[str]) -> list[str]:
+    """The values listed more than once, sorted: what a list whose items must be unique refuses."""
+    return sorted({v for v in values if values.count(v) > 1})
+
+
 class SpecError(ValueError):
     """A spec that cannot be deployed. `problems` holds one line per field: path, what, fix."""
 

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from infra.inputs import Strict
 from infra.naming import is_dns_subdomain
-from infra.spec._base import _DNS_LABEL, PositiveInt, _checked, _cidr_list, _dns_label, _dns_subdomain
+from infra.spec._base import _DNS_LABEL, PositiveInt, _checked, _cidr_list, _dns_label, _dns_subdomain, repeated
 
 
 class ApiKeySpec(Strict):
@@ -44,8 +44,7 @@ class AccessSpec(Strict):
     @field_validator("api_keys")
     @classmethod
     def _unique_key_names(cls, v: list[ApiKeySpec]) -> list[ApiKeySpec]:
-        names = [k.name for k in v]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = repeated([k.name for k in v])
         if twice:
             raise ValueError(f"API key name(s) {', '.join(twice)} appear more than once (each is a client id "
                              "and a key in one Secret). Fix: give every key its own name")

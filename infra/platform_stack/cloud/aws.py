@@ -17,6 +17,7 @@ from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.platform_stack.checks import nodes_needed
 from infra.platform_stack.cloud.interruption import interruption_queue, karpenter_queue_statement
+from infra.platform_stack.cloud.access import access_policy_arn, cluster_access, entries_accepted
 from infra.platform_stack.cloud.load_balancer import (gateway_service_annotations, load_balancer_controller_identity,
                                                       load_balancer_controller_statements)
 from infra.platform_stack.cloud.outputs import CloudOutputs
@@ -304,6 +305,7 @@ class AwsCloud(pulumi.ComponentResource):
                 vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True), opts=child)
             kubeconfig = cluster.kubeconfig_json
             self.cluster_made = [cluster]
+            self.entries_cluster: pulumi.Input[str] = c.cluster.name  # made with authentication_mode API
             # EKS's ARN for the name (Service Authorization Reference, Amazon EKS, resource type
             # `cluster`): known before the cluster is, so the roles that trust it are made meanwhile.
             cluster_arn = pulumi.Output.concat(f"arn:aws:eks:{c.region}:", self.account_id,
@@ -326,6 +328,13 @@ class AwsCloud(pulumi.ComponentResource):
             kubeconfig = pulumi.Output.all(found.endpoint, found.certificate_authorities[0].data).apply(
                 lambda a: self.kubeconfig(a[0], a[1]))
             cluster_arn = found.arn
+            from infra.platform_stack.program import platform_spec_path
+            from infra.spec import REPO_ROOT
+
+            spec_file = str(platform_spec_path(spec.name).relative_to(REPO_ROOT))
+            # What an access entry names the cluster by: its name, once its mode takes entries.
+            self.entries_cluster = found.access_configs.apply(
+                functools.partial(entries_accepted, c.cluster.name, spec_file=spec_file))
             vpc_id = found.vpc_config.vpc_id
             self.cluster_security_group = found.vpc_config.cluster_security_group_id
             oidc_issuer = found.identities[0].oidcs[0].issuer
@@ -364,6 +373,7 @@ class AwsCloud(pulumi.ComponentResource):
         if c.ci:
             exports.update(self.ci_identities())
         exports.update(self.karpenter_identities(cluster_arn))
+        cluster_access(c.cluster_access, self.entries_cluster, self.in_cluster)
         if LOAD_BALANCER_ROW not in spec.controllers.user_installed:
             self.before_controller[LOAD_BALANCER_ROW] = load_balancer_controller_identity(
                 c.cluster.name, cluster_arn.apply(pod_identity_trust),
@@ -481,11 +491,12 @@ class AwsCloud(pulumi.ComponentResource):
                                                "eks:UntagResource"],  # the serving stack tags each one
                  "Resource": f"arn:aws:eks:{c.region}:*:podidentityassociation/{c.cluster.name}/*"},
                 {"Effect": "Allow", "Action": "iam:PassRole", "Resource": a[1]})), opts=child)
-        entry = aws.eks.AccessEntry("ci", cluster_name=c.cluster.name, principal_arn=ci.arn, opts=self.in_cluster())
+        entry = aws.eks.AccessEntry("ci", cluster_name=self.entries_cluster, principal_arn=ci.arn,
+                                    opts=self.in_cluster())
         # An access policy is associated with an existing entry (EKS AssociateAccessPolicy:
         # ResourceNotFoundException otherwise); at `pulumi destroy` the association goes first.
         aws.eks.AccessPolicyAssociation("ci", cluster_name=c.cluster.name, principal_arn=ci.arn,
-                                        policy_arn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+                                        policy_arn=access_policy_arn("cluster-admin"),
                                         access_scope={"type": "cluster"}, opts=self.in_cluster(entry))
         return {"ci_role_arn": ci.arn, "release_store_writer_role_arn": ci.arn}
 
@@ -495,7 +506,7 @@ class AwsCloud(pulumi.ComponentResource):
         c, child = self.spec.cloud, pulumi.ResourceOptions(parent=self)
         node = self.node_iam_role("karpenter-node", child, "AmazonSSMManagedInstanceCore")
         self.node_role = node
-        node_entry = aws.eks.AccessEntry("karpenter-node", cluster_name=c.cluster.name, principal_arn=node.arn,
+        node_entry = aws.eks.AccessEntry("karpenter-node", cluster_name=self.entries_cluster, principal_arn=node.arn,
                                          type="EC2_LINUX", opts=self.in_cluster())
         # A node class names the role by name; its nodes join through the entry, and Karpenter
         # removes the role from the class's instance profiles before the class goes.
