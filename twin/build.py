@@ -82,6 +82,7 @@ MODULES = {
     "controllers": GoModule("controllers"),
     "karpenter": GoModule("karpenter"),
     "helm": GoModule("helm"),  # renders Karpenter's chart for its RBAC (twin/identities.py)
+    "prometheus-operator": GoModule("prometheus-operator"),
 }
 # Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
 # not by `twin up`, which needs none of them.
@@ -101,6 +102,7 @@ PROGRAMS = {
     "lws-controller-manager": ("controllers", "cmd"),  # sigs.k8s.io/lws/cmd
     "karpenter-kwok": ("karpenter", "kwok"),  # sigs.k8s.io/karpenter/kwok
     "helm-template": ("helm", "helm"),  # pdstack.dev/twin/helm, on helm.sh/helm/v3's library
+    "prometheus-operator": ("prometheus-operator", "operator"),  # .../prometheus-operator/cmd/operator
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from twin import build, crds, identities, netns
+from twin import build, crds, dataplane, identities, netns
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
 from twin.process import die_with_parent, has_open, identity
@@ -91,6 +91,7 @@ class Ports:
     lws_webhook: int
     lws_metrics: int
     lws_health: int
+    prometheus_operator: int
 
     @classmethod
     def held(cls) -> tuple["Ports", list[socket.socket]]:
@@ -283,6 +284,7 @@ class Supervisor:
                 kubeconfig_path=admin_kc, input=yaml.safe_dump_all(
                     crds.lws_webhook_configurations(self.ports.lws_webhook, ca.pem)))
 
+        dataplane.start(self, admin_kc)
         if self.with_karpenter:
             self.start_karpenter(admin_kc)
         self.record("ready")

@@ -97,6 +97,11 @@ CRD_FILES = (
     *(CRDFile("crds", "github.com/prometheus-operator/prometheus-operator",
               f"example/prometheus-operator-crd/monitoring.coreos.com_{name}.yaml")
       for name in ("podmonitors", "servicemonitors", "prometheusrules")),
+    # the platform stack's Prometheus, which the twin's prometheus-operator reconciles (twin/dataplane.py),
+    # and the Probes its Prometheus controller lists before it syncs (cmd/operator/main.go: not optional)
+    *(CRDFile("crds", "github.com/prometheus-operator/prometheus-operator",
+              f"example/prometheus-operator-crd/monitoring.coreos.com_{name}.yaml", rendered=False)
+      for name in ("prometheuses", "probes")),
 )
 # Not served by the Go module proxy (see the module docstring): the recorded copy.
 UNSERVED_CRD_FILES = (ROOT / "infra" / "render" / "crds" / "sources" / "nvidia_computedomains.yaml",)
