@@ -37,7 +37,8 @@ RECORD = RUN_DIR / "identities.json"
 FIELD_MANAGER = "pdstack-twin"
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "FlowSchema",
               "PriorityLevelConfiguration"}
-# kustomize's namespace transformer leaves these alone (api/konfig/builtinpluginconsts/namespace.go)
+# cluster-scoped: kustomize's namespace transformer gives them no namespace (it knows them from
+# its built-in OpenAPI schema; these are the ones a controller's RBAC folder holds)
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "FlowSchema", "PriorityLevelConfiguration", "Namespace"}
 
 
@@ -53,7 +54,7 @@ def _admin_kubectl(*args: str, kubeconfig_path: Path, input: str | None = None) 
         raise IdentityError(str(exc)) from None
 
 
-def run_as(service_account: str, namespace: str, rbac_objects: list[dict], *, origins: list[dict] = (),
+def run_as(service_account: str, namespace: str, rbac_objects: list[dict], *, origins: tuple | list = (),
            admin_kubeconfig: Path = KUBECONFIG, server: str | None = None) -> Path:
     """A kubeconfig (0600, RUN_DIR/identities/<namespace>.<account>.kubeconfig) that
     authenticates as ServiceAccount `namespace/service_account` with a TokenRequest token, after
