@@ -271,6 +271,8 @@ class Supervisor:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--server-address=127.0.0.1:{self.ports.kwok}", "--node-ip=127.0.0.1", f"--cidr={POD_CIDR}",
             *(f"--config={p}" for p in crds.kwok_stages())])
+        # what a kubelet checks before it starts a pod, and its probes: kwok's pod-ready waits for it
+        self.spawn("kubelet", [sys.executable, "-m", "twin.kubelet", str(admin_kc)], env={"PYTHONPATH": str(ROOT)})
 
         self.record("starting", step="CRDs")
         crds.apply_twin_crds(lambda *a, **k: kubectl(*a, kubeconfig_path=admin_kc, **k))

@@ -25,6 +25,7 @@ import jsonpatch
 import yaml
 
 from twin.build import go_env
+from twin.kubelet import ready_stages
 from twin.paths import ROOT, RUN_DIR, TWIN_SRC
 
 
@@ -142,15 +143,27 @@ def apply_twin_crds(kubectl) -> None:
 
 def kwok_stages() -> list[Path]:
     """kwok's own stages at its pinned version: nodes initialise (capacity becomes allocatable,
-    Ready) and keep a heartbeat; pods go Running and Ready, and complete. A pod being deleted is
+    Ready) and keep a heartbeat; pods go Running and Ready once the twin's kubelet's start checks
+    pass (twin/kubelet.py), and complete. A pod being deleted is
     first taken to a terminal phase, as a kubelet does (twin/stages/pod-terminate-on-delete.yaml,
     the twin's own), and then deleted by kwok's pod-delete stage, narrowed to terminal pods so
     the two never race for the same pod."""
     mod = module("controllers", "sigs.k8s.io/kwok")
     stages = [mod.file(f"kustomize/stage/{p}") for p in (
-        "node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
-        "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml")]
-    return [*stages, TWIN_SRC / "stages" / "pod-terminate-on-delete.yaml", _terminal_pod_delete(mod)]
+        "node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-complete.yaml")]
+    return [*stages, _gated_pod_ready(mod), TWIN_SRC / "stages" / "pod-terminate-on-delete.yaml",
+            _terminal_pod_delete(mod)]
+
+
+def _gated_pod_ready(mod: Module) -> Path:
+    """kwok's pod/fast/pod-ready.yaml narrowed to pods that passed the twin's kubelet's start
+    checks, with a variant for pods a process serves, whose readiness its probes set (twin/kubelet.py)."""
+    relative = "kustomize/stage/pod/fast/pod-ready.yaml"
+    origin = mod.origin(relative)
+    out = RUN_DIR / "kwok-pod-ready-gated.yaml"
+    out.write_text(f"# {origin['module']}@{origin['version']}/{relative}, gated on twin/kubelet.py's start checks\n"
+                   + yaml.safe_dump_all(ready_stages(yaml.safe_load(mod.file(relative).read_text())), sort_keys=False))
+    return out
 
 
 def _terminal_pod_delete(mod: Module) -> Path:

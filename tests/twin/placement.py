@@ -1,16 +1,19 @@
 """Checks shared by the tests that apply a render to the twin: every pod bound where the
-placement says, and the removal of what a render applied (tests/twin/test_fleet_on_twin.py,
-tests/twin/test_tracks_on_twin.py)."""
+placement says, started by the twin's kubelet and Ready, and the removal of what a render
+applied (tests/twin/test_fleet_on_twin.py, tests/twin/test_tracks_on_twin.py)."""
 
 from __future__ import annotations
 
+import calendar
 import json
+import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from infra import naming
 from infra.planning.capacity import domain_placement
 from tests.twin.conftest import FIGURES
-from twin import fleet
+from twin import fleet, kubelet
 from twin.cluster import kubectl
 from twin.nodes import TWIN_LABEL
 
@@ -48,8 +51,76 @@ def remove_render(spec, objects: list[dict], nodes: bool = True) -> None:
         kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
+def namespace_for_pods(namespace: str) -> None:
+    """A namespace a test's own pods can be made in: made, and its default ServiceAccount there
+    (the serviceaccount controller makes it; until then the API server refuses pods)."""
+    assert fleet.apply_each_pass([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
+                                 ).rejected == {}
+    assert fleet.wait_for("the default ServiceAccount", lambda: kubectl(
+        "get", "serviceaccount", "-n", namespace, "default", check=False).returncode == 0)
+
+
 def pods_in(namespaces: set[str]) -> list[dict]:
     return [p for ns in sorted(namespaces) for p in fleet.get("pods", "-n", ns)]
+
+
+def events_of(pod: dict) -> str:
+    """What the scheduler and the twin's kubelet said about a pod."""
+    return "; ".join(fleet.scheduler_events(pod["metadata"]["namespace"], pod["metadata"]["name"])) or "no event"
+
+
+@dataclass
+class Started:
+    """Every bound pod after the twin's kubelet (twin/kubelet.py) has judged it."""
+    pods: list[dict]
+
+    def _condition(self, pod: dict, kind: str) -> dict:
+        return kubelet.condition(pod, kind) or {}
+
+    @property
+    def failing(self) -> list[dict]:  # refused by the start checks: the kubelet's reason in the condition
+        return [p for p in self.pods if self._condition(p, kubelet.CONDITION).get("status") == "False"]
+
+    @property
+    def running(self) -> list[dict]:
+        return [p for p in self.pods if p.get("status", {}).get("phase") == "Running"]
+
+    @property
+    def ready(self) -> list[dict]:
+        return [p for p in self.pods if self._condition(p, "Ready").get("status") == "True"]
+
+    @property
+    def unready(self) -> list[dict]:
+        return [p for p in self.pods if p not in self.failing and p not in self.ready]
+
+    def summary(self) -> str:
+        return (f"started {len(self.running)}, ready {len(self.ready)}, "
+                f"failing start checks {len(self.failing)}")
+
+    def why(self) -> str:
+        def name(p):
+            return f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        return "\n".join(
+            [f"{name(p)} fails its start checks: {self._condition(p, kubelet.CONDITION).get('message')}"
+             for p in self.failing] +
+            [f"{name(p)} not Ready ({p.get('status', {}).get('phase')}): "
+             f"{self._condition(p, 'Ready').get('message') or 'no Ready condition'}; {events_of(p)}"
+             for p in self.unready])
+
+
+def started_pods(namespaces: set[str], timeout: float = 300, refused_for: float = 10) -> Started:
+    """Wait until every pod in `namespaces` is Ready or refused by the twin's kubelet's start
+    checks for `refused_for` seconds. The kubelet retries each second, so a refusal that lasts
+    is not a race with what is still being made (the controller manager publishes each new
+    namespace's kube-root-ca.crt, which every pod's token volume mounts, a moment after it)."""
+    def settled():
+        now = Started([p for p in pods_in(namespaces) if "deletionTimestamp" not in p["metadata"]])
+        since = [kubelet.condition(p, kubelet.CONDITION).get("lastTransitionTime") for p in now.failing]
+        lasting = all(t and time.time() - calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")) >= refused_for
+                      for t in since)
+        return now if not now.unready and lasting else None
+    return fleet.wait_for("every pod Ready or refused", settled, timeout=timeout) or Started(
+        [p for p in pods_in(namespaces) if "deletionTimestamp" not in p["metadata"]])
 
 
 def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, label: str) -> None:
@@ -67,14 +138,15 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
 
     pods = fleet.wait_for("every pod bound", all_bound, timeout=300) or pods_in(namespaces)
     pending = [p for p in pods if not p["spec"].get("nodeName")]
+    started = [] if pending else started_pods(namespaces)
     FIGURES.append(f"{label}: objects applied {len(result.applied)}, rejected {len(result.rejected)}; "
                    f"pods bound {len(pods) - len(pending)}, pending {len(pending)}; "
+                   f"{started.summary() if started else 'not started'}; "
                    f"LeaderWorkerSet pods {sum(LWS_NAME_LABEL in p['metadata'].get('labels', {}) for p in pods)}"
                    f"/{expected}")
     assert not pending, "pods left Pending:\n" + "\n".join(
-        f"{p['metadata']['namespace']}/{p['metadata']['name']}: "
-        f"{'; '.join(fleet.scheduler_events(p['metadata']['namespace'], p['metadata']['name'])) or 'no event'}"
-        for p in pending)
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}: {events_of(p)}" for p in pending)
+    assert not started.failing and not started.unready, started.why()
     lws_pods = [p for p in pods if LWS_NAME_LABEL in p["metadata"].get("labels", {})]
     assert len(lws_pods) == expected, f"{len(lws_pods)} LeaderWorkerSet pods, the sets ask for {expected}"
 

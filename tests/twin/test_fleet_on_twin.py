@@ -24,7 +24,7 @@ from infra.planning.capacity import pool_capacity
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import LWS_NAME_LABEL, assert_every_pod_bound, remove_fleet, remove_render
+from tests.twin.placement import LWS_NAME_LABEL, assert_every_pod_bound, remove_fleet, remove_render, users_objects
 from twin import dra, fleet
 from twin.cluster import kubectl
 from twin.nodes import stack_nodes
@@ -45,6 +45,8 @@ def applied_fleet(request, twin, tmp_path_factory):
     nodes = stack_nodes(spec)
     made = fleet.apply_each_pass(nodes)
     assert made.rejected == {}, made.rejected
+    if spec.model.weights.access_mode() == "secret":
+        users_objects(spec)  # dev's weights credentials, which its pods read and the user makes
     result = fleet.apply_each_pass(objects)
     # NVIDIA's DRA driver does not run on the twin: publish what it would (twin/dra.py).
     dra_stand_in = dra.stand_in(objects, nodes)
@@ -65,7 +67,9 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
     StatefulSet and each group's workers), and the real scheduler binds every pod: GPU pods to
     nodes of their own role's pool, a placed group inside one NVLink domain (a decode group
     alone in its domain), and no node past its allocatable GPUs or EFA devices. A pod left
-    Pending fails this test with what the scheduler said about it."""
+    Pending fails this test with what the scheduler said about it; so does a pod the twin's
+    kubelet refuses to start (a Secret, ConfigMap or key it references missing) or that never
+    turns Ready, with the kubelet's reason (twin/kubelet.py)."""
     assert_every_pod_bound(*applied_fleet)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from tests.twin.placement import namespace_for_pods
 from twin import fleet
 from twin.cluster import kubectl
 
@@ -34,12 +35,8 @@ def test_a_deleted_pod_held_by_a_finalizer_goes_to_a_terminal_phase_and_then_goe
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "held", "namespace": NAMESPACE, "finalizers": [HOLD]},
            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}
-    assert fleet.apply_each_pass([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-                                 ).rejected == {}
     try:
-        # The pod's ServiceAccount must exist first (the serviceaccount controller makes it).
-        assert fleet.wait_for("the default ServiceAccount", lambda: kubectl(
-            "get", "serviceaccount", "-n", NAMESPACE, "default", check=False).returncode == 0)
+        namespace_for_pods(NAMESPACE)
         assert fleet.apply_each_pass([pod]).rejected == {}
         assert fleet.wait_for("the pod Running", lambda: pod_phase("held") == "Running"), pod_phase("held")
         kubectl("delete", "pod", "-n", NAMESPACE, "held", "--wait=false")

@@ -1,0 +1,244 @@
+"""The twin's kubelet (twin/kubelet.py) without a cluster: its start checks against the rules of
+the kubelet at the pinned Kubernetes, kwok's pod-ready stage gated on them, and its probes run
+against a loopback HTTP server.
+
+The rules and messages come from k8s.io/kubernetes v1.34.4 (read in the module cache):
+pkg/kubelet/kubelet_pods.go makeEnvironmentVariables and getPullSecretsForPod,
+pkg/kubelet/kuberuntime/kuberuntime_container.go startContainer (CreateContainerConfigError),
+pkg/volume/secret/secret.go and pkg/volume/configmap/configmap.go MakePayload,
+pkg/volume/projected/projected.go collectData, pkg/kubelet/volumemanager/populator/
+desired_state_of_world_populator.go getPVCExtractPV, pkg/volume/util/operationexecutor/
+operation_executor.go GenerateError, pkg/kubelet/secret/secret_manager.go (not-found names),
+pkg/probe/http/http.go (200..399 succeeds), pkg/kubelet/prober/worker.go (thresholds, startup first).
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+import yaml
+
+from twin import kubelet
+
+NS = "pdstack-dev-r1"
+
+
+def lookup(objects: dict):
+    """get(kind, namespace, name) over {(kind, name): object}."""
+    return lambda kind, namespace, name: objects.get((kind, name)) if namespace == NS else None
+
+
+def pod(containers, volumes=(), init=(), **spec) -> dict:
+    return {"metadata": {"name": "p", "namespace": NS, "uid": "u"},
+            "spec": {"containers": [{"image": "i", **c} for c in containers],
+                     **({"initContainers": [{"image": "i", **c} for c in init]} if init else {}),
+                     "volumes": list(volumes), **spec}}
+
+
+SECRET = {"data": {"AWS_ACCESS_KEY_ID": "eA=="}}
+CONFIG = {"data": {"config.yaml": "a: 1"}, "binaryData": {"blob": "AA=="}}
+
+
+def test_a_missing_secret_in_env_from_is_create_container_config_error_unless_optional():
+    """envFrom secretRef: the kubelet's secret manager's NotFound, as the container's waiting
+    message (`secret "x" not found`), reason CreateContainerConfigError; optional: starts."""
+    p = pod([{"name": "fetch", "envFrom": [{"secretRef": {"name": "weights-s3-credentials"}}]}])
+    verdict = kubelet.start_checks(p, lookup({}))
+    assert not verdict.passed
+    assert [(f.container, f.reason, f.message) for f in verdict.containers] == [
+        ("fetch", "CreateContainerConfigError", 'secret "weights-s3-credentials" not found')]
+    assert kubelet.start_checks(p, lookup({("secret", "weights-s3-credentials"): SECRET})).passed
+    p["spec"]["containers"][0]["envFrom"][0]["secretRef"]["optional"] = True
+    assert kubelet.start_checks(p, lookup({})).passed
+
+
+@pytest.mark.parametrize("ref, objects, said", [
+    ({"secretKeyRef": {"name": "s", "key": "TOKEN"}}, {("secret", "s"): SECRET},
+     f"couldn't find key TOKEN in Secret {NS}/s"),
+    ({"configMapKeyRef": {"name": "c", "key": "blob"}}, {("configmap", "c"): CONFIG},  # env reads data only
+     f"couldn't find key blob in ConfigMap {NS}/c"),
+    ({"configMapKeyRef": {"name": "c", "key": "x"}}, {}, 'configmap "c" not found'),
+])
+def test_a_missing_key_or_object_in_env_value_from(ref, objects, said):
+    p = pod([{"name": "app", "env": [{"name": "X", "valueFrom": ref}]}])
+    assert [f.message for f in kubelet.start_checks(p, lookup(objects)).containers] == [said]
+    next(iter(ref.values()))["optional"] = True
+    assert kubelet.start_checks(p, lookup(objects)).passed
+
+
+def test_a_missing_config_map_key_in_a_volume_is_a_failed_mount():
+    """A configMap volume's item whose key is in neither data nor binaryData: FailedMount, the
+    containers waiting in ContainerCreating (pkg/volume/configmap/configmap.go MakePayload)."""
+    volume = {"name": "launch", "configMap": {"name": "router-launch", "items": [{"key": "config.yaml",
+                                                                                  "path": "config.yaml"}]}}
+    p = pod([{"name": "router"}], [volume])
+    verdict = kubelet.start_checks(p, lookup({("configmap", "router-launch"): {"data": {"other": ""}}}))
+    assert verdict.volumes == ('MountVolume.SetUp failed for volume "launch" : '
+                               "configmap references non-existent config key: config.yaml",)
+    status = kubelet.failed_status(p, verdict, "now")["status"]
+    assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
+    assert kubelet.condition({"status": status}, "Ready")["status"] == "False"
+    assert kubelet.start_checks(p, lookup({("configmap", "router-launch"): CONFIG})).passed
+    assert not kubelet.start_checks(p, lookup({})).passed  # the ConfigMap itself missing
+
+
+def test_projected_sources_aggregate_and_the_token_needs_the_service_account():
+    volume = {"name": "api", "projected": {"sources": [
+        {"secret": {"name": "s", "items": [{"key": "k", "path": "k"}]}},
+        {"serviceAccountToken": {"path": "token"}}]}}
+    p = pod([{"name": "app"}], [volume], serviceAccountName="engine")
+    assert kubelet.start_checks(p, lookup({("secret", "s"): SECRET})).volumes == (
+        'MountVolume.SetUp failed for volume "api" : [references non-existent secret key: k, '
+        'serviceaccounts "engine" not found]',)
+    assert kubelet.start_checks(p, lookup({("secret", "s"): {"data": {"k": ""}},
+                                           ("serviceaccount", "engine"): {}})).passed
+
+
+def test_a_claim_must_exist_and_be_bound():
+    p = pod([{"name": "app"}], [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}])
+    assert kubelet.start_checks(p, lookup({})).volumes == (
+        f'error processing PVC {NS}/c: failed to fetch PVC from API server: persistentvolumeclaims "c" not found',)
+    assert kubelet.start_checks(p, lookup({("persistentvolumeclaim", "c"): {"status": {"phase": "Pending"}}})
+                                ).volumes == (f"error processing PVC {NS}/c: PVC is not bound",)
+    assert kubelet.start_checks(p, lookup({("persistentvolumeclaim", "c"): {"status": {"phase": "Bound"}}})).passed
+
+
+def test_an_init_container_runs_first_and_alone():
+    """The first init container that cannot start is the only one reported (Init:...), the
+    regular containers wait in PodInitializing and Initialized is False."""
+    p = pod([{"name": "app", "envFrom": [{"secretRef": {"name": "other"}}]}],
+            init=[{"name": "fetch", "envFrom": [{"secretRef": {"name": "weights-s3-credentials"}}]}])
+    verdict = kubelet.start_checks(p, lookup({}))
+    assert [(f.container, f.init) for f in verdict.containers] == [("fetch", True)]
+    assert verdict.summary() == ('Init:CreateContainerConfigError (fetch): secret "weights-s3-credentials" '
+                                 "not found")
+    status = kubelet.failed_status(p, verdict, "now")["status"]
+    assert status["initContainerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+    assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert kubelet.condition({"status": status}, "Initialized")["status"] == "False"
+
+
+def test_a_missing_image_pull_secret_is_only_a_warning():
+    """getPullSecretsForPod: the kubelet warns and tries the pull anyway."""
+    verdict = kubelet.start_checks(pod([{"name": "app"}], imagePullSecrets=[{"name": "regcred"}]), lookup({}))
+    assert verdict.passed
+    assert verdict.warnings == (("FailedToRetrieveImagePullSecret", "Unable to retrieve some image pull secrets "
+                                 "(regcred); attempting to pull the image may not succeed."),)
+
+
+def test_kwoks_pod_ready_stage_waits_for_the_start_checks():
+    """kwok v0.8.0's own kustomize/stage/pod/fast/pod-ready.yaml (from its module), narrowed: both
+    variants select only pods whose start-checks condition is True; the one for pods a process
+    serves writes Running with Ready False and no container ready."""
+    from twin.crds import module
+    stage = yaml.safe_load(module("controllers", "sigs.k8s.io/kwok").file(
+        "kustomize/stage/pod/fast/pod-ready.yaml").read_text())
+    plain, probed = kubelet.ready_stages(stage)
+    for variant in (plain, probed):
+        assert {"key": f'.status.conditions.[] | select( .type == "{kubelet.CONDITION}" ) | .status',
+                "operator": "In", "values": ["True"]} in variant["spec"]["selector"]["matchExpressions"]
+    assert plain["spec"]["next"] == stage["spec"]["next"]
+    template = probed["spec"]["next"]["statusTemplate"]
+    containers = template.split("initContainerStatuses:")[0]
+    assert "ready: true" not in containers and 'status: "False"\n  type: Ready' in containers
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    answers: list[int] = []
+
+    def do_GET(self):
+        self.send_response(self.answers.pop(0) if self.answers else 200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_readiness_follows_the_probes_own_thresholds(health):
+    """A readiness probe (successThreshold 2, failureThreshold 2, periodSeconds 5) against a real
+    HTTP server on 127.0.0.1: ready only after two successes in a row, not ready after two
+    failures; a 503 fails and a 200 succeeds (pkg/probe/http/http.go). Time is the caller's
+    clock, so the periods are exact."""
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "successThreshold": 2,
+             "failureThreshold": 2}
+    p = pod([{"name": "engine", "ports": [{"name": "http", "containerPort": health}], "readinessProbe": probe}])
+    prober = kubelet.Prober(p, started_at=0)
+    Health.answers[:] = [503, 200, 200, 503, 503]
+    seen, failed = [], []
+    for t in (0, 1, 5, 10, 15, 20, 25):
+        seen.append(prober.run("127.0.0.1", t)["engine"])
+        failed.append(prober.failed)
+    # t=0: 503; t=1 not due; t=5: 200 (1 of 2); t=10: 200 -> ready; t=15: 503 (1 of 2); t=20: 503 -> not; t=25: 200
+    assert [ready for ready, _ in seen] == [False, False, False, True, True, False, False]
+    assert seen[5][1] == "HTTP probe failed with statuscode: 503"
+    assert [bool(f) for f in failed] == [True, False, False, False, True, True, False]
+    assert failed[5] == [("engine", "Readiness probe failed: HTTP probe failed with statuscode: 503")]
+
+
+def test_a_startup_probe_comes_first_and_a_closed_port_fails(health):
+    """Readiness is not probed until the startup probe succeeds (pkg/kubelet/prober/worker.go);
+    a TCP probe to a port nothing listens on fails (pkg/probe/tcp/tcp.go)."""
+    calls = []
+
+    def probe(spec, host, container):
+        calls.append(next(iter(k for k in spec if k.endswith(("Get", "Socket")))))
+        return kubelet.run_probe(spec, host, container)
+
+    import socket
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    p = pod([{"name": "engine", "startupProbe": {"tcpSocket": {"port": port}, "failureThreshold": 30},
+              "readinessProbe": {"httpGet": {"path": "/", "port": health}}}])
+    prober = kubelet.Prober(p, started_at=0)
+    ready, said = prober.run("127.0.0.1", 0, probe)["engine"]
+    assert (ready, calls) == (False, ["tcpSocket"]) and "probe failed" in said
+    p["spec"]["containers"][0]["startupProbe"]["tcpSocket"]["port"] = health
+    prober = kubelet.Prober(p, started_at=0)
+    calls.clear()
+    assert prober.run("127.0.0.1", 0, probe)["engine"][0] is True
+    assert calls == ["tcpSocket", "httpGet"]
+
+
+def test_a_grpc_probe_asks_the_health_service():
+    """The picker's readiness probe is gRPC (service `readiness`): the health protocol's Check
+    against a real gRPC server on 127.0.0.1; SERVING succeeds, NOT_SERVING fails with the
+    kubelet's words (pkg/probe/grpc/grpc.go), and a server without the service fails."""
+    from concurrent import futures
+
+    import grpc
+    asked, answer = [], [b"\x08\x02"]
+
+    def check(request, context):
+        asked.append(request)
+        return answer[0]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(check)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        probe = {"grpc": {"port": port, "service": "readiness"}, "timeoutSeconds": 5}
+        assert kubelet.run_probe(probe, "127.0.0.1", {}) == (
+            False, 'service unhealthy (responded with "NOT_SERVING")')
+        assert asked == [b"\x0a\x09readiness"]
+        answer[0] = b"\x08\x01"
+        assert kubelet.run_probe(probe, "127.0.0.1", {}) == (True, "service healthy")
+    finally:
+        server.stop(None)
+    ok, said = kubelet.run_probe(probe, "127.0.0.1", {})
+    assert not ok and said.startswith("error: health rpc probe failed: UNAVAILABLE"), said

@@ -1,0 +1,581 @@
+"""The twin's kubelet: the checks a kubelet makes before it starts a pod's containers, and the
+probes it runs after, for every pod bound to a kwok node. kwok starts no container; without
+this, its stages marked every bound pod Running and Ready at once, whatever it referenced.
+
+The rules are the kubelet's at the pinned Kubernetes (k8s.io/kubernetes v1.34.4):
+- volumes, before any container (pkg/kubelet/kubelet.go SyncPod: WaitForAttachAndMount; a
+  failure is a FailedMount event and the containers stay waiting, ContainerCreating, or
+  PodInitializing when the pod has init containers, pkg/kubelet/kubelet_pods.go
+  convertToAPIContainerStatuses): a secret volume's Secret and each item's key
+  (pkg/volume/secret/secret.go SetUpAt, MakePayload), a configMap volume's ConfigMap and each
+  item's key in data or binaryData (pkg/volume/configmap/configmap.go SetUpAt, MakePayload),
+  each projected source the same way and a serviceAccountToken source's ServiceAccount (the
+  token request fails without it), errors aggregated (pkg/volume/projected/projected.go
+  collectData); a PVC that exists and is Bound (pkg/kubelet/volumemanager/populator/
+  desired_state_of_world_populator.go getPVCExtractPV). `optional: true` excuses a missing
+  object or key. The event reads "MountVolume.SetUp failed for volume ..." as
+  pkg/volume/util/operationexecutor/operation_executor.go GenerateError writes it.
+- each container's environment, init containers first and in order (pkg/kubelet/kubelet_pods.go
+  makeEnvironmentVariables: envFrom's ConfigMap and Secret, then env's configMapKeyRef and
+  secretKeyRef with their keys in `data`; pkg/kubelet/kuberuntime/kuberuntime_container.go
+  startContainer: the error is the container's waiting message with the reason
+  CreateContainerConfigError, and a `Failed` event "Error: ..."). A not-found reads as the
+  kubelet's secret and configmap managers name it (`secret "x" not found`,
+  pkg/kubelet/secret/secret_manager.go, pkg/kubelet/configmap/configmap_manager.go).
+- imagePullSecrets: a missing one is only a FailedToRetrieveImagePullSecret warning, and the
+  pod starts (pkg/kubelet/kubelet_pods.go getPullSecretsForPod).
+A pod that fails stays Pending and not Ready, with the reason in its container statuses; the
+checks run again every round, as a kubelet retries, so a Secret made later lets it start.
+
+Gating: a pod that passes gets the condition CONDITION True, and kwok's own pod-ready stage is
+narrowed to pods that carry it (`ready_stages`): kwok still writes Running and Ready, as
+before, but never before these checks pass. A pod something really serves (annotated PROCESS
+by what starts its process at the pod's address) gets kwok's Running with Ready False instead,
+and readiness follows its rendered startupProbe and readinessProbe, each run by `Prober` with
+its own period and thresholds (pkg/kubelet/prober). A pod with no process keeps kwok's Ready
+once its start checks pass.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CONDITION = "twin.pdstack.io/start-checks"  # a pod condition: the twin's kubelet's start checks passed
+PROCESS = "twin.pdstack.io/process"  # an annotation: a real process serves this pod at its address
+CONFIG_ERROR = "CreateContainerConfigError"
+KIND_PATHS = {"secret": "secrets", "configmap": "configmaps", "persistentvolumeclaim": "persistentvolumeclaims",
+              "serviceaccount": "serviceaccounts"}
+
+
+# --- the start checks: pure functions of a pod and a lookup -----------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    """One thing the kubelet would refuse. `container` is None for the pod's volumes."""
+    container: str | None
+    init: bool
+    message: str
+
+    @property
+    def reason(self) -> str:
+        return CONFIG_ERROR if self.container else "FailedMount"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    volumes: tuple[str, ...] = ()  # FailedMount event messages
+    containers: tuple[Failure, ...] = ()  # the first init container that fails, or every regular one
+    warnings: tuple[tuple[str, str], ...] = ()  # (event reason, message): the pod still starts
+
+    @property
+    def passed(self) -> bool:
+        return not self.volumes and not self.containers
+
+    def summary(self) -> str:
+        """One line: the kubelet's reason and message, as the tests print it."""
+        if self.volumes:
+            return "ContainerCreating: FailedMount: " + "; ".join(self.volumes)
+        return "; ".join(f"{'Init:' if f.init else ''}{CONFIG_ERROR} ({f.container}): {f.message}"
+                         for f in self.containers)
+
+
+def _optional(ref: dict) -> bool:
+    return bool(ref.get("optional"))
+
+
+def _not_found(kind: str, name: str) -> str:
+    return f'{kind} "{name}" not found'
+
+
+def _keys_error(kind: str, obj: dict | None, items: list[dict], optional: bool) -> str | None:
+    """A secret or configMap volume source's items against the object (MakePayload)."""
+    keys = set((obj or {}).get("data") or {})
+    if kind == "configmap":
+        keys |= set((obj or {}).get("binaryData") or {})
+    for item in items or ():
+        if item["key"] not in keys and not optional:
+            return (f"references non-existent secret key: {item['key']}" if kind == "secret"
+                    else f"configmap references non-existent config key: {item['key']}")
+    return None
+
+
+def _source_error(kind: str, source: dict, name_field: str, namespace: str, get) -> str | None:
+    name = source.get(name_field, "")
+    obj = get(kind, namespace, name)
+    if obj is None and not _optional(source):
+        return _not_found(kind, name)
+    return _keys_error(kind, obj, source.get("items"), _optional(source))
+
+
+def volume_errors(pod: dict, get) -> tuple[str, ...]:
+    """FailedMount messages, one per volume that cannot be set up."""
+    namespace = pod["metadata"]["namespace"]
+    out = []
+    for volume in pod["spec"].get("volumes") or ():
+        errors = []
+        if "secret" in volume:
+            errors.append(_source_error("secret", volume["secret"], "secretName", namespace, get))
+        elif "configMap" in volume:
+            errors.append(_source_error("configmap", volume["configMap"], "name", namespace, get))
+        elif "projected" in volume:
+            for source in volume["projected"].get("sources") or ():
+                if "secret" in source:
+                    errors.append(_source_error("secret", source["secret"], "name", namespace, get))
+                elif "configMap" in source:
+                    errors.append(_source_error("configmap", source["configMap"], "name", namespace, get))
+                elif "serviceAccountToken" in source:
+                    account = pod["spec"].get("serviceAccountName") or "default"
+                    if get("serviceaccount", namespace, account) is None:
+                        errors.append(f'serviceaccounts "{account}" not found')
+        elif "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            pvc = get("persistentvolumeclaim", namespace, claim)
+            why = (f"failed to fetch PVC from API server: persistentvolumeclaims \"{claim}\" not found"
+                   if pvc is None else None if (pvc.get("status") or {}).get("phase") == "Bound"
+                   else "PVC is not bound")
+            if why:
+                out.append(f"error processing PVC {namespace}/{claim}: {why}")
+            continue
+        errors = [e for e in errors if e]
+        if errors:  # utilerrors.NewAggregate: one error as itself, several in brackets
+            said = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+            out.append(f'MountVolume.SetUp failed for volume "{volume["name"]}" : {said}')
+    return tuple(out)
+
+
+def env_error(pod: dict, container: dict, get) -> str | None:
+    """makeEnvironmentVariables' error for one container, or None."""
+    namespace = pod["metadata"]["namespace"]
+    for source in container.get("envFrom") or ():
+        for field_name, kind in (("configMapRef", "configmap"), ("secretRef", "secret")):
+            ref = source.get(field_name)
+            if ref is not None and get(kind, namespace, ref.get("name", "")) is None and not _optional(ref):
+                return _not_found(kind, ref.get("name", ""))
+    for env in container.get("env") or ():
+        if env.get("value") or not env.get("valueFrom"):
+            continue
+        for field_name, kind, title in (("configMapKeyRef", "configmap", "ConfigMap"),
+                                        ("secretKeyRef", "secret", "Secret")):
+            ref = env["valueFrom"].get(field_name)
+            if ref is None:
+                continue
+            obj = get(kind, namespace, ref.get("name", ""))
+            if obj is None:
+                if not _optional(ref):
+                    return _not_found(kind, ref.get("name", ""))
+            elif ref["key"] not in (obj.get("data") or {}) and not _optional(ref):
+                return f"couldn't find key {ref['key']} in {title} {namespace}/{ref.get('name', '')}"
+    return None
+
+
+def start_checks(pod: dict, get) -> Verdict:
+    """What a kubelet finds before it starts this pod's containers. `get(kind, namespace, name)`
+    returns the object (kind: secret, configmap, persistentvolumeclaim, serviceaccount) or None."""
+    spec = pod["spec"]
+    namespace = pod["metadata"]["namespace"]
+    missing_pull = [ref["name"] for ref in spec.get("imagePullSecrets") or ()
+                    if get("secret", namespace, ref["name"]) is None]
+    warnings = ((("FailedToRetrieveImagePullSecret",
+                  f"Unable to retrieve some image pull secrets ({', '.join(missing_pull)}); "
+                  "attempting to pull the image may not succeed."),) if missing_pull else ())
+    volumes = volume_errors(pod, get)
+    if volumes:
+        return Verdict(volumes=volumes, warnings=warnings)
+    for container in spec.get("initContainers") or ():  # one at a time, in order
+        said = env_error(pod, container, get)
+        if said:
+            return Verdict(containers=(Failure(container["name"], True, said),), warnings=warnings)
+    failures = tuple(Failure(c["name"], False, said) for c in spec["containers"]
+                     if (said := env_error(pod, c, get)))
+    return Verdict(containers=failures, warnings=warnings)
+
+
+def failed_status(pod: dict, verdict: Verdict, now: str) -> dict:
+    """The status a kubelet reports for a pod it cannot start (a strategic merge patch)."""
+    spec = pod["spec"]
+    has_init = bool(spec.get("initContainers"))
+    waiting_default = "PodInitializing" if has_init else "ContainerCreating"
+    failing = {f.container: f for f in verdict.containers}
+    init_failed = any(f.init for f in verdict.containers)
+
+    def status_of(container: dict, init: bool) -> dict:
+        failure = failing.get(container["name"])
+        if failure:
+            state = {"waiting": {"reason": CONFIG_ERROR, "message": failure.message}}
+        elif verdict.containers and not init and not init_failed:  # the kubelet started the others
+            return {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                    "restartCount": 0, "started": True, "state": {"running": {"startedAt": now}}}
+        elif init and verdict.containers and not init_failed:  # the init containers completed
+            state = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+        else:
+            state = {"waiting": {"reason": waiting_default}}
+        return {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                "restartCount": 0, "started": False, "state": state}
+
+    not_ready = [c["name"] for c in spec["containers"]]
+    reason = verdict.volumes and "FailedMount" or CONFIG_ERROR
+    conditions = [
+        {"type": CONDITION, "status": "False", "reason": reason, "message": verdict.summary(),
+         "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+         "message": f"containers with unready status: [{' '.join(not_ready)}]", "lastTransitionTime": now},
+        {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+         "message": f"containers with unready status: [{' '.join(not_ready)}]", "lastTransitionTime": now}]
+    if has_init:
+        pending = [c["name"] for c in spec["initContainers"]] if (verdict.volumes or init_failed) else []
+        conditions.append({"type": "Initialized", "status": "False" if pending else "True", "lastTransitionTime": now,
+                           **({"reason": "ContainersNotInitialized",
+                               "message": f"containers with incomplete status: [{' '.join(pending)}]"}
+                              if pending else {})})
+    status = {"phase": "Pending", "conditions": conditions,
+              "containerStatuses": [status_of(c, False) for c in spec["containers"]]}
+    if has_init:
+        status["initContainerStatuses"] = [status_of(c, True) for c in spec["initContainers"]]
+    return {"status": status}
+
+
+def passed_status(now: str) -> dict:
+    """The gate kwok's narrowed pod-ready stage waits for; the waiting statuses written while the
+    pod failed are dropped (null deletes in a strategic merge patch), so kwok's running ones replace them."""
+    return {"status": {"conditions": [{"type": CONDITION, "status": "True", "reason": "StartChecksPassed",
+                                       "lastTransitionTime": now}],
+                       "containerStatuses": None, "initContainerStatuses": None}}
+
+
+def condition(pod: dict, kind: str) -> dict | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or () if c.get("type") == kind), None)
+
+
+# --- the gate in kwok's stages -----------------------------------------------------------------
+
+def ready_stages(pod_ready: dict) -> list[dict]:
+    """kwok's pod-ready stage (read from its module, twin/crds.py kwok_stages) as two: for pods
+    that passed the start checks (CONDITION True), the stage as kwok publishes it for pods no
+    process serves, and for pods a process serves (annotation PROCESS) the same Running status
+    with Ready and ContainersReady False and no container ready, which the prober then sets."""
+    gate = {"key": f'.status.conditions.[] | select( .type == "{CONDITION}" ) | .status',
+            "operator": "In", "values": ["True"]}
+    served = {"key": f'.metadata.annotations["{PROCESS}"]', "operator": "Exists"}
+    plain = yaml.safe_load(yaml.safe_dump(pod_ready))
+    plain["spec"]["selector"]["matchExpressions"] += [gate, {**served, "operator": "DoesNotExist"}]
+    probed = yaml.safe_load(yaml.safe_dump(pod_ready))
+    probed["metadata"]["name"] = pod_ready["metadata"]["name"] + "-probed"
+    probed["spec"]["selector"]["matchExpressions"] += [gate, served]
+    template = probed["spec"]["next"]["statusTemplate"]
+    containers, init = template.split("initContainerStatuses:", 1)
+    edits = [('status: "True"\ntype: Ready', 'status: "False"\ntype: Ready'),  # lines, compared stripped
+             ('status: "True"\ntype: ContainersReady', 'status: "False"\ntype: ContainersReady'),
+             ("ready: true", "ready: false")]
+    for old, new in edits:
+        flat = "\n".join(line.strip() for line in containers.splitlines())
+        if flat.count(old) != 1:
+            raise RuntimeError(f"kwok's pod-ready stage changed: {old!r} is not once in its statusTemplate "
+                               "(twin/kubelet.py ready_stages)")
+        containers = _replace_ignoring_indent(containers, old, new)
+    probed["spec"]["next"]["statusTemplate"] = containers + "initContainerStatuses:" + init
+    return [plain, probed]
+
+
+def _replace_ignoring_indent(text: str, old: str, new: str) -> str:
+    """Replace the lines `old` (compared stripped) with `new`, each keeping its line's indent."""
+    lines, old_lines, new_lines = text.splitlines(keepends=True), old.split("\n"), new.split("\n")
+    for i in range(len(lines) - len(old_lines) + 1):
+        if [line.strip() for line in lines[i:i + len(old_lines)]] == old_lines:
+            for j, replacement in enumerate(new_lines):
+                line = lines[i + j]
+                indent = line[:len(line) - len(line.lstrip())]
+                lines[i + j] = indent + replacement + ("\n" if line.endswith("\n") else "")
+            return "".join(lines)
+    raise RuntimeError(f"{old!r} not found")
+
+
+# --- probes ------------------------------------------------------------------------------------
+
+def _port(value, container: dict) -> int:
+    if isinstance(value, int) or str(value).isdigit():
+        return int(value)
+    for port in container.get("ports") or ():
+        if port.get("name") == value:
+            return int(port["containerPort"])
+    raise ValueError(f"no container port named {value!r}")
+
+
+def run_probe(probe: dict, host: str, container: dict) -> tuple[bool, str]:
+    """One probe, as the kubelet's prober runs it (pkg/probe/http/http.go DoHTTPProbe: a status
+    from 200 to 399 succeeds, another fails "with statuscode"; pkg/probe/tcp/tcp.go: a connection
+    succeeds; exec: exit code 0),
+    with its timeoutSeconds (default 1). Returns (success, what was seen)."""
+    timeout = float(probe.get("timeoutSeconds") or 1)
+    try:
+        if "httpGet" in probe:
+            get = probe["httpGet"]
+            scheme = (get.get("scheme") or "HTTP").upper()
+            target = get.get("host") or host
+            port = _port(get["port"], container)
+            conn = (http.client.HTTPSConnection(target, port, timeout=timeout,
+                                                context=ssl._create_unverified_context())  # as the kubelet: no verify
+                    if scheme == "HTTPS" else http.client.HTTPConnection(target, port, timeout=timeout))
+            try:
+                headers = {"User-Agent": "kube-probe/1.34", "Accept": "*/*",
+                           **{h["name"]: h["value"] for h in get.get("httpHeaders") or ()}}
+                conn.request("GET", get.get("path") or "/", headers=headers)
+                code = conn.getresponse().status
+            finally:
+                conn.close()
+            if 200 <= code < 400:
+                return True, f"HTTP probe {scheme.lower()}://{target}:{port}{get.get('path') or '/'}: {code}"
+            return False, f"HTTP probe failed with statuscode: {code}"
+        if "tcpSocket" in probe:
+            port = _port(probe["tcpSocket"]["port"], container)
+            with socket.create_connection((probe["tcpSocket"].get("host") or host, port), timeout=timeout):
+                return True, f"TCP probe port {port}: connected"
+        if "exec" in probe:
+            done = subprocess.run(probe["exec"]["command"], capture_output=True, timeout=timeout)
+            return done.returncode == 0, f"exec probe: exit {done.returncode}"
+        if "grpc" in probe:
+            return _grpc_probe(host, int(probe["grpc"]["port"]), probe["grpc"].get("service") or "", timeout)
+    except (OSError, ValueError, subprocess.TimeoutExpired, http.client.HTTPException) as exc:
+        return False, f"probe failed: {exc}"
+    return False, "a probe with no handler"
+
+
+GRPC_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _grpc_probe(host: str, port: int, service: str, timeout: float) -> tuple[bool, str]:
+    """The gRPC health protocol's Check (grpc.health.v1.Health), as pkg/probe/grpc/grpc.go calls
+    it: SERVING succeeds. The messages are encoded by hand (HealthCheckRequest: field 1, the
+    service; HealthCheckResponse: field 1, the status enum) to need no generated code."""
+    import grpc  # the Pulumi SDK's dependency, in the project's virtualenv
+    name = service.encode()
+    request = b"\x0a" + bytes([len(name)]) + name if name else b""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            answer = check(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return False, ("error: this server does not implement the grpc health protocol "
+                               f"(grpc.health.v1.Health): {exc.details()}")
+            return False, f"error: health rpc probe failed: {exc.code().name}: {exc.details()}"
+    status = answer[1] if len(answer) >= 2 and answer[0] == 0x08 else 0
+    if status != 1:
+        return False, f'service unhealthy (responded with "{GRPC_STATUS.get(status, status)}")'
+    return True, "service healthy"
+
+
+@dataclass
+class ProbeState:
+    """One probe of one container: its consecutive results and when it runs next."""
+    probe: dict
+    next_at: float
+    successes: int = 0
+    failures: int = 0
+    result: bool = False  # readiness and startup both start as failure (pkg/kubelet/prober/worker.go)
+    said: str = ""
+
+    def record(self, ok: bool, said: str, now: float) -> None:
+        self.said = said
+        self.next_at = now + float(self.probe.get("periodSeconds") or 10)
+        if ok:
+            self.successes, self.failures = self.successes + 1, 0
+            if self.successes >= int(self.probe.get("successThreshold") or 1):
+                self.result = True
+        else:
+            self.failures, self.successes = self.failures + 1, 0
+            if self.failures >= int(self.probe.get("failureThreshold") or 3):
+                self.result = False
+
+
+@dataclass
+class Prober:
+    """The startup and readiness probes of one pod's containers (pkg/kubelet/prober/worker.go):
+    a startup probe runs until it succeeds, the readiness probe only after; a container with
+    no readiness probe is ready once started. `run` is called often; each probe runs on its
+    own period after initialDelaySeconds."""
+    pod: dict
+    started_at: float
+    probes: dict[tuple[str, str], ProbeState] = field(default_factory=dict)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (container, event message) of the last run
+
+    def __post_init__(self):
+        for container in self.pod["spec"]["containers"]:
+            for kind in ("startupProbe", "readinessProbe"):
+                if container.get(kind):
+                    delay = float(container[kind].get("initialDelaySeconds") or 0)
+                    self.probes[(container["name"], kind)] = ProbeState(container[kind], self.started_at + delay)
+
+    def run(self, host: str, now: float, probe=run_probe) -> dict[str, tuple[bool, str]]:
+        """Run what is due; each container's (ready, what its probes last said). The failures of
+        this run are left in `failed`, as the kubelet's Unhealthy events word them
+        (pkg/kubelet/prober/prober.go runProbeWithRetries' caller: "<Kind> probe failed: <output>")."""
+        out, self.failed = {}, []
+        for container in self.pod["spec"]["containers"]:
+            name = container["name"]
+            startup, readiness = self.probes.get((name, "startupProbe")), self.probes.get((name, "readinessProbe"))
+            for state in (startup, readiness):
+                if state is None or (state is readiness and startup is not None and not startup.result):
+                    continue
+                if state is startup and state.result:
+                    continue  # a startup probe stops once it has succeeded
+                if now >= state.next_at:
+                    ok, said = probe(state.probe, host, container)
+                    state.record(ok, said, now)
+                    if not ok:
+                        kind = "Startup" if state is startup else "Readiness"
+                        self.failed.append((name, f"{kind} probe failed: {said}"))
+            started = startup is None or startup.result
+            ready = started and (readiness is None or readiness.result)
+            out[name] = (ready, "; ".join(s.said for s in (startup, readiness) if s and s.said))
+        return out
+
+
+# --- the loop that runs beside kwok ---------------------------------------------------------
+
+class Api:
+    """The API server, as the kubeconfig's user (HTTPS with its client certificate)."""
+
+    def __init__(self, kubeconfig: Path):
+        config = yaml.safe_load(kubeconfig.read_text())
+        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+        url = urllib.parse.urlsplit(cluster["server"])
+        self.host, self.port = url.hostname, url.port
+        self.context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.context.load_cert_chain(user["client-certificate"], user["client-key"])
+
+    def call(self, method: str, path: str, body: dict | None = None,
+             content_type: str = "application/json") -> dict | None:
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=30)
+        try:
+            conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                         headers={"Content-Type": content_type, "Accept": "application/json"})
+            answer = conn.getresponse()
+            data = answer.read()
+        finally:
+            conn.close()
+        if answer.status == 404:
+            return None
+        if answer.status >= 300:
+            raise OSError(f"{method} {path}: {answer.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def items(self, path: str) -> list[dict]:
+        return (self.call("GET", path) or {}).get("items", [])
+
+    def patch_status(self, pod: dict, patch: dict) -> None:
+        meta = pod["metadata"]
+        self.call("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status", patch,
+                  "application/strategic-merge-patch+json")
+
+    def event(self, pod: dict, kind: str, reason: str, message: str, now: str) -> None:
+        meta = pod["metadata"]
+        self.call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "type": kind, "reason": reason, "message": message, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now,
+            "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}})
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Kubelet:
+    """One round a second: every bound Pending pod is checked (again), every Running pod a
+    process serves is probed."""
+
+    def __init__(self, api: Api):
+        self.api = api
+        self.said: dict[str, str] = {}  # pod uid -> the last verdict written (events once per change)
+        self.probers: dict[str, Prober] = {}
+
+    def lookup(self):
+        cache: dict[tuple[str, str], dict[str, dict]] = {}
+
+        def get(kind: str, namespace: str, name: str) -> dict | None:
+            if (kind, namespace) not in cache:
+                cache[(kind, namespace)] = {o["metadata"]["name"]: o for o in self.api.items(
+                    f"/api/v1/namespaces/{namespace}/{KIND_PATHS[kind]}")}
+            return cache[(kind, namespace)].get(name)
+        return get
+
+    def round(self) -> None:
+        get = self.lookup()
+        for pod in self.api.items("/api/v1/pods?fieldSelector=status.phase%3DPending"):
+            if not pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            gate = condition(pod, CONDITION)
+            if gate and gate["status"] == "True":
+                continue  # passed: kwok's stage takes it from here
+            self.check(pod, get)
+        live = set()
+        for pod in self.api.items("/api/v1/pods?fieldSelector=status.phase%3DRunning"):
+            if PROCESS in (pod["metadata"].get("annotations") or {}) and not pod["metadata"].get("deletionTimestamp"):
+                live.add(pod["metadata"]["uid"])
+                self.probe(pod)
+        self.probers = {uid: p for uid, p in self.probers.items() if uid in live}
+
+    def check(self, pod: dict, get) -> None:
+        verdict = start_checks(pod, get)
+        uid, now, line = pod["metadata"]["uid"], _now(), verdict.summary()
+        if self.said.get(uid) == line and not verdict.passed:
+            return  # written once per change, its events with it (the kubelet's recorder aggregates repeats)
+        self.said[uid] = line
+        self.api.patch_status(pod, passed_status(now) if verdict.passed else failed_status(pod, verdict, now))
+        for reason, message in verdict.warnings:
+            self.api.event(pod, "Warning", reason, message, now)
+        for message in verdict.volumes:
+            self.api.event(pod, "Warning", "FailedMount", message, now)
+        for failure in verdict.containers:
+            self.api.event(pod, "Warning", "Failed", f"Error: {failure.message}", now)
+
+    def probe(self, pod: dict) -> None:
+        uid, host = pod["metadata"]["uid"], pod["status"].get("podIP")
+        if not host:
+            return
+        prober = self.probers.setdefault(uid, Prober(pod, time.monotonic()))
+        results = prober.run(host, time.monotonic())
+        for container, message in prober.failed:  # one event per distinct failure (the recorder aggregates)
+            if self.said.get(f"{uid}/{container}") != message:
+                self.said[f"{uid}/{container}"] = message
+                self.api.event(pod, "Warning", "Unhealthy", message, _now())
+        statuses = {c["name"]: c for c in pod["status"].get("containerStatuses") or ()}
+        if all(statuses.get(name, {}).get("ready") == ready for name, (ready, _) in results.items()):
+            return
+        now, all_ready = _now(), all(ready for ready, _ in results.values())
+        unready = " ".join(name for name, (ready, _) in results.items() if not ready)
+        ready_condition = {"status": "True" if all_ready else "False", "lastTransitionTime": now,
+                           **({} if all_ready else {"reason": "ContainersNotReady",
+                                                   "message": f"containers with unready status: [{unready}]"})}
+        self.api.patch_status(pod, {"status": {
+            "conditions": [{"type": "Ready", **ready_condition}, {"type": "ContainersReady", **ready_condition}],
+            "containerStatuses": [{"name": name, "ready": ready, "started": True}
+                                  for name, (ready, _) in results.items()]}})
+
+
+def main(argv: list[str]) -> int:
+    """python -m twin.kubelet <kubeconfig>: run until killed (the supervisor owns this process)."""
+    kubelet = Kubelet(Api(Path(argv[0])))
+    while True:
+        try:
+            kubelet.round()
+        except OSError as exc:  # the API server busy or restarting: the next round tries again
+            print(f"twin kubelet: {exc}", file=sys.stderr, flush=True)
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
