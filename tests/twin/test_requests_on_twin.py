@@ -1,0 +1,122 @@
+"""A request answered on the twin: dev (SGLang) rendered and applied, the router and engine pods
+started as processes at their pod addresses (twin/pods.py), and one chat request sent to the
+router's pod address, answered through the real sglang-router 0.3.2 (the engines' CPU virtualenv,
+with the rendered flags, finding its workers by service discovery through the twin's API server)
+by the engine stand-ins (twin/engine_standin.py), prefill and decode both taking part as PD mode
+has them (sglang-router 0.3.2 routers/http/pd_router.rs: both get the request, with the prefill's
+bootstrap address and room; the decode asks that prefill's bootstrap server, SGLang 0.5.23
+disaggregation/common/conn.py CommonKVBootstrapServer, before it answers).
+
+A flag the router refuses, or one the engine's own parser refuses (sglang 0.5.23
+ServerArgs.add_cli_args), ends that process, and the runner reports it with the program's reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from tests.twin.conftest import FIGURES
+from tests.twin.placement import assert_every_pod_bound, remove_render, users_objects
+from twin import dra, fleet, pods
+from twin.cluster import TwinError
+from twin.nodes import stack_nodes
+
+@pytest.fixture(scope="module")
+def dev_applied(twin, tmp_path_factory):
+    """dev's render applied on nodes of its pools, every pod bound; removed afterwards."""
+    from infra.spec import stack_spec_path
+    from infra.spec_checks import load_spec
+
+    spec = load_spec(stack_spec_path("dev"))
+    objects = fleet.render("dev", tmp_path_factory.mktemp("dev-requests"))
+    nodes = stack_nodes(spec)
+    assert fleet.apply_each_pass(nodes).rejected == {}
+    users_objects(spec)
+    result = fleet.apply_each_pass(objects)
+    assert result.rejected == {}, result.rejected
+    assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
+    assert_every_pod_bound(spec, objects, result, "dev-sglang (requests)")
+    yield spec, objects
+    remove_render(spec, objects)
+
+
+def _launch_script(objects: list[dict], name: str) -> dict:
+    return copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name))
+
+
+def _wait_exit(processes: pods.PodProcesses, timeout: float = 300) -> str:
+    """The reason the runner gives once a started process has exited (fails if none exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            processes.check()
+        except TwinError as exc:
+            return str(exc)
+        time.sleep(0.5)
+    pytest.fail(f"no process exited within {timeout:.0f} s: " + ", ".join(p.name for p in processes.started))
+
+
+def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_applied, tmp_path):
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    started_at = time.monotonic()
+    processes = pods.start_processes(namespace, folder=tmp_path / "pods")
+    try:
+        by_role = {p.role: p for p in processes.started}
+        assert set(by_role) == {"router", "prefill", "decode"}, by_role
+        for pod in fleet.get("pods", "-n", namespace):
+            if pod["metadata"]["name"] in {p.name for p in processes.started}:
+                assert pod["metadata"]["annotations"][pods.PROCESS_ANNOTATION] == "running"
+
+        answer = pods.send_request(processes, namespace, spec.model.name)
+        assert answer["object"] == "chat.completion" and answer["model"] == spec.model.name
+        content = answer["choices"][0]["message"]["content"]
+        prefill, decode = by_role["prefill"], by_role["decode"]
+        # the decode answered after the prefill named in the router's bootstrap fields took the room
+        assert f"prefill {prefill.ip}:" in content, content
+
+        def requests_served(pod: pods.Started) -> float:
+            status, text = processes.request(pod.ip, 30000, "/metrics")
+            assert status == 200, text
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("sglang:num_requests_total{"))
+
+        served = {role: requests_served(by_role[role]) for role in ("prefill", "decode")}
+        assert served["prefill"] >= 1 and served["decode"] >= 1, served
+        processes.check()
+        FIGURES.append(f"dev-sglang requests: router + {len(processes.started) - 1} engine stand-ins started at their "
+                       f"pod addresses; 1 chat request answered through sglang-router 0.3.2 (prefill {prefill.ip} "
+                       f"served {served['prefill']:.0f}, decode {decode.ip} served {served['decode']:.0f}) in "
+                       f"{time.monotonic() - started_at:.0f} s")
+    finally:
+        processes.stop()
+
+
+@pytest.mark.parametrize("config_map, role, old, new, said", [
+    # sglang-router 0.3.2 router_args.py: --prefill-policy takes one of its policy names
+    ("router-launch", "router", "--prefill-policy cache_aware", "--prefill-policy cache_awar", "cache_awar"),
+    # sglang 0.5.23 ServerArgs.add_cli_args: --disaggregation-mode choices null, prefill, decode
+    ("engine-decode-launch", "decode", "--disaggregation-mode decode", "--disaggregation-mode decod",
+     "invalid choice: 'decod'"),
+])
+def test_a_flag_its_program_refuses_ends_the_process(dev_applied, tmp_path, config_map, role, old, new, said):
+    """The launch script as the ConfigMap carries it, one flag corrupted: the program exits and the
+    runner reports its reason."""
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    original = _launch_script(objects, config_map)
+    broken = copy.deepcopy(original)
+    assert old in broken["data"]["launch.sh"]
+    broken["data"]["launch.sh"] = broken["data"]["launch.sh"].replace(old, new)
+    assert fleet.apply_each_pass([broken]).rejected == {}
+    processes = pods.PodProcesses(folder=tmp_path / "pods")
+    try:
+        processes.start(namespace, select=lambda pod: pods.runs_as(pod) == role)
+        reason = _wait_exit(processes)
+        assert said in reason, reason
+    finally:
+        processes.stop()
+        assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered

@@ -1,0 +1,578 @@
+"""Processes at the pods' addresses: what a kubelet and a CNI would do for the pods the twin can
+run on a CPU (the router, and each engine pod with the engine replaced by twin/engine_standin.py).
+
+Network: a pod network of its own, never the machine's. A hub network namespace (`unshare --net`)
+holds a bridge; each started pod gets a network namespace of its own with a veth on that bridge and
+its pod IP (the address kwok wrote into its status, from cluster.POD_CIDR) on it, so two pods may
+both bind 0.0.0.0:30000 as they do on a cluster, and nothing they bind is on the machine's
+interfaces. The hub carries the `kubernetes` Service's address (the first of cluster.SERVICE_CIDR),
+forwarded to the API server through a Unix socket (twin/netns.py), so in-cluster clients reach the
+twin's API server as in a pod; and a Unix socket (`pod-network.sock`) through which a caller on
+the machine opens a TCP connection to any pod address (send_request).
+
+Files: a mount namespace per pod (`unshare --mount --propagation private`): each volume is made
+in the pod's folder (ConfigMap and Secret keys, the projected service-account token from the
+TokenRequest API with kube-root-ca.crt and the namespace, emptyDir, hostPath under the node's
+folder) and bind-mounted at its mountPath, read-only where the pod says; a mount point the machine
+lacks is made in an overlay (its upper layer on a tmpfs of the pod's), so nothing is written to
+the machine's folders. Env: the container's env and envFrom, valueFrom read from the twin's API,
+plus what the kubelet adds (KUBERNETES_SERVICE_HOST/PORT, HOSTNAME). Command: the container's
+command and args as rendered (an image's own entrypoint is not known here: such a pod is not run).
+PATH: the engines' CPU virtualenv (sglang-router and its Python) behind a `python3` that runs the
+engine stand-in for `-m sglang.launch_server` and the virtualenv's python3 for anything else.
+
+A started pod is annotated `twin.pdstack.dev/process: running` (its probes can then be run
+against it). A process that exits is reported with the end of its log (PodProcesses.check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import http.client
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from twin import netns
+from infra import naming
+from twin.cluster import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
+from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
+from twin.process import die_with_parent
+
+PROCESS_ANNOTATION = "twin.pdstack.dev/process"
+NAME_LABEL = "app.kubernetes.io/name"
+POD_NETWORK = ipaddress.ip_network(POD_CIDR, strict=False)
+KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
+KUBERNETES_SERVICE_PORT = 443
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+STANDIN = ROOT / "twin" / "engine_standin.py"
+PATH_TAIL = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CLIENT_SOCKET = "pod-network.sock"
+
+
+def _netns_inode(pid: int | str) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def _await_netns_of_its_own(proc: subprocess.Popen, what: str) -> None:
+    """Until `proc` (started by `unshare --net`) is in a network namespace other than ours: a
+    command aimed at its namespace before then would change the machine's network."""
+    ours = _netns_inode("self")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TwinError(f"{what} exited ({proc.returncode}) before its network namespace was made")
+        try:
+            if _netns_inode(proc.pid) != ours:
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise TwinError(f"{what} was not in a network namespace of its own within 60 s")
+
+
+def _inside(pid: int, *command: str) -> None:
+    """Run `command` in the network namespace of `pid`, which must not be ours (the machine's)."""
+    if _netns_inode(pid) == _netns_inode("self"):
+        raise TwinError(f"refused: process {pid} is in the machine's network namespace ({' '.join(command)})")
+    done = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", *command], capture_output=True, text=True)
+    if done.returncode:
+        raise TwinError(f"{' '.join(command)} (in {pid}'s network namespace): {done.stderr.strip()}")
+
+
+def _spawn(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=cwd, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+
+class PodNetwork:
+    """The hub namespace and one namespace per pod, wired by veths to the hub's bridge."""
+
+    def __init__(self, folder: Path, apiserver_port: int):
+        self.folder = folder
+        self.tunnel = netns.forward_unix_to_tcp(folder / "apiserver.sock", apiserver_port)
+        self.client_socket = folder / CLIENT_SOCKET
+        self.client_socket.unlink(missing_ok=True)
+        self.hub = _spawn(["unshare", "--net", "--", sys.executable, "-m", "twin.pods", "hub",
+                           "--apiserver-socket", str(folder / "apiserver.sock"),
+                           "--machine-netns", str(_netns_inode("self")),
+                           "--client-socket", str(self.client_socket)],
+                          folder / "hub.log", env={**os.environ, "PYTHONPATH": str(ROOT)})
+        _await_netns_of_its_own(self.hub, "the pod network's hub")
+        deadline = time.monotonic() + 60
+        while not _connects(self.client_socket):
+            if self.hub.poll() is not None or time.monotonic() > deadline:
+                raise TwinError(f"the pod network's hub did not start: {_tail(folder / 'hub.log')}")
+            time.sleep(0.05)
+
+    def attach(self, ip: str, log: Path) -> subprocess.Popen:
+        """A network namespace holding `ip`, on the hub's bridge; its holder process is returned."""
+        if ipaddress.ip_address(ip) not in POD_NETWORK:
+            raise TwinError(f"pod IP {ip} is outside the twin's pod network {POD_NETWORK}")
+        holder = _spawn(["unshare", "--net", "--", "sleep", "infinity"], log)
+        _await_netns_of_its_own(holder, f"the network namespace of {ip}")
+        veth = "v" + ipaddress.ip_address(ip).packed.hex()
+        _inside(self.hub.pid, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
+        _inside(self.hub.pid, "ip", "link", "set", veth, "master", "br0", "up")
+        for command in (("ip", "link", "set", "lo", "up"),
+                        ("ip", "addr", "add", f"{ip}/{POD_NETWORK.prefixlen}", "dev", "eth0"),
+                        ("ip", "link", "set", "eth0", "up"),
+                        ("ip", "route", "add", SERVICE_CIDR, "dev", "eth0")):
+            _inside(holder.pid, *command)
+        return holder
+
+    def stop(self) -> None:
+        _stop(self.hub)
+        self.tunnel.close()
+
+
+def hub_main(apiserver_socket: Path, client_socket: Path, machine_netns: int) -> int:
+    """Inside the hub's namespace: the bridge, the `kubernetes` Service's address, and the two sockets."""
+    if _netns_inode("self") == machine_netns:
+        print("twin.pods hub: refused, not in a network namespace of its own", file=sys.stderr)
+        return 1
+    for command in (("ip", "link", "set", "lo", "up"), ("ip", "link", "add", "br0", "type", "bridge"),
+                    ("ip", "link", "set", "br0", "up"),
+                    ("ip", "addr", "add", f"{KUBERNETES_SERVICE_IP}/32", "dev", "br0"),
+                    ("ip", "route", "add", str(POD_NETWORK), "dev", "br0")):
+        subprocess.run(command, check=True)
+    service = socket.create_server((KUBERNETES_SERVICE_IP, KUBERNETES_SERVICE_PORT))
+    threading.Thread(target=netns._serve, args=(service, lambda: netns._unix(apiserver_socket)), daemon=True).start()
+    clients = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    clients.bind(str(client_socket))
+    client_socket.chmod(0o600)
+    clients.listen(64)
+    threading.Thread(target=_serve_clients, args=(clients,), daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def _serve_clients(listener: socket.socket) -> None:
+    """Each connection names its pod address on its first line ("10.244.0.3:8000\\n"), then is piped there."""
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=_connect_client, args=(client,), daemon=True).start()
+
+
+def _connect_client(client: socket.socket) -> None:
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 64:
+        got = client.recv(1)
+        if not got:
+            client.close()
+            return
+        line += got
+    host, _, port = line.decode().strip().rpartition(":")
+    try:
+        if ipaddress.ip_address(host) not in POD_NETWORK:
+            raise ValueError(host)
+        upstream = socket.create_connection((host, int(port)), timeout=10)
+        upstream.settimeout(None)
+    except (OSError, ValueError):
+        client.close()
+        return
+    for a, b in ((client, upstream), (upstream, client)):
+        threading.Thread(target=netns._pipe, args=(a, b), daemon=True).start()
+
+
+def _connects(path: Path) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+        return True
+    except OSError:
+        return False
+
+
+class PodConnection(http.client.HTTPConnection):
+    """HTTP to a pod address, through the hub's client socket."""
+
+    def __init__(self, client_socket: Path, ip: str, port: int, timeout: float = 60):
+        super().__init__(ip, port, timeout=timeout)
+        self.client_socket = client_socket
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.client_socket))
+        self.sock.sendall(f"{self.host}:{self.port}\n".encode())
+
+
+# --- a pod's files, env and command, as a kubelet makes them ---------------------------------
+
+def _get(kind: str, name: str, namespace: str, kubeconfig: Path) -> dict | None:
+    got = kubectl("get", kind, name, "-n", namespace, "-o", "json", kubeconfig_path=kubeconfig, check=False)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def _keys(obj: dict) -> dict[str, bytes]:
+    """A ConfigMap's or Secret's keys and their bytes."""
+    keys = {k: v.encode() for k, v in (obj.get("data") or {}).items()} if obj["kind"] == "ConfigMap" else {}
+    encoded = obj.get("binaryData") if obj["kind"] == "ConfigMap" else obj.get("data")
+    keys.update({k: base64.b64decode(v) for k, v in (encoded or {}).items()})
+    return keys
+
+
+def _write_keys(folder: Path, keys: dict[str, bytes], items: list | None, mode: int) -> None:
+    wanted = [(i["key"], i["path"], i.get("mode", mode)) for i in items] if items else [(k, k, mode) for k in keys]
+    for key, path, file_mode in wanted:
+        if key not in keys:
+            raise TwinError(f"key {key} is not there")
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(keys[key])
+        target.chmod(file_mode)
+
+
+def _field(pod: dict, path: str) -> str:
+    """A downward-API fieldRef (metadata.name, status.podIP, metadata.labels['x'], ...)."""
+    for prefix in ("metadata.labels", "metadata.annotations"):
+        if path.startswith(prefix + "["):
+            return pod["metadata"].get(prefix.split(".")[1], {}).get(path[len(prefix) + 2:-2], "")
+    where: object = pod
+    for part in path.split("."):
+        where = where.get(part, "") if isinstance(where, dict) else ""
+    return str(where)
+
+
+def _make_volumes(pod: dict, folder: Path, kubeconfig: Path) -> dict[str, Path]:
+    namespace, volumes = pod["metadata"]["namespace"], {}
+    for volume in pod["spec"].get("volumes", []):
+        name = volume["name"]
+        where = private_folder(folder / "volumes" / name)
+        if "configMap" in volume or "secret" in volume:
+            ref = volume.get("configMap") or volume["secret"]
+            kind, ref_name = ("configmap", ref["name"]) if "configMap" in volume else ("secret", ref["secretName"])
+            obj = _get(kind, ref_name, namespace, kubeconfig)
+            if obj is None:
+                if ref.get("optional"):
+                    continue
+                raise TwinError(f"volume {name}: {kind} {namespace}/{ref_name} does not exist")
+            _write_keys(where, _keys(obj), ref.get("items"), ref.get("defaultMode", 0o644))
+        elif "projected" in volume:
+            for source in volume["projected"]["sources"]:
+                mode = volume["projected"].get("defaultMode", 0o644)
+                if "serviceAccountToken" in source:
+                    token = source["serviceAccountToken"]
+                    made = kubectl("create", "token", pod["spec"].get("serviceAccountName", "default"), "-n", namespace,
+                                   "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
+                                   f"--bound-object-uid={pod['metadata']['uid']}",
+                                   f"--duration={token.get('expirationSeconds', 3607)}s",
+                                   *([f"--audience={token['audience']}"] if token.get("audience") else []),
+                                   kubeconfig_path=kubeconfig)
+                    _write_keys(where, {"token": made.stdout.strip().encode()}, None, mode)
+                elif "configMap" in source or "secret" in source:
+                    ref = source.get("configMap") or source["secret"]
+                    obj = _get("configmap" if "configMap" in source else "secret", ref["name"], namespace, kubeconfig)
+                    if obj is None:
+                        if ref.get("optional"):
+                            continue
+                        raise TwinError(f"volume {name}: {ref['name']} in {namespace} does not exist")
+                    _write_keys(where, _keys(obj), ref.get("items"), mode)
+                elif "downwardAPI" in source:
+                    _write_keys(where, {i["path"]: _field(pod, i["fieldRef"]["fieldPath"]).encode()
+                                        for i in source["downwardAPI"]["items"]}, None, mode)
+        elif "emptyDir" in volume:
+            pass  # the folder itself
+        elif "hostPath" in volume:
+            node_path = folder.parent / "nodes" / pod["spec"]["nodeName"] / volume["hostPath"]["path"].lstrip("/")
+            node_path.mkdir(parents=True, exist_ok=True)
+            where.rmdir()
+            where = node_path
+        else:
+            raise TwinError(f"volume {name}: kind {sorted(set(volume) - {'name'})} is not made by the twin")
+        volumes[name] = where
+    return volumes
+
+
+def _env(pod: dict, container: dict, kubeconfig: Path, path: str) -> dict[str, str]:
+    namespace = pod["metadata"]["namespace"]
+    env = {"PATH": path, "HOSTNAME": pod["metadata"]["name"], "HOME": "/root",
+           "KUBERNETES_SERVICE_HOST": KUBERNETES_SERVICE_IP, "KUBERNETES_SERVICE_PORT": str(KUBERNETES_SERVICE_PORT),
+           "KUBERNETES_SERVICE_PORT_HTTPS": str(KUBERNETES_SERVICE_PORT),
+           "KUBERNETES_PORT": f"tcp://{KUBERNETES_SERVICE_IP}:{KUBERNETES_SERVICE_PORT}"}
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef") or source.get("secretRef")
+        obj = _get("configmap" if "configMapRef" in source else "secret", ref["name"], namespace, kubeconfig)
+        if obj is None:
+            if ref.get("optional"):
+                continue
+            raise TwinError(f"envFrom: {ref['name']} in {namespace} does not exist")
+        env.update({source.get("prefix", "") + k: v.decode() for k, v in _keys(obj).items()})
+    for var in container.get("env", []):
+        if "valueFrom" not in var:
+            env[var["name"]] = var.get("value", "")
+            continue
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            env[var["name"]] = _field(pod, source["fieldRef"]["fieldPath"])
+        elif "configMapKeyRef" in source or "secretKeyRef" in source:
+            ref = source.get("configMapKeyRef") or source["secretKeyRef"]
+            obj = _get("configmap" if "configMapKeyRef" in source else "secret", ref["name"], namespace, kubeconfig)
+            keys = _keys(obj) if obj else {}
+            if ref["key"] in keys:
+                env[var["name"]] = keys[ref["key"]].decode()
+            elif not ref.get("optional"):
+                raise TwinError(f"env {var['name']}: key {ref['key']} of {ref['name']} in {namespace} does not exist")
+        elif "resourceFieldRef" in source:
+            resource = source["resourceFieldRef"]["resource"]
+            kind, _, what = resource.partition(".")
+            env[var["name"]] = str(container.get("resources", {}).get(kind, {}).get(what, "0"))
+    return env
+
+
+def _mounts(container: dict, volumes: dict[str, Path]) -> list[dict]:
+    mounts = []
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] not in volumes:
+            continue  # an optional source that does not exist
+        source = volumes[mount["name"]] / mount.get("subPath", "")
+        mounts.append({"source": str(source), "target": mount["mountPath"], "read_only": bool(mount.get("readOnly"))})
+    return mounts
+
+
+def enter_main(spec_file: Path) -> int:
+    """Inside the pod's new mount namespace: mount its volumes, then become its program."""
+    spec = json.loads(spec_file.read_text())
+    scratch = Path(spec["scratch"])
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(scratch)], check=True)
+    # every mount point first, then the binds: an overlay made after a bind beneath it would hide it
+    overlays: list[str] = []
+    for mount in spec["mounts"]:
+        target = Path(mount["target"])
+        if os.path.lexists(target):
+            continue
+        ancestor = os.path.realpath(next(p for p in target.parents if p.exists()))
+        if not any(ancestor == o or ancestor.startswith(o + "/") for o in overlays):
+            if ancestor == "/":
+                print(f"twin.pods: {target}: a top-level folder the machine lacks is not made", file=sys.stderr)
+                return 1
+            upper, work = scratch / f"upper{len(overlays)}", scratch / f"work{len(overlays)}"
+            upper.mkdir()
+            work.mkdir()
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={ancestor},upperdir={upper},workdir={work}", ancestor], check=True)
+            overlays.append(ancestor)
+        if Path(mount["source"]).is_dir():
+            target.mkdir(parents=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+    for mount in spec["mounts"]:
+        subprocess.run(["mount", "--bind", mount["source"], mount["target"]], check=True)
+        if mount["read_only"]:
+            subprocess.run(["mount", "-o", "remount,bind,ro", mount["target"]], check=True)
+    os.chdir(spec["workdir"])
+    argv = spec["argv"]
+    program = shutil.which(argv[0], path=spec["env"].get("PATH")) or argv[0]
+    os.execve(program, argv, spec["env"])
+
+
+def runs_as(pod: dict) -> str | None:
+    """What the twin runs for a pod: its role for an engine pod (the stand-in), "router" for the
+    router's (the real one); None for a pod it does not run (the KV cache's master, the picker...)."""
+    labels = pod["metadata"].get("labels", {})
+    if naming.ROLE_LABEL in labels:
+        return labels[naming.ROLE_LABEL]
+    return naming.ROUTER if labels.get(NAME_LABEL) == naming.ROUTER else None
+
+
+def _engines_venv() -> Path:
+    """The engines' CPU virtualenv (sglang-router 0.3.2 and sglang 0.5.23 from their pinned wheels),
+    built once into the machine's cache by scripts/extract_engine_flags.py, which imports its
+    neighbours in scripts/ by name."""
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        from extract_engine_flags import engine_venv
+    finally:
+        sys.path.remove(scripts)
+    return engine_venv()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Started:
+    namespace: str
+    name: str
+    ip: str
+    role: str  # runs_as(pod): prefill, decode, ... or router
+    holder: subprocess.Popen
+    process: subprocess.Popen
+    log: Path
+
+
+class PodProcesses:
+    """The pods of some namespaces, started as processes at their addresses (see the module's docstring).
+    Every process dies with the one that made this (parent-death signal); stop() ends them."""
+
+    def __init__(self, kubeconfig: Path = KUBECONFIG, folder: Path | None = None):
+        self.kubeconfig = kubeconfig
+        self.folder = private_folder(folder or RUN_DIR / "pods")
+        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        self.network = PodNetwork(self.folder, int(server.rsplit(":", 1)[1]))
+        self.venv = _engines_venv()
+        self.bin = private_folder(self.folder / "bin")
+        self.bin.chmod(0o755)
+        shim = (f"#!/bin/sh\n# the engine's entry point runs the twin's stand-in; any other python3 is the engines' "
+                f"virtualenv's (sglang-router's)\nif [ \"${{1:-}}\" = -m ] && [ \"${{2:-}}\" = sglang.launch_server ]; "
+                f"then shift 2; exec {self.venv}/bin/python {STANDIN} \"$@\"; fi\nexec {self.venv}/bin/python3 \"$@\"\n")
+        for name in ("python3", "python"):
+            (self.bin / name).write_text(shim)
+            (self.bin / name).chmod(0o755)
+        self.started: list[Started] = []
+
+    def start(self, namespace: str, select=lambda pod: True, timeout: float = 300) -> list[Started]:
+        """Start every pod of `namespace` the twin runs (runs_as) that `select(pod)` also picks, once
+        each has its IP."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
+                                                  kubeconfig_path=self.kubeconfig).stdout)["items"]
+                    if runs_as(p) and select(p)
+                    and "deletionTimestamp" not in p["metadata"]]
+            if pods and all(p.get("status", {}).get("podIP") for p in pods):
+                break
+            if time.monotonic() > deadline:
+                if not pods:
+                    raise TwinError(f"no router or engine pod in {namespace} after {timeout:.0f} s")
+                raise TwinError(f"pods in {namespace} without an IP after {timeout:.0f} s: "
+                                + ", ".join(p["metadata"]["name"] for p in pods if not p.get("status", {}).get("podIP")))
+            time.sleep(0.5)
+        return [self.start_pod(p) for p in pods]
+
+    def start_pod(self, pod: dict) -> Started:
+        meta = pod["metadata"]
+        folder = private_folder(self.folder / f"{meta['namespace']}_{meta['name']}")
+        container = pod["spec"]["containers"][0]
+        if not container.get("command"):
+            raise TwinError(f"{meta['namespace']}/{meta['name']}: no command in the pod (the image's entrypoint is "
+                            "not known to the twin)")
+        volumes = _make_volumes(pod, folder, self.kubeconfig)
+        ip = pod["status"]["podIP"]
+        log = folder / f"{container['name']}.log"
+        holder = self.network.attach(ip, folder / "netns.log")
+        spec_file = folder / "enter.json"
+        spec_file.write_text(json.dumps({
+            "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
+            "workdir": container.get("workingDir", "/"), "argv": [*container["command"], *container.get("args", [])],
+            "env": _env(pod, container, self.kubeconfig, f"{self.bin}:{self.venv}/bin:{PATH_TAIL}")}))
+        spec_file.chmod(0o600)
+        process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
+                          "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
+                         log, env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", PATH_TAIL)})
+        started = Started(meta["namespace"], meta["name"], ip, runs_as(pod), holder, process, log)
+        self.started.append(started)
+        kubectl("annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite",
+                f"{PROCESS_ANNOTATION}=running", kubeconfig_path=self.kubeconfig)
+        return started
+
+    def check(self) -> None:
+        """Raise if a started process has exited, with its reason (the end of its log)."""
+        for pod in self.started:
+            if pod.process.poll() is not None:
+                raise TwinError(f"pod {pod.namespace}/{pod.name} ({pod.role}): its process exited with "
+                                f"{pod.process.returncode}; the end of its log ({pod.log}):\n{_tail(pod.log)}")
+
+    def request(self, ip: str, port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+        connection = PodConnection(self.network.client_socket, ip, port, timeout)
+        try:
+            connection.request("POST" if body is not None else "GET", path,
+                               body=json.dumps(body) if body is not None else None,
+                               headers={"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            return answer.status, answer.read().decode(errors="replace")
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        for pod in reversed(self.started):
+            _stop(pod.process)
+            _stop(pod.holder)
+        self.started.clear()
+        self.network.stop()
+
+
+def start_processes(namespace: str, kubeconfig: Path = KUBECONFIG, folder: Path | None = None) -> PodProcesses:
+    """The router and engine pods of `namespace`, started at their addresses (see PodProcesses)."""
+    processes = PodProcesses(kubeconfig, folder)
+    try:
+        processes.start(namespace)
+    except BaseException:
+        processes.stop()
+        raise
+    return processes
+
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello from the twin."}], "max_tokens": 8}
+
+
+def send_request(processes: PodProcesses, namespace: str, model: str, timeout: float = 300) -> dict:
+    """One chat request to the router pod of `namespace`, at its pod address and its `http` port,
+    retried until the router has found its workers (service discovery, health checks); the answer."""
+    router = next(p for p in processes.started if p.namespace == namespace and p.role == naming.ROUTER)
+    pod = json.loads(kubectl("get", "pod", router.name, "-n", namespace, "-o", "json",
+                             kubeconfig_path=processes.kubeconfig).stdout)
+    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http")
+    deadline, said = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        processes.check()
+        try:
+            status, said = processes.request(router.ip, port, "/v1/chat/completions", {**CHAT, "model": model})
+        except OSError as exc:
+            status, said = 0, str(exc)
+        if status == 200:
+            return json.loads(said)
+        time.sleep(1)
+    raise TwinError(f"the router {namespace}/{router.name} at {router.ip}:{port} did not answer within "
+                    f"{timeout:.0f} s; last: {said[:300]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m twin.pods")
+    sub = parser.add_subparsers(dest="command", required=True)
+    hub = sub.add_parser("hub", help=argparse.SUPPRESS)
+    hub.add_argument("--apiserver-socket", type=Path, required=True)
+    hub.add_argument("--client-socket", type=Path, required=True)
+    hub.add_argument("--machine-netns", type=int, required=True)  # its inode: the hub must be elsewhere
+    enter = sub.add_parser("enter", help=argparse.SUPPRESS)
+    enter.add_argument("spec", type=Path)
+    args = parser.parse_args()
+    if args.command == "hub":
+        return hub_main(args.apiserver_socket, args.client_socket, args.machine_netns)
+    return enter_main(args.spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
