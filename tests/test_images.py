@@ -52,7 +52,7 @@ def test_the_policy_pack_refuses_every_placeholder_image_of_the_committed_stacks
     rendered = {ref for ref in refs.values() if any(f"image {ref!r} is not pinned by digest" in p for p in problems)}
     assert rendered and all("pdctl images --write" in p for p in problems)
     if stack.startswith("platform-"):
-        assert rendered == {spec.images.grafana}
+        assert rendered == {spec.images.grafana, spec.images.grafana_sidecar}
 
 
 def test_the_mooncake_master_names_the_repository_upstream_publishes():

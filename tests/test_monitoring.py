@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -202,3 +203,63 @@ def test_an_environments_dashboard_offers_its_namespace_and_its_release_tracks(t
 def test_catalogue_series_names_follow_prometheus_client():
     assert catalogue("sglang")["metrics"]["sglang:eplb_balancedness"]["type"] == "summary"
     assert {"sglang:eplb_balancedness_sum", "sglang:eplb_balancedness_count"} <= set(exposed_series("sglang"))
+
+
+def test_grafana_logs_in_with_a_generated_password_and_shows_what_each_serving_stack_publishes():
+    """Grafana's admin login is a pulumi-random password in a Secret its container reads
+    (GF_SECURITY_ADMIN_PASSWORD: Grafana docs, "Configure Grafana", environment variables
+    GF_<SECTION>_<KEY> override [security] admin_password), marked secret in the stack's state;
+    before, none was set and Grafana's default admin/admin stood. Its dashboards are the serving
+    stacks' own ConfigMaps (labelled grafana_dashboard, every namespace, release tracks'
+    included), which a sidecar (kiwigrid/k8s-sidecar, the grafana chart's; its README's LABEL,
+    LABEL_VALUE, FOLDER, NAMESPACE=ALL, UNIQUE_FILENAMES) copies into the folder Grafana's file
+    provider reads again and again; before, the platform rendered each environment's dashboard
+    into its own ConfigMap at its last `pulumi up`, and a serving change never reached Grafana."""
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.recording import is_secret
+    from infra.render.manifests import manifests, unwrap
+    from infra.spec_checks import load_spec
+
+    spec = load_platform_spec("stacks/platform-prod.yaml")
+    platform = run_spec(spec)
+    objects = {(m["kind"], m["metadata"]["name"]): m for m in (unwrap(r) for r in manifests(platform))}
+    (password,) = platform.of_type("random:index/randomPassword:RandomPassword")
+    assert password.inputs["length"] >= 32
+    grafana = objects[("Deployment", "grafana")]["spec"]["template"]["spec"]
+    (main,) = [c for c in grafana["containers"] if c["name"] == "grafana"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in main["env"]}
+    assert refs["GF_SECURITY_ADMIN_PASSWORD"]["name"] == refs["GF_SECURITY_ADMIN_USER"]["name"]
+    (secret,) = [r for r in platform.of_type("kubernetes:core/v1:Secret")
+                 if r.inputs["metadata"]["name"] == refs["GF_SECURITY_ADMIN_PASSWORD"]["name"]]
+    assert secret.inputs["metadata"]["namespace"] == spec.monitoring_namespace
+    from infra.recording import fake_secret
+
+    data = secret.inputs["stringData"]
+    assert is_secret(data)  # the whole of stringData is a secret in the state
+    assert data["value"][refs["GF_SECURITY_ADMIN_PASSWORD"]["key"]] == fake_secret("grafana-admin")  # the mocks' result
+    assert secret.property_dependencies["stringData"] == (password.urn,)
+
+    # No dashboard of the platform's own: each is the serving stack's, found by its label.
+    def dashboards(objects) -> list[dict]:
+        return [m for m in objects if m["kind"] == "ConfigMap" and any(
+            key.endswith(".json") and "panels" in json.loads(v) for key, v in (m.get("data") or {}).items())]
+
+    assert dashboards(objects.values()) == []
+    serving = run_spec(load_spec("stacks/prod.yaml"))
+    published = dashboards(map(unwrap, manifests(serving)))
+    assert published
+    (sidecar,) = [c for c in grafana["containers"] if c["name"] != "grafana"]
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert all(m["metadata"]["labels"].get(env["LABEL"]) == env["LABEL_VALUE"] for m in published)
+    assert (env["NAMESPACE"], env["RESOURCE"], env["UNIQUE_FILENAMES"]) == ("ALL", "configmap", "true")
+    assert sidecar["image"] == spec.images.grafana_sidecar
+    provisioning = json.loads(objects[("ConfigMap", "grafana-provisioning")]["data"]["dashboards.yaml"])
+    (provider,) = provisioning["providers"]
+    assert provider["options"]["path"] == env["FOLDER"] and provider["updateIntervalSeconds"] > 0
+    folders = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in grafana["containers"]}
+    assert folders["grafana"][env["FOLDER"]] == folders[sidecar["name"]][env["FOLDER"]]
+    (binding,) = [m for k, m in objects.items() if k[0] == "ClusterRoleBinding" and m["roleRef"]["name"] == "grafana-dashboards"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": grafana["serviceAccountName"],
+                                    "namespace": spec.monitoring_namespace}]
+    (role,) = [m for k, m in objects.items() if k == ("ClusterRole", "grafana-dashboards")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]

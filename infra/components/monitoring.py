@@ -61,6 +61,9 @@ def prometheus_rule(ctx: LayerContext) -> dict:
     }
 
 
+# The label Grafana's dashboards sidecar (the platform's, infra/platform_stack/components/
+# observability.py) finds dashboard ConfigMaps by, in every namespace.
+GRAFANA_DASHBOARD_LABEL = ("grafana_dashboard", "1")
 # Grafana refuses a dashboard uid over 40 characters (grafana pkg/util/shortid_generator.go,
 # IsShortUIDTooLong), and keeps one dashboard per uid.
 GRAFANA_UID_MAX = 40
@@ -142,7 +145,8 @@ class Monitoring(Layer):
         self.add({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {**ctx.metadata("pdstack-dashboard", "monitoring"),
-                         "labels": {**ctx.metadata("x", "monitoring")["labels"], "grafana_dashboard": "1"}},
+                         "labels": {**ctx.metadata("x", "monitoring")["labels"],
+                                    GRAFANA_DASHBOARD_LABEL[0]: GRAFANA_DASHBOARD_LABEL[1]}},
             "data": {"pdstack.json": json.dumps(dashboard(ctx), indent=1)},
         })
         self.register_outputs({})

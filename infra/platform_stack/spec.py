@@ -292,6 +292,8 @@ class ImagesSpec(Strict):
     """Each pinned by digest or marked a placeholder (infra/images.py)."""
 
     grafana: ImageRef
+    grafana_sidecar: ImageRef = Field(description="kiwigrid/k8s-sidecar: copies the dashboards the serving stacks "
+                                                  "publish (ConfigMaps labelled grafana_dashboard) into Grafana.")
     prometheus_adapter: ImageRef | None = None
     efa_device_plugin: ImageRef | None = None
 
