@@ -198,6 +198,8 @@ def _instance_type(args: dict) -> dict:
 _CALLS = {
     "aws:eks/getCluster:getCluster": _cluster,
     "aws:ec2/getInstanceType:getInstanceType": _instance_type,
+    # the VPC's subnets a filter (tag:...) selects: one, so an offline preview has what the user tagged
+    "aws:ec2/getSubnets:getSubnets": lambda a: {"ids": ["subnet-0a1b2c3d4e5f60799"], "id": MOCK_REGION},
     "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider": lambda a: {
         "arn": _mock_arn("aws:iam/openIdConnectProvider:OpenIdConnectProvider", "", a), "url": a.get("url")},
     "aws:index/getCallerIdentity:getCallerIdentity": lambda a: {

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 
+import pulumi
 import pytest
 
+import infra.recording as recording
 from infra.offline import run_spec
 from infra.platform_stack.catalog import controller, installed
-from infra.platform_stack.cloud.load_balancer import LOAD_BALANCER_CONTROLLER
+from infra.platform_stack.cloud.load_balancer import LOAD_BALANCER_CONTROLLER, untagged_subnets_warning
 from infra.platform_stack.modules import module_file
 from infra.platform_stack.program import platform_context
 from infra.platform_stack.spec import load_platform_spec, parse_platform_spec
@@ -91,3 +93,24 @@ def test_not_installed_off_aws():
     """An on-prem cluster's own load balancer (MetalLB or similar) serves the gateway."""
     assert controller(ROW) in installed(context("platform-prod"))
     assert controller(ROW) not in installed(platform_context(onprem_twin_spec(), [load_spec("stacks/dev.yaml")]))
+
+
+def test_preview_says_when_no_subnet_carries_the_schemes_role_tag(monkeypatch):
+    """The VPC and its subnets are the user's (README, "Objects that stay the user's"). The
+    controller picks a scheme's subnets by their role tag, and where no subnet has it, by route
+    table (docs/deploy/subnet_discovery.md): so each preview asks EC2 for the VPC's subnets with
+    the tag and says, naming tag and VPC, when there are none."""
+    asked, warned = [], []
+    monkeypatch.setitem(recording._CALLS, "aws:ec2/getSubnets:getSubnets",
+                        lambda a: asked.append(a) or {"ids": [], "id": "none"})
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    data = load_platform_spec("stacks/platform-prod.yaml").model_dump(mode="json", exclude_none=True)
+    data["cloud"]["gateway_load_balancer"] = "internal"
+    run_spec(parse_platform_spec(data))
+    vpc = data["cloud"]["cluster"]["vpc_id"]
+    assert [a["filters"] for a in asked] == [[{"name": "vpc-id", "values": [vpc]},
+                                              {"name": "tag:kubernetes.io/role/internal-elb", "values": ["1", ""]}]]
+    assert [w for w in warned if "kubernetes.io/role/internal-elb=1" in w and vpc in w]
+    assert untagged_subnets_warning("internet-facing", vpc, ["subnet-0a1b2c3d4e5f60799"]) is None
+    docs = module_file(LOAD_BALANCER_CONTROLLER, "docs/deploy/subnet_discovery.md").read_text()
+    assert "`kubernetes.io/role/elb`" in docs and "`kubernetes.io/role/internal-elb`" in docs

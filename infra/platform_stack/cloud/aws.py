@@ -16,10 +16,11 @@ from infra import naming
 from infra.components.engines import ENGINE_SERVICE_ACCOUNT
 from infra.components.nodepools import role_taints
 from infra.platform_stack.checks import nodes_needed
+from infra.platform_stack.efa import efa_network_interfaces
 from infra.platform_stack.cloud.interruption import interruption_queue, karpenter_queue_statement
 from infra.platform_stack.cloud.access import access_policy_arn, cluster_access, entries_accepted
 from infra.platform_stack.cloud.load_balancer import (gateway_service_annotations, load_balancer_controller_identity,
-                                                      load_balancer_controller_statements)
+                                                      load_balancer_controller_statements, warn_untagged_subnets)
 from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
@@ -84,24 +85,6 @@ def namespace_scope(hosted: list[StackSpec], service_account: str) -> list[dict]
             for block in namespace_conditions(hosted, "aws:PrincipalTag/kubernetes-namespace")]
 
 
-def efa_network_interfaces(count: int) -> list[dict]:
-    """EC2NodeClass networkInterfaces for `count` EFA devices: the primary ENA interface on card 0,
-    then one efa-only interface per network card.
-
-    Karpenter attaches EFA only when the NodeClaim requests vpc.amazonaws.com/efa or the node
-    class lists networkInterfaces (karpenter-provider-aws v1.14.1 pkg/providers/instance/instance.go
-    getEFACountForInstance); a static NodePool's NodeClaims carry no pod requests, so without this
-    list the GB200 racks would come up with no EFA device at all. The CEL rules of the field
-    (pkg/apis/v1/ec2nodeclass.go): a primary {card 0, device 0, interface}, unique (card, device)
-    pairs, at most one efa-only per card."""
-    if count == 0:
-        return []
-    nics = [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
-            {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"}]
-    nics += [{"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only"} for card in range(1, count)]
-    return nics
-
-
 def ec2_node_class(spec: PlatformSpec, family: NodeClassSpec, role: str, node_role: str,
                    efa_security_group: str | None) -> dict:
     discovery = {"karpenter.sh/discovery": spec.cloud.cluster.discovery()}
@@ -119,7 +102,12 @@ def ec2_node_class(spec: PlatformSpec, family: NodeClassSpec, role: str, node_ro
     if family.instance_store_raid0:
         node_spec["instanceStorePolicy"] = "RAID0"
     if family.efa_interfaces:
-        node_spec["networkInterfaces"] = efa_network_interfaces(family.efa_interfaces)
+        # Karpenter attaches EFA only when the NodeClaim requests vpc.amazonaws.com/efa or the node
+        # class lists networkInterfaces (karpenter-provider-aws v1.14.1 pkg/providers/instance/
+        # instance.go getEFACountForInstance); a static NodePool's NodeClaims carry no pod requests,
+        # so without this list the GB200 racks would come up with no EFA device at all. One list for
+        # every type of the family (checks.py refuses types whose layouts differ).
+        node_spec["networkInterfaces"] = efa_network_interfaces(family.instance_types[0], family.efa_interfaces)
     if reservations:
         node_spec["capacityReservationSelectorTerms"] = [{"id": r} for r in reservations]
     return {"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
@@ -375,6 +363,7 @@ class AwsCloud(pulumi.ComponentResource):
         exports.update(self.karpenter_identities(cluster_arn))
         cluster_access(c.cluster_access, self.entries_cluster, self.in_cluster)
         if LOAD_BALANCER_ROW not in spec.controllers.user_installed:
+            warn_untagged_subnets(vpc_id, c.gateway_load_balancer)
             self.before_controller[LOAD_BALANCER_ROW] = load_balancer_controller_identity(
                 c.cluster.name, cluster_arn.apply(pod_identity_trust),
                 self.account_id.apply(lambda a: policy(*load_balancer_controller_statements(c.region, a))),
@@ -631,7 +620,7 @@ class AwsCloud(pulumi.ComponentResource):
                 {"network_card_index": n["networkCardIndex"], "device_index": n["deviceIndex"],
                  "interface_type": "efa" if n["interfaceType"] == "efa-only" and n["networkCardIndex"] == 0
                  else n["interfaceType"], "security_groups": groups}
-                for n in efa_network_interfaces(family.efa_interfaces)] or None,
+                for n in efa_network_interfaces(family.instance_types[0], family.efa_interfaces)] or None,
             placement={"group_name": placement.name} if placement else None,
             instance_market_options={"market_type": "capacity-block"} if block else None,
             capacity_reservation_specification=(

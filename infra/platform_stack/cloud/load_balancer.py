@@ -113,6 +113,31 @@ def gateway_service_annotations(scheme: str) -> dict[str, str]:
             "service.beta.kubernetes.io/aws-load-balancer-scheme": scheme}
 
 
+# The tag the controller picks a scheme's subnets by (docs/deploy/subnet_discovery.md, "Subnet Role Tag").
+SUBNET_ROLE_TAG = {"internet-facing": "kubernetes.io/role/elb", "internal": "kubernetes.io/role/internal-elb"}
+
+
+def untagged_subnets_warning(scheme: str, vpc_id: str, tagged: list[str] | None) -> str | None:
+    """What `pulumi preview` says when no subnet of the VPC carries the scheme's role tag: the
+    controller then takes one subnet per zone among those whose route table matches the scheme
+    (a route to an internet gateway for internet-facing; subnet_discovery.md, from v2.12.1), which
+    may be subnets no one meant for the gateway. The VPC and its subnets are the user's."""
+    if tagged:
+        return None
+    tag = SUBNET_ROLE_TAG[scheme]
+    return (f"no subnet of {vpc_id} is tagged {tag}=1: the AWS Load Balancer Controller will put the gateway's "
+            f"{scheme} NLB in the subnets whose route tables look {'public' if scheme == 'internet-facing' else 'private'}"
+            f", one per zone. Fix: tag the subnets meant for it ({tag}=1)")
+
+
+def warn_untagged_subnets(vpc_id: pulumi.Output, scheme: str) -> None:
+    """At every preview: EC2 DescribeSubnets for the VPC's subnets carrying the scheme's role tag."""
+    found = vpc_id.apply(lambda vpc: aws.ec2.get_subnets_output(filters=[
+        {"name": "vpc-id", "values": [vpc]}, {"name": f"tag:{SUBNET_ROLE_TAG[scheme]}", "values": ["1", ""]}]))
+    pulumi.Output.all(vpc_id, found.ids).apply(
+        lambda a: (message := untagged_subnets_warning(scheme, a[0], a[1])) and pulumi.log.warn(message))
+
+
 def load_balancer_controller_identity(cluster: str, trust: pulumi.Output, policy: pulumi.Output,
                                       opts: pulumi.ResourceOptions,
                                       in_cluster: pulumi.ResourceOptions) -> list[pulumi.Resource]:
