@@ -19,7 +19,8 @@ from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import CATALOG, controller, installed
 from infra.platform_stack.charts import prepared_chart
 from infra.platform_stack.checks import controller_problems, platform_problems
-from infra.platform_stack.cloud.aws import ec2_node_class, efa_network_interfaces
+from infra.platform_stack.cloud.aws import ec2_node_class
+from infra.platform_stack.efa import EFA_CARDS, efa_layout_problems, efa_network_interfaces
 from infra.platform_stack.program import Hosted, hosted_environments, platform_context, platform_objects
 from infra.platform_stack.spec import OnPremSpec, PlatformSpec, load_platform_spec, parse_platform_spec
 from infra.platform_stack.taints import gpu_node_taints, tolerates
@@ -106,7 +107,7 @@ def test_efa_is_attached_to_static_nodeclaims_by_the_node_class():
     assert len({(n["networkCardIndex"], n["deviceIndex"]) for n in nics}) == len(nics)
     assert nc["instanceStorePolicy"] == "RAID0"
     assert nc["capacityReservationSelectorTerms"] == [{"id": i} for i in family.capacity_reservations.by_role["decode"]]
-    assert efa_network_interfaces(0) == []
+    assert efa_network_interfaces(family.instance_types[0], 0) == []
 
 
 def test_weight_cache_must_live_on_the_array_and_fit():
@@ -1137,3 +1138,72 @@ def test_karpenter_interruption_queue_gets_every_event_the_pinned_controller_han
 
     (chart,) = [r for r in platform.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "karpenter"]
     assert {queue.urn, queue_policy.urn, *(r.urn for r in targets)} <= closure(graph(platform), chart.urn)
+
+
+def _karpenter_network_cards() -> dict[str, list[tuple[int, int]]]:
+    """Each instance type's network cards as the pinned karpenter-provider-aws has them
+    (pkg/providers/instancetype/zz_generated.vpclimits.go Limits: NetworkCards, each card's
+    NetworkCardIndex and MaximumNetworkInterfaces): type -> [(card, interfaces it holds)]."""
+    from infra.platform_stack.catalog import KARPENTER
+    from infra.platform_stack.modules import module_file
+
+    text = module_file(KARPENTER, "pkg/providers/instancetype/zz_generated.vpclimits.go").read_text()
+    found = {}
+    for itype, body in re.findall(r'\n\t"([^"]+)": \{(.*?)\n\t\},', text, re.S):
+        found[itype] = [(int(card), int(most)) for most, card in re.findall(
+            r"MaximumNetworkInterfaces:\s*(\d+),\s*NetworkCardIndex:\s*(\d+)", body)]
+    return found
+
+
+def test_efa_interfaces_sit_on_the_network_cards_each_instance_type_has():
+    """Each node class's EFA interfaces, on every type EFA_CARDS knows, against the pinned
+    karpenter-provider-aws's own data of the type's network cards (zz_generated.vpclimits.go):
+    one primary ENA interface on card 0 (AWS EC2 User Guide, efa-acc-inst-types), each EFA-only
+    interface on a card the type has, at a device index that card holds. p6e-gb200.36xlarge is not
+    in that data at v1.14.1 (asserted, so a newer pin is compared too): its card 0 takes no EFA
+    device and its odd cards only EFA-only ones (AWS ParallelCluster queues_stack.py
+    add_network_interfaces), so prod's four sit on cards 1, 3, 5 and 7. Before, prod's GB200
+    class put one at card 0, device 1, where the instance has no EFA, and on card 2."""
+    cards = _karpenter_network_cards()
+    assert len(cards["p5.48xlarge"]) == 32 and "p6e-gb200.36xlarge" not in cards
+    for itype, known in EFA_CARDS.items():
+        nics = efa_network_interfaces(itype, len(known.efa_cards))
+        assert nics[0] == {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}
+        efa = [(n["networkCardIndex"], n["deviceIndex"]) for n in nics[1:]]
+        assert all(n["interfaceType"] == "efa-only" for n in nics[1:]) and len(efa) == len(known.efa_cards)
+        if itype in cards:
+            holds = dict(cards[itype])
+            assert known.network_cards == len(holds), itype
+            assert all(card in holds and device < holds[card] for card, device in efa), (itype, efa)
+    prod = load_platform_spec("stacks/platform-prod.yaml")
+    (gb200,) = prod.cloud.node_classes
+    nc = ec2_node_class(prod, gb200, "decode", "node-role", "sg-0123456789abcdef0")["spec"]
+    assert [(n["networkCardIndex"], n["deviceIndex"], n["interfaceType"]) for n in nc["networkInterfaces"]] == [
+        (0, 0, "interface"), (1, 0, "efa-only"), (3, 0, "efa-only"), (5, 0, "efa-only"), (7, 0, "efa-only")]
+    dev = load_platform_spec("stacks/platform-dev.yaml")
+    (h100,) = dev.cloud.node_classes
+    nics = ec2_node_class(dev, h100, "decode", "node-role", None)["spec"]["networkInterfaces"]
+    assert nics[:3] == [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+                        {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"},
+                        {"networkCardIndex": 1, "deviceIndex": 0, "interfaceType": "efa-only"}]
+    assert len(nics) == 1 + h100.efa_interfaces == 33
+
+
+def test_an_efa_layout_the_instance_type_cannot_hold_is_refused():
+    """More EFA devices than the type's cards take, a type whose cards the table does not know, or
+    types whose layouts differ in one node class: each refused, naming the field and the fix."""
+    prod = load_platform_spec("stacks/platform-prod.yaml")
+    (gb200,) = prod.cloud.node_classes
+
+    def with_family(**update):
+        return prod.model_copy(update={"cloud": prod.cloud.model_copy(update={"node_classes": [
+            gb200.model_copy(update=update)]})})
+
+    assert efa_layout_problems(prod) == []
+    [too_many] = efa_layout_problems(with_family(efa_interfaces=9))
+    assert too_many.startswith("cloud.node_classes[gb200].efa_interfaces: 9, but p6e-gb200.36xlarge takes 8")
+    [unknown] = efa_layout_problems(with_family(instance_types=["p9.48xlarge"]))
+    assert "p9.48xlarge: not in the table" in unknown and "EFA_CARDS" in unknown and "Fix:" in unknown
+    [mixed] = efa_layout_problems(with_family(instance_types=["p6e-gb200.36xlarge", "p5.48xlarge"]))
+    assert "different network cards" in mixed and "Fix: one node class per layout" in mixed
+    assert any(p == too_many for p in platform_problems(with_family(efa_interfaces=9), []))

@@ -8,7 +8,7 @@ from collections import Counter
 
 from infra.planning.capacity import pool_capacity
 from infra.platform_stack.catalog import CATALOG, PlatformContext, controller, installed
-from infra.platform_stack.efa import efa_plugin_problems
+from infra.platform_stack.efa import efa_layout_problems, efa_plugin_problems
 from infra.platform_stack.spec import PlatformSpec
 from infra.spec import StackSpec
 
@@ -24,7 +24,7 @@ def nodes_needed(spec: StackSpec, role: str) -> int:
 
 def platform_problems(platform: PlatformSpec, hosted: list) -> list[str]:
     """`hosted`: infra/platform_stack/program.py Hosted (spec, stack, inventory) of each environment."""
-    problems = []
+    problems = efa_layout_problems(platform)
     families = {f.name for f in platform.cloud.node_classes} if platform.cloud.provider == "aws" else set()
     cloud = platform.cloud
     if cloud.provider == "aws" and cloud.ci and cloud.cluster.mode == "create" \
