@@ -212,6 +212,52 @@ def unresolved(platform, serving, spec) -> tuple[list, set]:
     return sorted(wanted - made - user_provided(spec)), wanted
 
 
+# A cluster-internal address: <service>.<namespace>.svc[.cluster.local] (Kubernetes DNS for
+# Services and Pods, "Namespaces of Services").
+IN_CLUSTER_HOST = re.compile(r"(?<![A-Za-z0-9.-])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
+                             r"\.svc(?:\.cluster\.local)?(?![A-Za-z0-9-])")
+
+
+def user_endpoints(spec) -> set[tuple[str, str]]:
+    """The in-cluster services README's "Objects that stay the user's" names through spec fields:
+    the trace backend (observability.otlp_endpoint, e.g. Tempo's distributor; unset: no tracing),
+    the S3-compatible store of the weights (model.weights.endpoint_url, e.g. MinIO) and of the
+    release history (environment.release_store.endpoint_url). pdstack makes none of them."""
+    urls = (spec.observability.otlp_endpoint, spec.model.weights.endpoint_url,
+            spec.environment.release_store.endpoint_url)
+    return {(m.group(1), m.group(2)) for url in urls if url for m in IN_CLUSTER_HOST.finditer(url)}
+
+
+def unresolved_services(platform, serving, spec) -> tuple[list, set]:
+    """Each in-cluster service a serving stack's objects send to (by its DNS name) that no stack
+    makes and no user's field names, and all it sends to. prometheus-operator makes the governing
+    Service `prometheus-operated` beside each Prometheus (pkg/prometheus/server/operator.go)."""
+    made = set()
+    for m in (unwrap(m) for run in (platform, serving) for m in manifests(run)):
+        if m["kind"] == "Service":
+            made.add((m["metadata"]["name"], m["metadata"].get("namespace", "")))
+        if m["kind"] == "Prometheus":
+            made.add(("prometheus-operated", m["metadata"]["namespace"]))
+    wanted = {(h.group(1), h.group(2)) for m in map(unwrap, manifests(serving))
+              for h in IN_CLUSTER_HOST.finditer(json.dumps(m))}
+    return sorted(wanted - made - user_endpoints(spec)), wanted
+
+
+@pytest.mark.parametrize("env", ["prod", "dev"])
+def test_every_in_cluster_service_a_serving_stack_sends_to_is_made_or_named_the_users(env):
+    """Before, the reference check saw only objects named by reference (Secrets, ConfigMaps,
+    classes), not the services a stack sends to by address: prod's trace backend
+    (tempo-distributor.observability) and dev's MinIO (minio.storage) were neither made by a stack
+    nor named the user's. Now each is made by a stack or comes from a spec field README names."""
+    spec = load_spec(f"stacks/{env}.yaml")
+    platform = run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec))
+    missing, wanted = unresolved_services(platform, run_spec(spec), spec)
+    assert missing == [], missing
+    assert wanted & user_endpoints(spec) == {"prod": {("tempo-distributor", "observability")},
+                                             "dev": {("minio", "storage")}}[env]
+    assert ("prometheus-operated", "monitoring") in wanted
+
+
 def test_nothing_in_the_serving_stack_refers_to_an_object_no_stack_creates(prod_runs):
     platform, serving = prod_runs
     missing, wanted = unresolved(platform, serving, load_spec("stacks/prod.yaml"))
