@@ -21,6 +21,8 @@ import json
 import os
 import re
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,6 +47,54 @@ SAFE_NAME = rf"{_PART}(/{_PART})*"
 VERSION_ID = r"[A-Za-z0-9._+/=][A-Za-z0-9._+/=-]{0,1023}"
 KEY_MAX_BYTES = 1024  # S3's limit on a whole key
 PART_MAX_BYTES = 255  # NAME_MAX of Linux filesystems: a longer part cannot be a file or folder on the node
+
+
+# A first deploy's fetches go in waves (spec model.weights.fetch_nodes_at_once): a pod's node
+# ordinal in the fleet (its pool's first node, plus its LWS group index times the group's nodes,
+# plus its worker index) picks a wave, and a node that has anything to fetch waits its wave times
+# WAVE_SECONDS (one node's whole fetch) before its first GET. PDSTACK_WEIGHTS_<name>, all unset for
+# a pod in no pool: it waits for nothing. The aws-cli script computes the same in shell.
+WAVE_ENV = ("FIRST_NODE", "GROUP_NODES", "GROUP_INDEX", "WORKER_INDEX", "NODES_AT_ONCE", "WAVES", "WAVE_SECONDS")
+
+
+def fetch_wave(ordinal: int, nodes_at_once: int, waves: int) -> int:
+    """The wave of the node at `ordinal`: runs of nodes_at_once consecutive nodes (a group's together,
+    where it fits) share one; an ordinal past the fleet wraps round."""
+    return (ordinal // nodes_at_once) % waves
+
+
+class WaveSettingsError(RuntimeError):
+    """The PDSTACK_WEIGHTS_ wave settings are not whole numbers; nothing was fetched."""
+
+
+def wave_wait_seconds(env) -> int:
+    """Seconds this node waits before its first GET (0 outside a pool)."""
+    if not env.get("PDSTACK_WEIGHTS_WAVES"):
+        return 0
+    values = {k: env.get(f"PDSTACK_WEIGHTS_{k}", "") for k in WAVE_ENV}
+    n = {k: int(v) if re.fullmatch(r"0|[1-9][0-9]{0,8}", v) else -1 for k, v in values.items()}
+    bad = [f"PDSTACK_WEIGHTS_{k}={values[k]!r}" for k, v in n.items()
+           if v < 0 or (v == 0 and k in ("NODES_AT_ONCE", "WAVES"))]
+    if bad:
+        raise WaveSettingsError(f"fetch wave settings must be whole numbers of at most 9 digits, no leading 0 "
+                                f"(NODES_AT_ONCE and WAVES above 0): "
+                                f"{', '.join(bad)}")
+    ordinal = n["FIRST_NODE"] + n["GROUP_INDEX"] * n["GROUP_NODES"] + n["WORKER_INDEX"]
+    return fetch_wave(ordinal, n["NODES_AT_ONCE"], n["WAVES"]) * n["WAVE_SECONDS"]
+
+
+class WaitOnce:
+    """Waits `seconds` the first time it is called (others calling meanwhile wait with it), then never."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.lock, self.waited = seconds, threading.Lock(), False
+
+    def __call__(self) -> None:
+        with self.lock:
+            if not self.waited and self.seconds > 0:
+                print(f"weights: waiting {self.seconds:g}s for this node's fetch wave", file=sys.stderr)
+                time.sleep(self.seconds)
+            self.waited = True
 
 
 class BucketPostureError(RuntimeError):
@@ -370,7 +420,8 @@ def _local_state(dest: Path, manifest: dict) -> dict[str, list[int]]:
     return state
 
 
-def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DEFAULT_WORKERS) -> dict[str, str]:
+def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DEFAULT_WORKERS,
+                     wait_seconds: float = 0) -> dict[str, str]:
     """Pull what the node cache lacks, then verify every file. Raises on any mismatch.
 
     Fetches the object versions the manifest pins (GetObject's versionId, S3 API Reference), so
@@ -379,7 +430,9 @@ def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DE
     size and mtime. A pod start that finds them unchanged reads no file; any change (a new
     upload, a file touched on the node) verifies everything again, `workers` files at a time.
     Two fetches into one cache folder (two pods starting on one node) take turns on an flock of
-    LOCK_NAME, so neither writes under the other; the second finds the first's work verified."""
+    LOCK_NAME, so neither writes under the other; the second finds the first's work verified.
+    Before its first GET of a weight file it waits `wait_seconds` (its fetch wave, wave_wait_seconds);
+    a cache already verified, or whole, waits for nothing."""
     got = s3.get_object(Bucket=bucket, Key=_key(prefix, MANIFEST_NAME))
     body = got["Body"].read()
     manifest = checked_manifest(body)  # before anything is written
@@ -390,11 +443,11 @@ def fetch_and_verify(s3, bucket: str, prefix: str, dest: Path, workers: int = DE
     dest.mkdir(parents=True, exist_ok=True)
     with open(dest / LOCK_NAME, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _fetch_and_verify_locked(s3, bucket, prefix, dest, workers, got, body, manifest)
+        return _fetch_and_verify_locked(s3, bucket, prefix, dest, workers, got, body, manifest, WaitOnce(wait_seconds))
 
 
 def _fetch_and_verify_locked(s3, bucket: str, prefix: str, dest: Path, workers: int, got: dict, body: bytes,
-                             manifest: dict[str, tuple[str, str | None]]) -> dict[str, str]:
+                             manifest: dict[str, tuple[str, str | None]], wait_turn=lambda: None) -> dict[str, str]:
     marker = dest / VERIFIED_NAME
     against = {"bucket": bucket, "prefix": prefix.strip("/"),
                "manifest": {"version_id": got.get("VersionId"), "etag": got.get("ETag")}}
@@ -415,6 +468,7 @@ def _fetch_and_verify_locked(s3, bucket: str, prefix: str, dest: Path, workers: 
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(target.name + ".partial")
             partial.unlink(missing_ok=True)  # never write through whatever was left there
+            wait_turn()
             try:
                 s3.download_file(bucket, _key(prefix, name), str(partial),
                                  ExtraArgs={"VersionId": version_id} if version_id else {})
@@ -468,9 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.dest:
                 parser.error("--dest is required for fetch")
-            manifest = fetch_and_verify(s3, args.bucket, args.prefix, Path(args.dest), args.workers)
+            manifest = fetch_and_verify(s3, args.bucket, args.prefix, Path(args.dest), args.workers,
+                                        wave_wait_seconds(os.environ))
             print(f"verified {len(manifest)} files in {args.dest}")
-    except (WeightsIntegrityError, WeightsManifestError, BucketPostureError, ConcurrentUploadError) as exc:
+    except (WeightsIntegrityError, WeightsManifestError, BucketPostureError, ConcurrentUploadError,
+            WaveSettingsError) as exc:
         print(exc, file=sys.stderr)
         return 3
     return 0

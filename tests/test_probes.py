@@ -56,22 +56,25 @@ def test_vllm_probes_use_health(stack):
 
 
 def test_startup_allows_twice_the_load_and_warm_up_the_spec_states():
-    spec = variant_spec("prod", "sglang")
+    """Single-node groups: the pod's own fetch precedes its probes (with a group's workers' fetch
+    waves, tests/test_engine_startup.py)."""
+    spec = variant_spec("dev", "sglang")
+    assert spec.deployment.pools()["decode"].nodes_per_instance(spec.hardware.gpus_per_node) == 1
     w = spec.model.weights
-    startup = engine_probes(spec, 30000)["startupProbe"]
+    startup = engine_probes(spec, 30000, "decode")["startupProbe"]
     allowed = startup["periodSeconds"] * startup["failureThreshold"]
     expected = w.size_gib / w.load_gib_per_second + w.start_minutes * 60
     assert 2 * expected <= allowed < 2 * expected + startup["periodSeconds"]
     slower = spec.model_copy(update={"model": spec.model.model_copy(update={
         "weights": w.model_copy(update={"load_gib_per_second": w.load_gib_per_second / 4})})})
-    assert engine_probes(slower, 30000)["startupProbe"]["failureThreshold"] > startup["failureThreshold"]
+    assert engine_probes(slower, 30000, "decode")["startupProbe"]["failureThreshold"] > startup["failureThreshold"]
 
 
 def test_liveness_restarts_only_after_minutes_of_failed_answers():
     """A liveness failure restarts the container (and LWS recreates the whole group): it must take
     minutes of answers that say "broken", never one slow answer of a busy engine."""
     for engine in ("sglang", "vllm"):
-        live = engine_probes(variant_spec("prod", engine), 8000)["livenessProbe"]
+        live = engine_probes(variant_spec("prod", engine), 8000, "decode")["livenessProbe"]
         assert live["periodSeconds"] * live["failureThreshold"] >= LIVENESS_WINDOW_SECONDS >= 300
 
 

@@ -14,9 +14,9 @@ from infra import naming
 from infra.components.engines import EXPERT_PLACEMENT_CONFIGMAP, placement_files
 from infra.components.k8s import Layer, LayerContext, config_hash, disruption_budget
 from infra.components.placement import gpu_scheduling
-from infra.components.storage import weights_init_container, weights_volumes
+from infra.components.storage import engine_cache_mounts, weights_init_container, weights_volumes
 from infra.render import rbac
-from infra.render.engine_args import ENGINE_PORT, WEIGHTS_MOUNT, encoder_args, encoder_launch, launch_script
+from infra.render.engine_args import ENGINE_PORT, encoder_args, encoder_launch, launch_script
 from infra.render.probes import encoder_probes
 from infra.render.router_config import RouterLaunch, router_launch
 from infra.spec import image_platforms
@@ -124,13 +124,15 @@ def encoder_manifests(ctx: LayerContext) -> list[dict]:
     spec, launch = ctx.spec, encoder_launch(ctx.spec)
     labels = {"app.kubernetes.io/name": naming.ENCODER}
     meta = ctx.metadata(naming.ENCODER, "encoder", **labels)
+    store_mounts, cache_env = engine_cache_mounts(spec)
     container = {
         "name": naming.ENCODER, "image": spec.engine_image().image,
         "command": [*launch.entrypoint, *launch.args],
+        "env": [{"name": k, "value": v} for k, v in sorted(cache_env.items())],
         "ports": [{"name": "http", "containerPort": launch.port}],
         "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
                       "limits": {"memory": "128Gi", "nvidia.com/gpu": "1"}},
-        "volumeMounts": [{"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True}],
+        "volumeMounts": store_mounts,
         **encoder_probes(spec, launch.port),
     }
     pod = {"serviceAccountName": "engine", **gpu_scheduling(ctx.spec, "prefill", lws_group=False),

@@ -14,9 +14,9 @@ from infra import naming
 from infra.components.k8s import Layer, LayerContext, config_hash, disruption_budget
 from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import domain_placement, pool_capacity
-from infra.components.storage import weights_init_container, weights_volumes
+from infra.components.storage import engine_cache_mounts, weights_init_container, weights_volumes
 from infra.render.engine_args import (
-    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, WEIGHTS_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
+    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
 from infra.render.probes import engine_probes
@@ -70,8 +70,9 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     role = launch.role
     phase = spec.deployment.pools()[role]
     memory = pod_memory_gib(spec, role)
+    store_mounts, cache_env = engine_cache_mounts(spec)
     mounts = [
-        {"name": "weights-cache", "mountPath": WEIGHTS_MOUNT, "readOnly": True},
+        *store_mounts,
         {"name": "launch", "mountPath": LAUNCH_MOUNT, "readOnly": True},
         {"name": "kvcache-config", "mountPath": KVCACHE_CONFIG_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -95,7 +96,7 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         "image": spec.engine_image().image,
         "command": ["/bin/sh", f"{LAUNCH_MOUNT}/launch.sh"],
         "env": [{"name": k, "value": v}
-                for k, v in sorted({**fabric_env(spec), **kv.engine_env, **launch.env}.items())]
+                for k, v in sorted({**cache_env, **fabric_env(spec), **kv.engine_env, **launch.env}.items())]
                + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
                   for k in sorted({*launch.pod_ip_env, *kv.pod_ip_env})],
         "ports": [{"name": ENGINE_PORT_NAME, "containerPort": launch.port}],
@@ -116,8 +117,8 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
     drain = spec.deployment.autoscaling.drain_seconds
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
     if leader:  # the leader serves HTTP for the group (infra/render/probes.py)
-        container.update(engine_probes(spec, launch.port))
-    init_containers = [weights_init_container(spec)]
+        container.update(engine_probes(spec, launch.port, role))
+    init_containers = [weights_init_container(spec, role)]
     if leader and routes_through_sidecar(spec, role):
         init_containers.append(routing_sidecar_container(spec))
     return {

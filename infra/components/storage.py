@@ -16,15 +16,17 @@ import pulumi_kubernetes as k8s
 
 from infra import naming
 from infra.components.k8s import Layer, LayerContext, yaml_render_directory
-from infra.render.engine_args import WEIGHTS_MOUNT, weights_path
+from infra.render.engine_args import JIT_CACHE_FOLDER, JIT_CACHE_MOUNT, WEIGHTS_MOUNT, jit_cache_env, weights_path
+from infra.render.probes import fetch_waves
 from infra.spec import StackSpec
-from infra.weights import SAFE_NAME, SUMS_NAME, UNPINNED_WARNING, VERSION_ID
+from infra.weights import SAFE_NAME, SUMS_NAME, UNPINNED_WARNING, VERSION_ID, WAVE_ENV
 
 VERIFIED_SHELL_MARKER = ".pdstack-verified"  # the aws-cli script's marker (infra/weights.py writes .json)
 
 FETCHER_CONFIGMAP = "weights-fetcher"
 FETCHER_MOUNT = "/opt/pdstack"
 WEIGHTS_VOLUME = "weights-cache"
+JIT_CACHE_VOLUME = "jit-cache"
 
 
 def fetcher_source() -> str:
@@ -41,6 +43,24 @@ def fetch_env(spec: StackSpec) -> list[dict]:
 
 
 FETCH_WORKERS = 8  # files hashed and fetched at once; the init container's CPU limit below is 8
+
+
+# infra/weights.py wave_wait_seconds in shell: the wait before this node's first GET, from the same
+# PDSTACK_WEIGHTS_ settings (whole numbers only: a label value never reaches $(( )) otherwise).
+WAVE_WAIT_SHELL = [
+    "wave_wait() {",
+    '  [ -n "${PDSTACK_WEIGHTS_WAVES:-}" ] || return 0',
+    "  for v in " + " ".join(f'"${{PDSTACK_WEIGHTS_{k}:-}}"' for k in WAVE_ENV) + "; do case \"$v\" in",
+    "    ''|*[!0-9]*|0?*|??????????*) echo 'fetch wave settings must be whole numbers of at most 9 digits, no leading 0'"
+    " >&2; exit 3;; esac; done",
+    '  if [ "$PDSTACK_WEIGHTS_NODES_AT_ONCE" -eq 0 ] || [ "$PDSTACK_WEIGHTS_WAVES" -eq 0 ]; then',
+    "    echo 'fetch wave settings: NODES_AT_ONCE and WAVES must be above 0' >&2; exit 3; fi",
+    "  s=$(( (PDSTACK_WEIGHTS_FIRST_NODE + PDSTACK_WEIGHTS_GROUP_INDEX * PDSTACK_WEIGHTS_GROUP_NODES"
+    " + PDSTACK_WEIGHTS_WORKER_INDEX) / PDSTACK_WEIGHTS_NODES_AT_ONCE % PDSTACK_WEIGHTS_WAVES"
+    " * PDSTACK_WEIGHTS_WAVE_SECONDS ))",
+    """  if [ "$s" -gt 0 ]; then echo "weights: waiting ${s}s for this node's fetch wave" >&2; sleep "$s"; fi""",
+    "}",
+]
 
 
 def aws_cli_fetch_script() -> str:
@@ -113,9 +133,11 @@ def aws_cli_fetch_script() -> str:
         'if [ "$v" = - ]; then v=; fi; '
         'aws s3api get-object --bucket "$PDSTACK_WEIGHTS_BUCKET" --key "$PDSTACK_WEIGHTS_PREFIX/$f" '
         '${v:+--version-id "$v"} "$work/files/$f" > /dev/null && mv -f -- "$work/files/$f" "$f"; done < "$1"; }',
+        *WAVE_WAIT_SHELL,
         "if ! verify; then",
         '  while read -r _ v f; do if grep -Fxq -e "$f" "$work/failed"; then echo "$v $f"; fi; done < "$work/sums" '
         '> "$work/fetch"',
+        "  wave_wait",
         '  parallel "$work/fetch" fetch_listed; rm -f "$work"/part.*',
         """  verify || { sed 's/$/: sha256 does not match the manifest/' "$work/failed" >&2; exit 3; }""",
         "fi",
@@ -124,11 +146,25 @@ def aws_cli_fetch_script() -> str:
     ]) + "\n"
 
 
-def weights_init_container(spec: StackSpec) -> dict:
+def wave_env(spec: StackSpec, role: str) -> list[dict]:
+    """A pool's pods' fetch-wave settings (infra/weights.py WAVE_ENV): the pool's place in the fleet
+    from the spec, the pod's group and worker index from the labels LWS puts on it."""
+    waves = fetch_waves(spec)
+    values = {"FIRST_NODE": waves.first_node[role], "GROUP_NODES": waves.group_nodes[role],
+              "NODES_AT_ONCE": waves.nodes_at_once, "WAVES": waves.waves, "WAVE_SECONDS": waves.wave_seconds}
+    labels = {"GROUP_INDEX": naming.LWS_GROUP_INDEX_LABEL, "WORKER_INDEX": naming.LWS_WORKER_INDEX_LABEL}
+    assert {*values, *labels} == set(WAVE_ENV)
+    return ([{"name": f"PDSTACK_WEIGHTS_{k}", "value": str(v)} for k, v in values.items()]
+            + [{"name": f"PDSTACK_WEIGHTS_{k}", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+               for k, label in labels.items()])
+
+
+def weights_init_container(spec: StackSpec, role: str | None = None) -> dict:
     """Init container: pull into the node cache, verify every sha256, fail on mismatch.
 
     `images.weights_fetcher_tool` says what the image holds: `aws-cli` runs the shell above,
-    `python-boto3` runs infra/weights.py (shipped in a ConfigMap).
+    `python-boto3` runs infra/weights.py (shipped in a ConfigMap). A pool's pods (`role`) fetch in
+    their wave; a pod outside the pools (a dedicated encoder) fetches at once.
     """
     w = spec.model.weights
     if spec.images.weights_fetcher_tool == "aws-cli":
@@ -139,7 +175,7 @@ def weights_init_container(spec: StackSpec) -> dict:
         "name": "fetch-weights",
         "image": spec.images.weights_fetcher,
         "command": command,
-        "env": fetch_env(spec),
+        "env": fetch_env(spec) + (wave_env(spec, role) if role else []),
         # pod-identity / irsa: the AWS SDK's default chain finds the role's credentials (EKS Pod
         # Identity's agent, or IRSA's web identity token); only `secret` reads a stored key.
         **({"envFrom": [{"secretRef": {"name": w.credentials_secret}}]} if w.access_mode() == "secret" else {}),
@@ -151,11 +187,26 @@ def weights_init_container(spec: StackSpec) -> dict:
     }
 
 
+def jit_cache_host_path(spec: StackSpec) -> str:
+    """The node's compiled-kernel cache: in the weights' node cache folder (on the same node-local
+    store), one folder per engine build, since a kernel compiled by one build is not another's."""
+    return f"{spec.model.weights.node_cache_path.rstrip('/')}/{JIT_CACHE_FOLDER}/{spec.engine.kind}-{spec.engine.version}"
+
+
 def weights_volumes(spec: StackSpec) -> list[dict]:
+    """The node-local store's volumes every engine pod has: the weights and the compiled-kernel cache."""
     return [
         {"name": WEIGHTS_VOLUME, "hostPath": {"path": spec.model.weights.node_cache_path, "type": "DirectoryOrCreate"}},
+        {"name": JIT_CACHE_VOLUME, "hostPath": {"path": jit_cache_host_path(spec), "type": "DirectoryOrCreate"}},
         {"name": FETCHER_CONFIGMAP, "configMap": {"name": FETCHER_CONFIGMAP}},
     ]
+
+
+def engine_cache_mounts(spec: StackSpec) -> tuple[list[dict], dict[str, str]]:
+    """The engine container's mounts of the node-local store, and the environment that points its
+    kernel caches at it (infra/render/engine_args.py jit_cache_env)."""
+    return ([{"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT, "readOnly": True},
+             {"name": JIT_CACHE_VOLUME, "mountPath": JIT_CACHE_MOUNT}], jit_cache_env(spec.engine.kind))
 
 
 def credentials_copy(ctx: LayerContext, source_namespace: str, data, secret_type) -> dict:

@@ -80,6 +80,35 @@ def command_lines(tokens: list[str]) -> list[list[str]]:
 WEIGHTS_MOUNT = "/mnt/weights"
 
 
+# Where engines keep the kernels they compile (DeepGEMM, Triton, torch.compile, FlashInfer, CUDA's
+# PTX cache): a node-local volume beside the weights (infra/components/storage.py), so a restart or a
+# recreated group on the node reuses them instead of compiling again.
+JIT_CACHE_MOUNT = "/var/cache/pdstack-jit"
+JIT_CACHE_FOLDER = ".pdstack-jit"  # on the node: under model.weights.node_cache_path, one folder per engine build
+
+
+def jit_cache_env(engine: str) -> dict[str, str]:
+    """What points an engine's compiled-kernel caches at JIT_CACHE_MOUNT.
+
+    SGLang 0.5.23 keeps them all under SGLANG_CACHE_DIR (sglang/srt/environ.py): its DeepGEMM cache
+    (SGLANG_DG_CACHE_DIR, default `<SGLANG_CACHE_DIR>/deep_gemm`, which
+    sglang/srt/layers/deep_gemm_wrapper/compile_utils.py hands DeepGEMM as DG_JIT_CACHE_DIR), and the
+    third-party caches `third_party_cache_defaults` lists (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR,
+    CUDA_CACHE_PATH, TILELANG_CACHE_DIR, FLASHINFER_WORKSPACE_BASE), which importing sglang sets
+    under it (sglang/__init__.py, _redirect_third_party_caches) where they are unset.
+    vLLM 0.33.0 keeps torch.compile's and DeepGEMM's under VLLM_CACHE_ROOT (vllm/envs.py;
+    vllm/utils/deep_gemm.py: DG_JIT_CACHE_DIR default `<VLLM_CACHE_ROOT>/deep_gemm`), and leaves
+    the third-party ones at their home-folder defaults: they get the folders SGLang gives them,
+    but for TORCHINDUCTOR_CACHE_DIR, which vLLM sets itself inside its compile cache
+    (vllm/compilation/compiler_interface.py, initialize_inductor_cache).
+    """
+    if engine == "sglang":
+        return {"SGLANG_CACHE_DIR": JIT_CACHE_MOUNT}
+    return {"VLLM_CACHE_ROOT": f"{JIT_CACHE_MOUNT}/vllm", "TRITON_CACHE_DIR": f"{JIT_CACHE_MOUNT}/triton",
+            "CUDA_CACHE_PATH": f"{JIT_CACHE_MOUNT}/nv", "TILELANG_CACHE_DIR": f"{JIT_CACHE_MOUNT}/tilelang",
+            "FLASHINFER_WORKSPACE_BASE": JIT_CACHE_MOUNT}
+
+
 def weights_path(spec: StackSpec) -> str:
     return f"{WEIGHTS_MOUNT}/{spec.model.weights.prefix.strip('/')}"
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from infra.prometheus import PrometheusAPI
+from infra.render.engine_args import JIT_CACHE_FOLDER
 from infra.tracks import namespaces_matcher
 
 RESOLUTION = "1m"
@@ -142,7 +143,8 @@ def listing_command(folder: str) -> str:
 def cache_folders(spec) -> list[tuple[str, float, str, tuple[str, ...]]]:
     """(folder, retention hours, what, entries in use) that pdstack writes on engine nodes."""
     w = spec.model.weights
-    folders = [(w.node_cache_path, w.node_cache_retention_hours, "weights cache", (w.prefix,))]
+    # the engines' compiled-kernel cache lives in the weights cache folder (infra/components/storage.py)
+    folders = [(w.node_cache_path, w.node_cache_retention_hours, "weights cache", (w.prefix, JIT_CACHE_FOLDER))]
     if spec.deployment.cache.disk_path:
         folders.append((spec.deployment.cache.disk_path, spec.deployment.cache.retention_hours, "prefix cache", ()))
     return folders

@@ -89,6 +89,13 @@ class WeightsSpec(Strict):
         4.0, description="Rate an instance reads its weights from the node cache into GPU memory.")
     start_minutes: Annotated[float, Field(ge=0)] = Field(
         3.0, description="Minutes an engine needs after loading (CUDA graphs, warm-up) before it serves.")
+    fetch_gib_per_second: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="Rate one node fetches the weights from the bucket into its cache (the init container's "
+                         "parallel GETs): with size_gib, how long a node's fetch takes, a fetch wave.")
+    fetch_nodes_at_once: PositiveInt = Field(
+        16, description="Nodes that fetch the weights from the bucket at once. On a first deploy the pools' nodes, "
+                        "in group order, fetch in waves of this many, each node waiting its wave's turn (a node whose "
+                        "cache is already verified waits for nothing); the startup probes count the wait.")
     credentials_secret: str = Field(
         "weights-s3-credentials",
         description="access: secret only: an existing Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the "
