@@ -63,7 +63,8 @@ PLATFORM_STACK = "platform-onprem"
 # test_charts_from_pinned_modules_refuse_a_row_whose_chart_no_module_carries): lws runs on the
 # twin for real; KEDA's, the DRA driver's and the EFA plugin's charts are in no module.
 USER_INSTALLED = ["lws", "keda", "nvidia-dra-driver-gpu", "aws-efa-k8s-device-plugin"]
-READY_WITHIN_SECONDS = 600  # a deadline, not a measurement: a busy machine only waits longer
+READY_WITHIN_SECONDS = 600
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # a deadline, not a measurement: a busy machine only waits longer
 
 
 class UpError(RuntimeError):
@@ -295,11 +296,19 @@ def _ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
-def not_ready(target: Target, namespace: str) -> list[str]:
+def not_ready(target: Target, namespace: str, ready: bool = True) -> list[str]:
     """Why the namespace is not serving yet, one line per object or pod; empty once every
-    LeaderWorkerSet's and Deployment's replicas are ready and every pod is bound and Ready."""
+    LeaderWorkerSet's and Deployment's replicas are ready and every pod is bound and Ready
+    (`ready` False: once every pod there is bound)."""
     problems = []
-    for lws in get(target, "leaderworkersets", "-n", namespace):
+    pods = get(target, "pods", "-n", namespace)
+    sets = get(target, "leaderworkersets", "-n", namespace)
+    if not ready:
+        want = sum(s["spec"].get("replicas", 1) * s["spec"]["leaderWorkerTemplate"].get("size", 1) for s in sets)
+        made = sum(LWS_NAME_LABEL in p["metadata"].get("labels", {}) for p in pods)
+        return [f"pod {p['metadata']['name']}: not bound" for p in pods if not p["spec"].get("nodeName")] \
+            + ([f"{made}/{want} LeaderWorkerSet pods made"] if made < want else [])
+    for lws in sets:
         want, ready = lws["spec"].get("replicas", 1), lws.get("status", {}).get("readyReplicas", 0)
         if ready < want:
             problems.append(f"LeaderWorkerSet {lws['metadata']['name']}: {ready}/{want} groups ready")
@@ -307,7 +316,7 @@ def not_ready(target: Target, namespace: str) -> list[str]:
         want, ready = deployment["spec"].get("replicas", 1), deployment.get("status", {}).get("readyReplicas", 0)
         if ready < want:
             problems.append(f"Deployment {deployment['metadata']['name']}: {ready}/{want} ready")
-    for pod in get(target, "pods", "-n", namespace):
+    for pod in pods:
         name = pod["metadata"]["name"]
         if not pod["spec"].get("nodeName"):
             events = get(target, "events", "-n", namespace, f"--field-selector=involvedObject.name={name}")
@@ -320,9 +329,10 @@ def not_ready(target: Target, namespace: str) -> list[str]:
     return problems
 
 
-def wait_serving(target: Target, namespace: str, status) -> list[dict]:
+def wait_serving(target: Target, namespace: str, status, ready: bool = True) -> list[dict]:
+    """Every pod bound (and, if `ready`, everything Ready: not_ready), or UpError naming what is not."""
     deadline = time.monotonic() + READY_WITHIN_SECONDS
-    while problems := not_ready(target, namespace):
+    while problems := not_ready(target, namespace, ready):
         if time.monotonic() > deadline:
             raise UpError(f"{namespace} not ready within {READY_WITHIN_SECONDS} s:\n  " + "\n  ".join(problems))
         status(f"waiting: {problems[0]} (and {len(problems) - 1} more)" if len(problems) > 1 else f"waiting: {problems[0]}")
@@ -416,21 +426,39 @@ def up(target: Target | None = None, stack: str = "dev", inventory_file: Path | 
         platform_outputs = {k: v.value for k, v in platform.outputs().items()}
         serving_outputs = {k: v.value for k, v in serving.outputs().items() if not v.secret}
         states = [s.export_stack().deployment["resources"] for s in (platform, serving)]
-    with progress.step(f"every pod of {spec.environment.namespace} bound and Ready"):
-        pods = wait_serving(target, spec.environment.namespace, progress.status)
-    deployed = Deployed(platform_outputs, serving_outputs, *states, pods, answer=None)
-    progress.log(f"{stack}: {len(pods)} pods bound and Ready in {spec.environment.namespace}; "
-                 f"entry {serving_outputs.get('endpoint')}")
-    deployed.why_no_request = no_request_sender()
-    if deployed.why_no_request:
-        progress.log(f"no request sent: {deployed.why_no_request}")
+    namespace = spec.environment.namespace
+    with progress.step(f"every pod of {namespace} bound"):
+        wait_serving(target, namespace, progress.status, ready=False)
+    processes, why_not = start_processes(target, namespace)
+    try:
+        with progress.step(f"every pod of {namespace} Ready"):
+            pods = wait_serving(target, namespace, progress.status)
+        deployed = Deployed(platform_outputs, serving_outputs, *states, pods, answer=None, why_no_request=why_not)
+        progress.log(f"{stack}: {len(pods)} pods bound and Ready in {namespace}; entry {serving_outputs.get('endpoint')}")
+        if processes is not None:
+            from twin import pods as pod_processes
+
+            with progress.step(f"one request to {namespace}'s router"):
+                answer = pod_processes.send_request(processes, namespace, spec.model.name)
+            deployed.answer = answer["choices"][0]["message"]["content"]
+            progress.log(f"the fleet answered: {deployed.answer}")
+        else:
+            progress.log(f"no request sent: {why_not}")
+    finally:
+        if processes is not None:
+            processes.stop()  # they would die with this process anyway (parent-death signal)
     return deployed
 
 
-def no_request_sender() -> str | None:
-    """Why no request can be sent to the fleet's entry on this target, or None."""
-    return ("nothing serves at the pods' addresses on the twin yet (kwok runs each pod without a process: "
-            "no router or engine answers), so the deployment ends at every pod bound and Ready")
+def start_processes(target: Target, namespace: str):
+    """On the twin, the router and engine pods started as processes at their pod addresses
+    (twin/pods.py), and None; elsewhere None and why no request is sent."""
+    if not target.on_twin:
+        return None, (f"on a cluster of your own the entry is the gateway's: send a request there with an API key "
+                      f"(`pulumi stack output api_keys --show-secrets` in {target.folder / 'project'})")
+    from twin import pods
+
+    return pods.start_processes(namespace, kubeconfig=target.kubeconfig), None
 
 
 def down(target: Target | None = None, stack: str = "dev", stop_twin: bool = True,
