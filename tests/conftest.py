@@ -114,12 +114,14 @@ def client_key(tmp_path_factory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory, client_key):
-    """Three real sshd processes: a healthy node, one with the wrong driver, one whose nvidia-smi hangs."""
+    """Real sshd processes: a healthy node, one with the wrong driver, one whose nvidia-smi hangs, one
+    without the NVIDIA Container Toolkit."""
     root = tmp_path_factory.mktemp("hosts")
     stubs = {
         "good": write_stubs(root / "good-bin"),
         "old-driver": write_stubs(root / "old-bin", driver="550.54.15"),
         "hung": write_stubs(root / "hung-bin", hang=True),
+        "no-toolkit": write_stubs(root / "bare-bin", toolkit=None),
     }
     with ExitStack() as stack:
         started = {name: stack.enter_context(sshd(root / name, [str(path)], client_key[1])) for name, path in stubs.items()}

@@ -9,7 +9,7 @@ import yaml
 
 
 def write_stubs(folder: Path, driver="570.133.20", gpus=8, cuda="12.8", active=("mlx5_0", "mlx5_1"),
-                ntp="yes", hang=False) -> Path:
+                ntp="yes", hang=False, toolkit="1.17.8") -> Path:
     """Shell stand-ins for the tools a GPU node has, printing what the real ones print."""
     folder.mkdir(parents=True, exist_ok=True)
     rows = "\\n".join(f"{driver}, NVIDIA H100 80GB HBM3" for _ in range(gpus))
@@ -23,6 +23,9 @@ def write_stubs(folder: Path, driver="570.133.20", gpus=8, cuda="12.8", active=(
         f"{'PORT_ACTIVE (4)' if d in active else 'PORT_DOWN (1)'}\n\n" for d in ("mlx5_0", "mlx5_1"))
     (folder / "ibv_devinfo").write_text(f"#!/bin/sh\nprintf '{devinfo}'\n")
     (folder / "timedatectl").write_text(f"#!/bin/sh\necho {ntp}\n")
+    if toolkit:  # nvidia-ctk --version, as NVIDIA Container Toolkit's CLI prints it
+        (folder / "nvidia-ctk").write_text(f"#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version {toolkit}'\n"
+                                           "echo 'commit: 0000000'\n")
     for f in folder.iterdir():
         f.chmod(0o755)
     return folder

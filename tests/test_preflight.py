@@ -32,8 +32,9 @@ def test_healthy_hosts_pass_every_check(tmp_path, client_key, hosts):
     report = run_preflight(inv, EXPECT)
     assert report.ok, report.summary()
     assert {(r.host, r.check) for r in report.results} == {
-        (h, c) for h in ("gpu-0", "gpu-1") for c in ("driver", "gpus", "cuda", "rdma", "clock", "disk")}
+        (h, c) for h in ("gpu-0", "gpu-1") for c in ("driver", "gpus", "cuda", "toolkit", "rdma", "clock", "disk")}
     assert "8 x NVIDIA H100" in next(r.detail for r in report.results if r.check == "gpus")
+    assert {r.detail for r in report.results if r.check == "toolkit"} == {"NVIDIA Container Toolkit 1.17.8"}
 
 
 def test_wrong_driver_fails_naming_host_and_check(tmp_path, client_key, hosts):
@@ -123,3 +124,38 @@ def test_verdicts():
     assert judge_clock("yes\n100.0\n", EXPECT, 100.2)[0] is True
     tight = Expectations(**{**EXPECT.__dict__, "min_free_disk_gib": 2})
     assert judge_disk("h\n/dev/x 1 1 1073741824 1% /\n", tight) == (False, "1 GiB free at /mnt/weights, need 2")
+
+
+def test_a_host_without_the_container_toolkit_fails_naming_the_fix(tmp_path, client_key, hosts):
+    """A host whose driver the platform expects preinstalled (controllers.gpu_driver_preinstalled:
+    true, the GPU operator's driver.enabled and toolkit.enabled false) needs NVIDIA's Container
+    Toolkit too: without it no container sees a GPU. Before, nothing checked it and the host
+    passed; now `nvidia-ctk --version` (the toolkit's CLI) must answer."""
+    from infra.rollout.preflight import TOOLKIT_MISSING
+
+    port, key = hosts["no-toolkit"]
+    report = run_preflight(load_inventory(inventory(tmp_path, client_key, {"gpu-5": port}, {port: key})), EXPECT)
+    assert [(r.host, r.check, r.detail) for r in report.failures()] == [("gpu-5", "toolkit", TOOLKIT_MISSING)]
+    assert "nvidia-ctk runtime configure --runtime=containerd" in TOOLKIT_MISSING
+
+
+def test_what_the_gpu_operator_installs_is_not_looked_for_on_the_host(tmp_path, client_key, hosts):
+    """With the platform's GPU operator installing the driver and the toolkit in containers
+    (controllers.gpu_driver_preinstalled: false), the host has neither: its rows say they are not
+    checked, and why, instead of failing (the wrong-driver host passes), and the rest is checked."""
+    from infra.platform_stack.catalog import gpu_operator_values
+    from infra.rollout.preflight import NOT_ON_HOST
+    from infra.spec_checks import load_spec
+    from tests.test_platform import context
+
+    port, key = hosts["old-driver"]
+    inv = load_inventory(inventory(tmp_path, client_key, {"gpu-7": port}, {port: key}))
+    report = run_preflight(inv, Expectations(**{**EXPECT.__dict__, "host_driver": False}))
+    assert report.ok, report.summary()
+    assert {r.check: r.detail for r in report.results if r.detail == NOT_ON_HOST}.keys() == {
+        "driver", "gpus", "cuda", "toolkit"}
+    # what Expectations.of reads is what sets the operator's driver and toolkit
+    spec = load_spec("stacks/prod.yaml")
+    installs = gpu_operator_values(context("platform-prod"))
+    assert Expectations.of(spec, inv).host_driver is not installs["driver"]["enabled"]
+    assert installs["driver"]["enabled"] == installs["toolkit"]["enabled"]

@@ -1,8 +1,10 @@
 """Preflight: check every GPU node over SSH before a rollout touches the cluster.
 
 For each host in an inventory: driver and CUDA versions match the spec's pins, all GPUs
-are visible, the RDMA devices the engines use are up, the clock is synchronised, and the
-weights cache has room. Hosts run in parallel; every command has a timeout, so one hung
+are visible, the NVIDIA Container Toolkit is installed (what lets a container see the GPUs), the
+RDMA devices the engines use are up, the clock is synchronised, and the weights cache has room.
+Where the platform's GPU operator installs the driver and the toolkit itself (its
+controllers.gpu_driver_preinstalled: false), those are not on the host: their rows say so. Hosts run in parallel; every command has a timeout, so one hung
 `nvidia-smi` fails its host instead of stalling the rollout.
 
 Host keys must already be in the inventory's known_hosts file: an unknown or changed key
@@ -84,9 +86,16 @@ class Expectations:
     cache_path: str
     min_free_disk_gib: float
     max_clock_offset_ms: float
+    # The host carries the NVIDIA driver and container toolkit (the platform's
+    # controllers.gpu_driver_preinstalled); false: the GPU operator installs both in containers.
+    host_driver: bool = True
 
     @classmethod
     def of(cls, spec: StackSpec, inventory: Inventory) -> Expectations:
+        from infra.platform_stack.spec import load_platform_spec
+        from infra.spec import REPO_ROOT
+
+        platform = load_platform_spec(REPO_ROOT / spec.platform.spec) if spec.platform else None
         return cls(
             driver_version=spec.hardware.driver_version,
             cuda_version=spec.hardware.cuda_version,
@@ -95,6 +104,7 @@ class Expectations:
             cache_path=spec.model.weights.node_cache_path,
             min_free_disk_gib=inventory.min_free_disk_gib,
             max_clock_offset_ms=inventory.max_clock_offset_ms,
+            host_driver=platform.controllers.gpu_driver_preinstalled if platform else True,
         )
 
 
@@ -177,6 +187,20 @@ def judge_cuda(out: str, exp: Expectations) -> tuple[bool, str]:
     return True, f"CUDA {found}"
 
 
+# `nvidia-ctk --version` (NVIDIA Container Toolkit, cmd/nvidia-ctk): "NVIDIA Container Toolkit CLI version 1.17.8".
+_TOOLKIT_VERSION = re.compile(r"NVIDIA Container Toolkit CLI version (\S+)")
+TOOLKIT_MISSING = ("no NVIDIA Container Toolkit (nvidia-ctk): no container would see a GPU. Fix: install it and "
+                   "`nvidia-ctk runtime configure --runtime=containerd` (README, \"An existing on-prem cluster\"), or "
+                   "let the GPU operator install it (platform controllers.gpu_driver_preinstalled: false)")
+
+
+def judge_toolkit(out: str, exp: Expectations) -> tuple[bool, str]:
+    found = _TOOLKIT_VERSION.search(out)
+    if not found:
+        return False, TOOLKIT_MISSING
+    return True, f"NVIDIA Container Toolkit {found.group(1)}"
+
+
 def judge_rdma(out: str, exp: Expectations) -> tuple[bool, str]:
     devices = parse_ibv_devinfo(out)
     wanted = exp.rdma_devices or tuple(devices)
@@ -222,15 +246,27 @@ class Check:
     name: str
     command: Callable[[Expectations], str]
     judge: Callable[..., tuple[bool, str]]
+    on_host: Callable[[Expectations], bool] = lambda exp: True  # false: nothing on the host to check
+
+
+def _host_driver(exp: Expectations) -> bool:
+    return exp.host_driver
+
+
+NOT_ON_HOST = "not checked: the GPU operator installs it in a container (controllers.gpu_driver_preinstalled: false)"
 
 
 # The weights cache may not exist yet on a fresh node: check the nearest existing parent.
 _DF = "p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; df -P -B1 \"$p\""
 
 CHECKS: tuple[Check, ...] = (
-    Check("driver", lambda e: "nvidia-smi --query-gpu=driver_version,name --format=csv,noheader", judge_driver),
-    Check("gpus", lambda e: "nvidia-smi --query-gpu=driver_version,name --format=csv,noheader", judge_gpus),
-    Check("cuda", lambda e: "nvidia-smi", judge_cuda),
+    Check("driver", lambda e: "nvidia-smi --query-gpu=driver_version,name --format=csv,noheader", judge_driver,
+          _host_driver),
+    Check("gpus", lambda e: "nvidia-smi --query-gpu=driver_version,name --format=csv,noheader", judge_gpus,
+          _host_driver),
+    Check("cuda", lambda e: "nvidia-smi", judge_cuda, _host_driver),
+    # Absent, the shell's own "not found" goes to /dev/null and the verdict names the fix.
+    Check("toolkit", lambda e: "nvidia-ctk --version 2>/dev/null || true", judge_toolkit, _host_driver),
     Check("rdma", lambda e: "ibv_devinfo", judge_rdma),
     Check("clock", lambda e: "timedatectl show -p NTPSynchronized --value; date +%s.%N", judge_clock),
     Check("disk", lambda e: _DF.format(path=e.cache_path), judge_disk),
@@ -311,6 +347,9 @@ def run_host(inv: Inventory, host: HostEntry, exp: Expectations,
     try:
         for check in CHECKS:
             t0 = time.monotonic()
+            if not check.on_host(exp):
+                results.append(CheckResult(host.name, check.name, True, NOT_ON_HOST, 0.0))
+                continue
             command = check.command(exp)
             if command not in outcomes:
                 try:
