@@ -307,8 +307,10 @@ class ControllerValues(Strict):
     prometheus_retention: str = Field("15d", pattern=r"^\d+[dhw]$")
     prometheus_storage_gib: PositiveInt = 200
     prometheus_scrape_interval_seconds: PositiveInt = 15
-    gpu_driver_preinstalled: bool = Field(True, description="The AMI carries the NVIDIA driver (EKS accelerated AMIs "
-                                                            "do): the GPU operator installs no driver.")
+    gpu_driver_preinstalled: bool = Field(
+        True, description="The GPU nodes carry the NVIDIA driver and Container Toolkit (EKS accelerated AMIs do; "
+                          "on-prem hosts: README, \"An existing on-prem cluster\"): the GPU operator installs "
+                          "neither, and `pdctl preflight` checks both on each host. false: the operator installs both.")
     cert_manager_replicas: PositiveInt = 2
     chart_source: Literal["registry", "pinned-modules"] = Field(
         "registry", description="registry: each chart as its project publishes it (catalog.py's repository and "

@@ -4,8 +4,9 @@ For each host in an inventory: driver and CUDA versions match the spec's pins, a
 are visible, the NVIDIA Container Toolkit is installed (what lets a container see the GPUs), the
 RDMA devices the engines use are up, the clock is synchronised, and the weights cache has room.
 Where the platform's GPU operator installs the driver and the toolkit itself (its
-controllers.gpu_driver_preinstalled: false), those are not on the host: their rows say so. Hosts run in parallel; every command has a timeout, so one hung
-`nvidia-smi` fails its host instead of stalling the rollout.
+controllers.gpu_driver_preinstalled: false), those are not on the host: their rows say so.
+Hosts run in parallel; every command has a timeout, so one hung `nvidia-smi` fails its host
+instead of stalling the rollout.
 
 Host keys must already be in the inventory's known_hosts file: an unknown or changed key
 fails the host (paramiko's RejectPolicy), because auto-adding keys would let anyone on the
