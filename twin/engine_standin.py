@@ -2,13 +2,16 @@
 Standalone: it runs in the engines' CPU virtualenv (scripts/extract_engine_flags.py engine_venv)
 and imports nothing from pdstack.
 
-    python engine_standin.py <the argv after `-m sglang.launch_server`>
+    python engine_standin.py --checker SOCKET <the argv after `-m sglang.launch_server`>
+    python engine_standin.py --serve-checks SOCKET     # the one checker all stand-ins ask
 
 First its argv goes through the pinned engine's own parser: sglang 0.5.23's
 `ServerArgs.add_cli_args` on an argparse parser, then `ServerArgs.from_cli_args` (its types, choices
-and defaults). A flag the engine refuses ends the process as the engine's does (argparse: exit 2, the
-reason on stderr). What it does not run is the resolution that needs a GPU (`resolve_once`,
-`check_server_args`: infra/render/engine_check/probe.py runs those in the scratch virtualenv).
+and defaults). Importing SGLang costs ~0.7 GB and most of a minute on a busy machine, so one checker
+process does it once and every stand-in sends it its argv over a Unix socket. A flag the engine
+refuses ends the stand-in as the engine's does (argparse's message on stderr, its exit status 2).
+What it does not run is the resolution that needs a GPU (`resolve_once`, `check_server_args`:
+infra/render/engine_check/probe.py runs those in the scratch virtualenv).
 
 Then it serves what SGLang 0.5.23 serves on `--host`/`--port` (sglang/srt/entrypoints/http_server.py):
 GET /health, /health_generate, /ready, /model_info (+ /get_model_info), /server_info
@@ -32,13 +35,16 @@ bootstrap exchange only (no Mooncake or NIXL transfer, no tensors).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
 import json
 import os
 import socket
 import sys
 import threading
 import time
-import urllib.error
+import types
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,13 +57,62 @@ SERIES = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:gen
 ROOM_WAIT_SECONDS = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300))
 
 
-def parse(argv: list[str]):
-    """The pinned SGLang's own parser and ServerArgs (exits 2 with argparse's reason on a refused flag)."""
+def check(argv: list[str]) -> dict:
+    """The pinned SGLang's own parser and ServerArgs, for one argv: {"args": the ServerArgs fields}
+    or, refused, {"status": argparse's exit status, "message": what it printed}."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    except SystemExit as exc:
+        return {"status": exc.code if isinstance(exc.code, int) else 1, "message": said.getvalue()}
+    except Exception as exc:  # noqa: BLE001 - ServerArgs refusing a value, reported as the engine would fail
+        return {"status": 1, "message": f"{type(exc).__name__}: {exc}\n"}
+    fields = {a.dest: getattr(server_args, a.dest, None) for a in parser._actions if a.dest != "help"}
+    return {"args": json.loads(json.dumps(fields, default=str))}
+
+
+def serve_checks(path: Path) -> int:
+    """The checker: SGLang imported once; each connection sends one argv (JSON) and gets check()'s answer."""
+    lock = threading.Lock()
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)  # stand-ins that connect meanwhile wait in the backlog
+    importlib.import_module("sglang.srt.server_args")  # the cost paid once, here
+    while True:
+        connection, _ = listener.accept()
+        with connection, connection.makefile("rwb") as stream:
+            argv = json.loads(stream.readline())
+            with lock:
+                answer = check(argv)
+            stream.write(json.dumps(answer).encode() + b"\n")
+
+
+def parse(checker: Path, argv: list[str]):
+    """The checker's verdict on this argv: its ServerArgs, or this process ends as the engine's would."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        deadline = time.monotonic() + 60
+        while True:  # the checker may not have bound its socket yet
+            try:
+                connection.connect(str(checker))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        with connection.makefile("rwb") as stream:
+            stream.write(json.dumps(argv).encode() + b"\n")
+            stream.flush()
+            answer = json.loads(stream.readline())
+    if "args" not in answer:
+        sys.stderr.write(answer["message"])
+        sys.exit(answer["status"])
+    return types.SimpleNamespace(**answer["args"])
 
 
 class Engine:
@@ -304,7 +359,11 @@ def serve_bootstrap(engine: Engine) -> None:
 
 
 def main(argv: list[str]) -> int:
-    engine = Engine(parse(argv))
+    if argv[:1] == ["--serve-checks"]:
+        return serve_checks(Path(argv[1]))
+    if argv[:1] != ["--checker"]:
+        sys.exit("engine_standin.py: --checker SOCKET first (twin/pods.py's python3 gives it)")
+    engine = Engine(parse(Path(argv[1]), argv[2:]))
     print(f"engine stand-in: sglang 0.5.23 argv accepted by its parser; mode {engine.mode}, "
           f"serving {engine.model} on {engine.args.host}:{engine.args.port}", file=sys.stderr, flush=True)
     if engine.mode == "prefill":

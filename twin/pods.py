@@ -61,6 +61,7 @@ SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 STANDIN = ROOT / "twin" / "engine_standin.py"
 PATH_TAIL = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CLIENT_SOCKET = "pod-network.sock"
+FOLDER = RUN_DIR / "pods"  # the pods' folders, the sockets and the logs of `python -m twin.pods run`
 
 
 def _netns_inode(pid: int | str) -> int:
@@ -439,15 +440,20 @@ class PodProcesses:
 
     def __init__(self, kubeconfig: Path = KUBECONFIG, folder: Path | None = None):
         self.kubeconfig = kubeconfig
-        self.folder = private_folder(folder or RUN_DIR / "pods")
+        self.folder = private_folder(folder or FOLDER)
         server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
         self.network = PodNetwork(self.folder, int(server.rsplit(":", 1)[1]))
         self.venv = _engines_venv()
         self.bin = private_folder(self.folder / "bin")
         self.bin.chmod(0o755)
+        checker = self.folder / "engine-checker.sock"
+        self.checker: subprocess.Popen | None = None  # started with the first engine pod (engine_standin.py)
+        self.start_checker = lambda: _spawn([str(self.venv / "bin" / "python"), str(STANDIN), "--serve-checks",
+                                             str(checker)], self.folder / "engine-checker.log")
         shim = (f"#!/bin/sh\n# the engine's entry point runs the twin's stand-in; any other python3 is the engines' "
                 f"virtualenv's (sglang-router's)\nif [ \"${{1:-}}\" = -m ] && [ \"${{2:-}}\" = sglang.launch_server ]; "
-                f"then shift 2; exec {self.venv}/bin/python {STANDIN} \"$@\"; fi\nexec {self.venv}/bin/python3 \"$@\"\n")
+                f"then shift 2; exec {self.venv}/bin/python {STANDIN} --checker {checker} \"$@\"; fi\n"
+                f"exec {self.venv}/bin/python3 \"$@\"\n")
         for name in ("python3", "python"):
             (self.bin / name).write_text(shim)
             (self.bin / name).chmod(0o755)
@@ -480,6 +486,8 @@ class PodProcesses:
             raise TwinError(f"{meta['namespace']}/{meta['name']}: no command in the pod (the image's entrypoint is "
                             "not known to the twin)")
         volumes = _make_volumes(pod, folder, self.kubeconfig)
+        if runs_as(pod) != naming.ROUTER and self.checker is None:
+            self.checker = self.start_checker()
         ip = pod["status"]["podIP"]
         log = folder / f"{container['name']}.log"
         holder = self.network.attach(ip, folder / "netns.log")
@@ -506,21 +514,15 @@ class PodProcesses:
                                 f"{pod.process.returncode}; the end of its log ({pod.log}):\n{_tail(pod.log)}")
 
     def request(self, ip: str, port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
-        connection = PodConnection(self.network.client_socket, ip, port, timeout)
-        try:
-            connection.request("POST" if body is not None else "GET", path,
-                               body=json.dumps(body) if body is not None else None,
-                               headers={"Content-Type": "application/json"})
-            answer = connection.getresponse()
-            return answer.status, answer.read().decode(errors="replace")
-        finally:
-            connection.close()
+        return request(self.network.client_socket, ip, port, path, body, timeout)
 
     def stop(self) -> None:
         for pod in reversed(self.started):
             _stop(pod.process)
             _stop(pod.holder)
         self.started.clear()
+        if self.checker:
+            _stop(self.checker)
         self.network.stop()
 
 
@@ -535,28 +537,73 @@ def start_processes(namespace: str, kubeconfig: Path = KUBECONFIG, folder: Path 
     return processes
 
 
+def request(client_socket: Path, ip: str, port: int, path: str, body: dict | None = None,
+            timeout: float = 60) -> tuple[int, str]:
+    """One HTTP request to a pod address (GET, or POST of `body` as JSON): its status and text."""
+    connection = PodConnection(client_socket, ip, port, timeout)
+    try:
+        connection.request("POST" if body is not None else "GET", path,
+                           body=json.dumps(body) if body is not None else None,
+                           headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode(errors="replace")
+    finally:
+        connection.close()
+
+
 CHAT = {"messages": [{"role": "user", "content": "Say hello from the twin."}], "max_tokens": 8}
 
 
-def send_request(processes: PodProcesses, namespace: str, model: str, timeout: float = 300) -> dict:
-    """One chat request to the router pod of `namespace`, at its pod address and its `http` port,
-    retried until the router has found its workers (service discovery, health checks); the answer."""
-    router = next(p for p in processes.started if p.namespace == namespace and p.role == naming.ROUTER)
-    pod = json.loads(kubectl("get", "pod", router.name, "-n", namespace, "-o", "json",
-                             kubeconfig_path=processes.kubeconfig).stdout)
-    port = next(p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", []) if p.get("name") == "http")
+def send_request(namespace: str, kubeconfig: Path = KUBECONFIG, folder: Path = FOLDER, timeout: float = 300,
+                 check=lambda: None) -> dict:
+    """One chat request to a running router pod of `namespace` (started by PodProcesses, whose
+    folder is `folder`), at its pod address and `http` port, for the model the router lists; retried
+    until the router has found its workers (service discovery, health checks). The answer, as JSON.
+    `check()` is called between tries (PodProcesses.check: a process that exited ends the wait)."""
+    routers = [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
+                                             kubeconfig_path=kubeconfig).stdout)["items"]
+               if runs_as(p) == naming.ROUTER and p["metadata"].get("annotations", {}).get(PROCESS_ANNOTATION) == "running"]
+    if not routers:
+        raise TwinError(f"no router pod runs in {namespace}: start them first (python -m twin.pods run --namespace "
+                        f"{namespace})")
+    ip = routers[0]["status"]["podIP"]
+    port = next(p["containerPort"] for c in routers[0]["spec"]["containers"] for p in c.get("ports", [])
+                if p.get("name") == "http")
     deadline, said = time.monotonic() + timeout, ""
     while time.monotonic() < deadline:
-        processes.check()
+        check()
         try:
-            status, said = processes.request(router.ip, port, "/v1/chat/completions", {**CHAT, "model": model})
-        except OSError as exc:
-            status, said = 0, str(exc)
-        if status == 200:
-            return json.loads(said)
+            status, said = request(folder / CLIENT_SOCKET, ip, port, "/v1/models")
+            if status == 200 and json.loads(said).get("data"):
+                model = json.loads(said)["data"][0]["id"]
+                status, said = request(folder / CLIENT_SOCKET, ip, port, "/v1/chat/completions", {**CHAT, "model": model})
+                if status == 200:
+                    return json.loads(said)
+        except (OSError, ValueError) as exc:
+            said = str(exc)
         time.sleep(1)
-    raise TwinError(f"the router {namespace}/{router.name} at {router.ip}:{port} did not answer within "
+    raise TwinError(f"the router {namespace}/{routers[0]['metadata']['name']} at {ip}:{port} did not answer within "
                     f"{timeout:.0f} s; last: {said[:300]}")
+
+
+def run(namespace: str) -> int:
+    """`python -m twin.pods run`: start the pods of `namespace` and keep them until SIGTERM or Ctrl-C;
+    exit 1, saying why, if one of their processes exits."""
+    processes = start_processes(namespace)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    print(f"twin.pods: {len(processes.started)} pods of {namespace} running: " + ", ".join(
+        f"{p.name} ({p.role}) at {p.ip}" for p in processes.started), flush=True)
+    try:
+        while not stopping.wait(1):
+            processes.check()
+        return 0
+    except TwinError as exc:
+        print(f"twin.pods: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        processes.stop()
 
 
 def main() -> int:
@@ -568,10 +615,23 @@ def main() -> int:
     hub.add_argument("--machine-netns", type=int, required=True)  # its inode: the hub must be elsewhere
     enter = sub.add_parser("enter", help=argparse.SUPPRESS)
     enter.add_argument("spec", type=Path)
+    for name, what in (("run", "start the router and engine pods of a namespace as processes; keep them running"),
+                       ("request", "send one chat request to the running router of a namespace; print the answer")):
+        command = sub.add_parser(name, help=what)
+        command.add_argument("--namespace", required=True)
     args = parser.parse_args()
-    if args.command == "hub":
-        return hub_main(args.apiserver_socket, args.client_socket, args.machine_netns)
-    return enter_main(args.spec)
+    try:
+        if args.command == "hub":
+            return hub_main(args.apiserver_socket, args.client_socket, args.machine_netns)
+        if args.command == "enter":
+            return enter_main(args.spec)
+        if args.command == "run":
+            return run(args.namespace)
+        print(json.dumps(send_request(args.namespace), indent=1))
+        return 0
+    except TwinError as exc:
+        print(f"twin.pods: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

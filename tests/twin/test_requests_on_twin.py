@@ -71,7 +71,7 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
             if pod["metadata"]["name"] in {p.name for p in processes.started}:
                 assert pod["metadata"]["annotations"][pods.PROCESS_ANNOTATION] == "running"
 
-        answer = pods.send_request(processes, namespace, spec.model.name)
+        answer = pods.send_request(namespace, folder=tmp_path / "pods", check=processes.check)
         assert answer["object"] == "chat.completion" and answer["model"] == spec.model.name
         content = answer["choices"][0]["message"]["content"]
         prefill, decode = by_role["prefill"], by_role["decode"]
@@ -97,7 +97,8 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
 
 @pytest.mark.parametrize("config_map, role, old, new, said", [
     # sglang-router 0.3.2 router_args.py: --prefill-policy takes one of its policy names
-    ("router-launch", "router", "--prefill-policy cache_aware", "--prefill-policy cache_awar", "cache_awar"),
+    ("router-launch", "router", "--prefill-policy cache_aware", "--prefill-policy cache_awar",
+     "argument --prefill-policy: invalid choice: 'cache_awar'"),
     # sglang 0.5.23 ServerArgs.add_cli_args: --disaggregation-mode choices null, prefill, decode
     ("engine-decode-launch", "decode", "--disaggregation-mode decode", "--disaggregation-mode decod",
      "invalid choice: 'decod'"),
