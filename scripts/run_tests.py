@@ -1,49 +1,78 @@
 """The whole test suite, as `make test` and CI run it: the cluster twin's tests and the rest side
 by side, since the twin's leave most of the machine idle.
 
-- `tests/twin` share one twin, so they run in one pytest process. They spend most of their time
-  waiting on the twin's controllers and the Pulumi engine: one run of them alone kept 41% of
-  this machine's two cores busy (/proc/stat sampled every 10 s over its 12 min). They start
-  first, at normal priority: their waits are the long pole, and the twin's control plane must
-  not be starved by the rest.
+- `tests/twin` run in two pytest processes, each with a twin of its own (its own state folder,
+  PDSTACK_TWIN_DIR; the built programs are shared): the tests that drive the real Pulumi engine
+  (TWIN_GROUPS["pulumi-engine"], about a minute or more per `up` sequence) and the rest of them
+  (every other file in tests/twin). Tests in one process share its twin and run one after the
+  other, since they reuse the same nodes. They spend most of their time waiting on the twin's
+  controllers and the Pulumi engine: one run of all of them in one process kept 41% of this
+  machine's two cores busy (/proc/stat sampled every 10 s over its 12 min), so two twins side
+  by side shorten the long pole. They start first, at normal priority: their waits are the long
+  pole, and the twins' control planes must not be starved by the rest.
 - Everything else runs at the same time on every core (pytest-xdist, a test file to a worker,
   so a module's fixtures stay in one process), at a lower priority (nice 10): it fills the
   time the twin leaves idle.
 
-The twin's report is written to .twin/tests.log and printed whole when both have ended, so the
-two reports do not interleave. The exit status is 0 only if both passed (pytest's 5, "no test
-ran", is a failure too).
+Each twin group's report is written to .twin/tests-<group>.log and printed whole when all have
+ended, so the reports do not interleave. The exit status is 0 only if all passed (pytest's 5,
+"no test ran", is a failure too).
 
     .venv/bin/python scripts/run_tests.py
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TWIN_LOG = REPO / ".twin" / "tests.log"
+STATE = Path(os.environ.get("PDSTACK_TWIN_DIR", REPO / ".twin"))
 
-TWIN_TESTS = [sys.executable, "-m", "pytest", "tests/twin"]
+# The twin's test files that drive the real Pulumi engine; every other file in tests/twin runs in
+# the "control-plane" group.
+PULUMI_ENGINE_FILES = [
+    "tests/twin/test_platform_on_twin.py",
+    "tests/twin/test_pulumi_on_twin.py",
+    "tests/twin/test_rollout_kill_on_twin.py",
+    "tests/twin/test_prod_rollout_on_twin.py",
+]
+TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
+    "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES]], STATE),
+    "pulumi-engine": (PULUMI_ENGINE_FILES, STATE / "pulumi-engine"),
+}
 OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
                "--ignore=tests/twin"]
 
 
+def twin_log(group: str) -> Path:
+    return STATE / f"tests-{group}.log"
+
+
 def main() -> int:
-    TWIN_LOG.parent.mkdir(exist_ok=True)
-    with open(TWIN_LOG, "w") as log:
-        twin = subprocess.Popen(TWIN_TESTS, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    STATE.mkdir(exist_ok=True)
+    with contextlib.ExitStack() as logs:
+        twins = {}
+        for group, (args, state) in TWIN_GROUPS.items():
+            log = logs.enter_context(open(twin_log(group), "w"))
+            twins[group] = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=REPO, stdout=log,
+                                            stderr=subprocess.STDOUT, env={**os.environ, "PDSTACK_TWIN_DIR": str(state)})
         others = subprocess.Popen(OTHER_TESTS, cwd=REPO)
-        # A Ctrl-C reaches all three (one process group): each pytest tears its fixtures down
-        # (the twin's stops the twin it started) and is waited for here, never killed.
-        others_code, twin_code = _wait(others), _wait(twin)
-    print(f"\n===== tests/twin (run beside the others; its report is also in {TWIN_LOG.relative_to(REPO)}) =====",
-          flush=True)
-    sys.stdout.write(TWIN_LOG.read_text())
-    print(f"\ntests outside tests/twin: exit {others_code}; tests/twin: exit {twin_code}", flush=True)
-    return 0 if others_code == 0 and twin_code == 0 else 1
+        # A Ctrl-C reaches all of them (one process group): each pytest tears its fixtures down
+        # (a twin group's stops the twin it started) and is waited for here, never killed.
+        others_code = _wait(others)
+        twin_codes = {group: _wait(proc) for group, proc in twins.items()}
+    for group in TWIN_GROUPS:
+        print(f"\n===== tests/twin, {group} (run beside the others; its report is also in "
+              f"{twin_log(group).relative_to(REPO) if twin_log(group).is_relative_to(REPO) else twin_log(group)}) =====",
+              flush=True)
+        sys.stdout.write(twin_log(group).read_text())
+    print(f"\ntests outside tests/twin: exit {others_code}; "
+          + "; ".join(f"tests/twin {group}: exit {code}" for group, code in twin_codes.items()), flush=True)
+    return 0 if others_code == 0 and all(code == 0 for code in twin_codes.values()) else 1
 
 
 def _wait(proc: subprocess.Popen) -> int:

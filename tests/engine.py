@@ -91,20 +91,24 @@ class EngineProject:
         settings_file.write_text(yaml.safe_dump(settings))
 
 
-def deployable_spec_file(stack: str, folder: Path) -> Path:
+def deployable_spec_file(stack: str, folder: Path, engine: str | None = None) -> Path:
     """The committed spec with its placeholder images pinned to stand-in digests
     (tests/oci_registry.py stand_in_pins), written to `folder`: the policy pack refuses a placeholder,
-    as it must at a real `pulumi up`, and nothing here pulls an image."""
-    from infra.spec_checks import load_spec
+    as it must at a real `pulumi up`, and nothing here pulls an image. `engine`: switched to that
+    engine as `render --engine` switches it."""
+    from infra.spec_checks import load_spec, switch_engine
     from tests.oci_registry import stand_in_pins
 
+    spec = load_spec(stack_spec_path(stack))
+    if engine is not None:
+        spec = switch_engine(spec, engine)[0]
     path = folder / f"{stack}-deployable.yaml"
-    path.write_text(yaml.safe_dump(stand_in_pins(load_spec(stack_spec_path(stack))).model_dump(mode="json")))
+    path.write_text(yaml.safe_dump(stand_in_pins(spec).model_dump(mode="json")))
     return path
 
 
 def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path | None = None,
-                   platform_stand_in_stack: bool = True) -> EngineProject:
+                   platform_stand_in_stack: bool = True, engine: str | None = None) -> EngineProject:
     """Environment and project for the real engine; the CLI and its plugins found on PATH only.
     `platform_stand_in_stack`: make the stand-in platform stack the serving stack reads."""
     require_engine()
@@ -113,7 +117,7 @@ def engine_project(tmp_path: Path, monkeypatch, stack: str = "dev", twin: Path |
     (work_dir / "Pulumi.yaml").write_text((REPO_ROOT / "Pulumi.yaml").read_text())
     (work_dir / "stacks").symlink_to(REPO_ROOT / "stacks")  # Pulumi.yaml's main: the CLI checks it exists
     settings = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())
-    spec_file = deployable_spec_file(stack, tmp_path)
+    spec_file = deployable_spec_file(stack, tmp_path, engine)
     settings["config"]["pdstack:specFile"] = str(spec_file)
     (work_dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(settings))
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", settings["config"]["kubernetes:context"], twin)
@@ -145,12 +149,12 @@ def program_stack(project: EngineProject, program):
                                        opts=auto.LocalWorkspaceOptions(work_dir=str(project.work_dir)))
 
 
-def dev_program(tmp_path: Path):
+def serving_program(tmp_path: Path, stack: str = "dev"):
     """The program Pulumi.yaml runs, reading its tracks from an empty release store of the test's."""
     from infra.program import main
     from infra.rollout.releases import ReleaseStore
 
-    store = ReleaseStore("dev", tmp_path / "releases")
+    store = ReleaseStore(stack, tmp_path / "releases")
     return lambda: main(store=store)
 
 

@@ -30,7 +30,7 @@ from infra.rollout.steps import plan_steps
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from infra.tracks import track_namespace
-from tests.engine import dev_program, engine_project, program_stack
+from tests.engine import engine_project, program_stack, serving_program
 
 
 def offline_urns(stack: str) -> set[str]:
@@ -70,7 +70,7 @@ def test_preview_of_dev_creates_what_the_mocks_record(tmp_path, monkeypatch):
     (Pulumi's mocks) records is planned for creation under the same URN, and nothing else."""
     project = engine_project(tmp_path, monkeypatch)
     events = Events()
-    result = program_stack(project, dev_program(tmp_path)).preview(on_event=events, on_output=lambda line: None)
+    result = program_stack(project, serving_program(tmp_path)).preview(on_event=events, on_output=lambda line: None)
     created = {urn for urn, op in events.steps.items() if op == "create"}
     custom = {urn for urn in created if not urn_type(urn).startswith(("pdstack:", "pulumi:"))}
     assert custom == offline_urns("dev")
@@ -89,7 +89,7 @@ def test_up_renders_every_object_through_the_real_provider(tmp_path, monkeypatch
     render = tmp_path / "rendered"
     project.render_yaml_to(render)
     output: list[str] = []
-    result = program_stack(project, dev_program(tmp_path)).up(on_output=output.append, show_secrets=False)
+    result = program_stack(project, serving_program(tmp_path)).up(on_output=output.append, show_secrets=False)
     assert result.summary.result == "succeeded"
 
     objects = rendered_objects(render)
@@ -118,7 +118,7 @@ def test_policy_pack_runs_in_the_real_engine(tmp_path, monkeypatch):
     ConfigMap is stopped by the mandatory no-plaintext-secrets rule."""
     project = engine_project(tmp_path, monkeypatch)
     events = Events()
-    program_stack(project, dev_program(tmp_path)).preview(policy_packs=[POLICY_PACK], on_event=events,
+    program_stack(project, serving_program(tmp_path)).preview(policy_packs=[POLICY_PACK], on_event=events,
                                                          on_output=lambda line: None)
     assert not [p for p in events.policy if p[1] == "mandatory"], events.policy
 
@@ -147,7 +147,7 @@ def test_the_rollout_applies_its_steps_through_the_automation_api(tmp_path, monk
     store = ReleaseStore("dev", tmp_path / "releases")
     spec = load_spec(project.spec_file)  # its placeholder images pinned: the pack refuses placeholders
     revision = store.create(spec).revision
-    program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the adapter selects an existing stack
+    program_stack(project, serving_program(tmp_path))  # `pulumi stack init dev`: the adapter selects an existing stack
     store.intend({revision: 100})
     output: list[str] = []
 

@@ -135,8 +135,8 @@ def test_every_readme_command_is_listed_here_and_every_listed_one_is_in_readme()
 def test_what_runs_the_commands_not_run_here():
     """Each command of RUN_ELSEWHERE is run by what its reason names: CI's script calls `make
     test`, the Makefile's twin targets call `python -m twin`, and `make test` runs pytest over
-    the folder that holds the fault matrix (on every core) and, beside it, over tests/twin
-    (scripts/run_tests.py)."""
+    the folder that holds the fault matrix (on every core) and, beside it, over tests/twin in two
+    groups, each with a twin of its own, that together hold every file of it (scripts/run_tests.py)."""
     import tomllib
 
     assert re.search(r"^make test$", (REPO_ROOT / ".ci/run").read_text(), re.M)
@@ -146,7 +146,11 @@ def test_what_runs_the_commands_not_run_here():
     assert re.search(r"^test:.*\btwin-build\b.*\n\t\$\(PY\) scripts/run_tests.py$", makefile, re.M)
     assert re.search(r"^test:.*\bregistry-build\b", makefile, re.M)
     runner = runpy.run_path(str(REPO_ROOT / "scripts/run_tests.py"))
-    assert runner["TWIN_TESTS"][1:] == ["-m", "pytest", "tests/twin"]
+    groups = runner["TWIN_GROUPS"]
+    control_plane, pulumi_engine = groups["control-plane"][0], groups["pulumi-engine"][0]
+    assert control_plane[0] == "tests/twin" and control_plane[1:] == [f"--ignore={f}" for f in pulumi_engine]
+    assert all((REPO_ROOT / f).is_file() for f in pulumi_engine), pulumi_engine
+    assert len({state for _, state in groups.values()}) == len(groups)  # a twin each
     assert runner["OTHER_TESTS"][-7:] == ["-m", "pytest", "-n", "auto", "--dist", "loadfile", "--ignore=tests/twin"]
     testpaths = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert testpaths == ["tests"]

@@ -19,24 +19,13 @@ from __future__ import annotations
 
 import secrets
 import string
-import sys
-from concurrent import futures
 
-import grpc
-from google.protobuf import empty_pb2, struct_pb2
 from google.protobuf.json_format import MessageToDict
-from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
+from pulumi.runtime.proto import provider_pb2
+from standin_provider import UNKNOWN, StandInProvider, serve, struct
 
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # the engine's unknown-value sentinel (rpc.py)
 TYPES = ("random:index/randomPassword:RandomPassword", "random:index/randomString:RandomString")
 SPECIAL = "!@#$%&*()-_=+[]{}<>:?"  # pulumi_random: "These are `!@#$%&*()-_=+[]{}<>:?`"
-VERSION = "0.0.0-pdstack-test-standin"
-
-
-def _struct(values: dict) -> struct_pb2.Struct:
-    out = struct_pb2.Struct()
-    out.update(values)
-    return out
 
 
 def generate(inputs: dict) -> str:
@@ -56,22 +45,12 @@ def generate(inputs: dict) -> str:
     return "".join(chars)
 
 
-class RandomProvider(provider_pb2_grpc.ResourceProviderServicer):
-    def GetPluginInfo(self, request, context):
-        return plugin_pb2.PluginInfo(version=VERSION)
-
-    def CheckConfig(self, request, context):
-        return provider_pb2.CheckResponse(inputs=request.news)
-
-    def DiffConfig(self, request, context):
-        return provider_pb2.DiffResponse(changes=provider_pb2.DiffResponse.DIFF_NONE)
-
-    def Configure(self, request, context):
-        return provider_pb2.ConfigureResponse(acceptSecrets=True, supportsPreview=True)
+class RandomProvider(StandInProvider):
+    name = "random"
+    types = TYPES
 
     def Check(self, request, context):
-        if request.type not in TYPES:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"the test stand-in for random has no {request.type}")
+        self.refuse_unknown(request.type, context)
         news = MessageToDict(request.news)
         failures = []
         if int(news.get("length", 0)) < 1:
@@ -88,27 +67,8 @@ class RandomProvider(provider_pb2_grpc.ResourceProviderServicer):
     def Create(self, request, context):
         inputs = MessageToDict(request.properties)
         result = UNKNOWN if request.preview else generate(inputs)
-        return provider_pb2.CreateResponse(id="" if request.preview else "none", properties=_struct({**inputs, "result": result}))
-
-    def Read(self, request, context):
-        return provider_pb2.ReadResponse(id=request.id, properties=request.properties, inputs=request.inputs)
-
-    def Delete(self, request, context):
-        return empty_pb2.Empty()
-
-    def Cancel(self, request, context):
-        return empty_pb2.Empty()
-
-
-def main() -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    provider_pb2_grpc.add_ResourceProviderServicer_to_server(RandomProvider(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    sys.stdout.write(f"{port}\n")
-    sys.stdout.flush()
-    server.wait_for_termination()
+        return provider_pb2.CreateResponse(id="" if request.preview else "none", properties=struct({**inputs, "result": result}))
 
 
 if __name__ == "__main__":
-    main()
+    serve(RandomProvider())

@@ -4,7 +4,10 @@
   `Accepted` on each route's parent (Gateway API v1 status, what `kubectl wait` reads in
   infra/rollout/steps.py);
 - Karpenter with its AWS provider marks a NodePool `Ready` once its EC2NodeClass resolves; the
-  kwok provider the twin runs never does for a pool naming an EC2NodeClass.
+  kwok provider the twin runs never does for a pool naming an EC2NodeClass;
+- NVIDIA's DRA driver publishes, for each ComputeDomain a rollout makes, the ResourceClaimTemplate
+  its engine pods claim, and its node plugin a ResourceSlice per GPU node (twin/dra.py, the same
+  stand-in the rendered fleets use).
 
 Written through the status subresource, as the controllers write it, every second while the
 context is open. Nothing else is touched: the objects, their spec and the route's weights stay
@@ -18,8 +21,10 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
+from twin import dra
 from twin.cluster import kubectl
-from twin.fleet import get
+from twin.fleet import apply_each_pass, get
+from twin.nodes import TWIN_LABEL
 
 CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"  # Envoy Gateway's controllerName
 
@@ -61,6 +66,12 @@ def publish_once(namespace: str, environment: str) -> None:
                 {"parentRef": ref, "controllerName": CONTROLLER,
                  "conditions": [_condition("Accepted", gen), _condition("ResolvedRefs", gen)]}
                 for ref in route["spec"].get("parentRefs", [])]})
+    domains = get("computedomains.resource.nvidia.com", "--all-namespaces")
+    known = {(t["metadata"]["namespace"], t["metadata"]["name"]) for t in get("resourceclaimtemplates", "--all-namespaces")}
+    missing = [t for t in dra.channel_templates(domains)
+               if (t["metadata"]["namespace"], t["metadata"]["name"]) not in known]
+    if missing:
+        apply_each_pass(dra.stand_in(domains, get("nodes", "-l", f"{TWIN_LABEL}={environment}")))
     for pool in get("nodepools.karpenter.sh", "-l", f"pdstack.io/environment={environment}"):
         gen = _generation(pool)
         if not _true(pool.get("status", {}), "Ready", gen):

@@ -25,7 +25,7 @@ from infra.rollout.pulumi_cluster import FENCE_ANNOTATION, POLICY_PACK, KubeTarg
 from infra.rollout.releases import ReleaseStore
 from infra.rollout.steps import plan_steps
 from infra.tracks import track_namespace
-from tests.engine import dev_program, engine_project, program_stack
+from tests.engine import engine_project, program_stack, serving_program
 from tests.twin.placement import delete_namespaces, users_objects
 from twin import fleet
 from twin.build import program
@@ -61,7 +61,7 @@ def test_a_rollout_and_its_rollback_act_on_the_twins_real_objects(dev_nodes, tmp
     env_ns = spec.environment.namespace
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG)
     store = ReleaseStore("dev", tmp_path / "releases")
-    stack = program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`
+    stack = program_stack(project, serving_program(tmp_path))  # `pulumi stack init dev`
     log: list[str] = []
     cluster = PulumiCluster("dev", store, kubectl=str(program("kubectl")), work_dir=project.work_dir,
                             policy_pack=POLICY_PACK, on_output=log.append,

@@ -26,7 +26,7 @@ from infra.rollout.pulumi_cluster import KubeTarget, PulumiCluster
 from infra.rollout.releases import ReleaseStore
 from infra.spec import REPO_ROOT
 from infra.tracks import track_namespace
-from tests.engine import dev_program, engine_project, program_stack
+from tests.engine import engine_project, program_stack, serving_program
 from tests.servers import healthy_prometheus
 from tests.twin.placement import delete_namespaces, users_objects
 from tests.twin.standins import controllers_status
@@ -63,7 +63,7 @@ def test_a_rollout_killed_at_its_changes_on_the_twin_is_recovered_to_agreement(d
     delete_namespaces(namespaces)  # what an earlier test of dev left, so that this one starts from nothing
     users_objects(spec)
     project = engine_project(tmp_path, monkeypatch, twin=KUBECONFIG)
-    program_stack(project, dev_program(tmp_path))  # `pulumi stack init dev`: the rollout selects it
+    program_stack(project, serving_program(tmp_path))  # `pulumi stack init dev`: the rollout selects it
     kubectl_dir = str(program("kubectl").parent)
     monkeypatch.setenv("PATH", kubectl_dir + os.pathsep + os.environ["PATH"])  # pdctl's kubectl: the twin's
     releases = tmp_path / "releases"
