@@ -560,16 +560,20 @@ def send_request(namespace: str, kubeconfig: Path = KUBECONFIG, folder: Path = F
     folder is `folder`), at its pod address and `http` port, for the model the router lists; retried
     until the router has found its workers (service discovery, health checks). The answer, as JSON.
     `check()` is called between tries (PodProcesses.check: a process that exited ends the wait)."""
-    routers = [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
-                                             kubeconfig_path=kubeconfig).stdout)["items"]
-               if runs_as(p) == naming.ROUTER and p["metadata"].get("annotations", {}).get(PROCESS_ANNOTATION) == "running"]
-    if not routers:
-        raise TwinError(f"no router pod runs in {namespace}: start them first (python -m twin.pods run --namespace "
-                        f"{namespace})")
+    deadline = time.monotonic() + timeout
+    while not (routers := [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
+                                                         kubeconfig_path=kubeconfig).stdout)["items"]
+                           if runs_as(p) == naming.ROUTER
+                           and p["metadata"].get("annotations", {}).get(PROCESS_ANNOTATION) == "running"]):
+        check()
+        if time.monotonic() > deadline:
+            raise TwinError(f"no router pod runs in {namespace} after {timeout:.0f} s: start them (python -m "
+                            f"twin.pods run --namespace {namespace})")
+        time.sleep(1)
     ip = routers[0]["status"]["podIP"]
     port = next(p["containerPort"] for c in routers[0]["spec"]["containers"] for p in c.get("ports", [])
                 if p.get("name") == "http")
-    deadline, said = time.monotonic() + timeout, ""
+    said = ""
     while time.monotonic() < deadline:
         check()
         try:
