@@ -66,9 +66,10 @@ def karpenter_queue_statement(region: str, account: str, cluster: str) -> dict:
 
 
 def queue_policy(queue_arn: str) -> str:
-    """EventBridge (and SQS's own dead-letter path) may send to the queue; nothing over plain HTTP.
-    EventBridge delivers to SQS with the queue's resource policy (EventBridge User Guide, "Amazon
-    SQS permissions")."""
+    """EventBridge and SQS may send to the queue, nothing reads it over plain HTTP: the statements
+    of Karpenter's getting-started template (KarpenterInterruptionQueuePolicy). EventBridge
+    delivers to SQS under the queue's resource policy (EventBridge User Guide, "Amazon SQS
+    permissions")."""
     return json.dumps({"Version": "2012-10-17", "Statement": [
         {"Sid": "EventBridgeSends", "Effect": "Allow",
          "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
