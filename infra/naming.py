@@ -92,6 +92,10 @@ ROLE_LABEL = "pdstack.io/role"  # node pools, taints and pods: prefill | decode 
 RELEASE_LABEL = "pdstack.io/release"  # pods: the release revision they run (canary gates read it)
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS; "0" is the leader
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"  # set by LWS: which group (instance) a pod is in
+# On engine pods that serve the engine's HTTP API: a group's leader, and every node of a pool whose
+# nodes each serve their own ranks (infra/render/engine_args.py serves_on_every_node). What the
+# router, the InferencePool, the engines' Services and the gateway's NetworkPolicy select.
+SERVES_API_LABEL = "pdstack.io/serves-api"
 ROLE_TAINT_EFFECT = "NoSchedule"
 # On pod templates: a digest of the ConfigMaps the pods read at start (launch scripts, cache and
 # router configs). Kubernetes restarts nothing when a mounted ConfigMap changes; a changed digest

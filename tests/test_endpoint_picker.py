@@ -114,22 +114,25 @@ def lws(run, role: str) -> dict:
     return next(g for g in run.by_kind("LeaderWorkerSet") if g["metadata"]["name"] == naming.engine(role))
 
 
-def test_decode_leaders_run_the_routing_sidecar_in_front_of_the_engine():
+def test_decode_pods_run_the_routing_sidecar_in_front_of_the_engine():
     """llm-d's PD path: the gateway sends the request to the decode pod the picker chose; the
     sidecar there (a native sidecar, restartPolicy Always, Kubernetes 1.29+) calls the prefill
     pod named in the picker's header, then its own engine (llm-d-inference-scheduler v0.7.1,
-    deploy/components/vllm-sim-pd/deployments.yaml: --port 8000, --vllm-port 8200)."""
+    deploy/components/vllm-sim-pd/deployments.yaml: --port 8000, --vllm-port 8200). Every vLLM decode
+    node serves its own ranks (hybrid DP load balancing), so each has one."""
     run = run_spec(epp_spec())
     decode = lws(run, "decode")["spec"]["leaderWorkerTemplate"]
     leader, worker = decode["leaderTemplate"]["spec"], decode["workerTemplate"]["spec"]
     (sidecar,) = [c for c in leader["initContainers"] if c["name"] == "routing-sidecar"]
+    assert [c for c in worker["initContainers"] if c["name"] == "routing-sidecar"] == [sidecar]
     assert sidecar["restartPolicy"] == "Always"
     assert sidecar["args"] == [f"--port={ENGINE_PORT['vllm']}", f"--vllm-port={SIDECAR_ENGINE_PORT}",
                                "--kv-connector=nixlv2", "--secure-proxy=false"]
     engine = leader["containers"][0]
     assert engine["ports"] == [{"name": "engine", "containerPort": SIDECAR_ENGINE_PORT}]
     assert engine["readinessProbe"]["httpGet"]["port"] == SIDECAR_ENGINE_PORT
-    assert not [c for c in worker["initContainers"] if c["name"] == "routing-sidecar"]
+    prefill_worker = lws(run, "prefill")["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    assert not [c for c in prefill_worker["initContainers"] if c["name"] == "routing-sidecar"]
     prefill = lws(run, "prefill")["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
     assert not [c for c in prefill["initContainers"] if c["name"] == "routing-sidecar"]
     assert prefill["containers"][0]["ports"] == [{"name": "engine", "containerPort": ENGINE_PORT["vllm"]}]

@@ -75,10 +75,10 @@ def test_multi_node_instances_get_rank_arguments_from_lws():
     assert args[args.index("--node-rank") + 1] == "${NODE_RANK}"
     assert args[args.index("--dist-init-addr") + 1] == "${LEADER}:20000"
     assert 'NODE_RANK="${LWS_WORKER_INDEX:-0}"' in decode.script()
-    vllm_decode = all_launches(spec_for("prod", "vllm"))["decode"]
-    assert "START_RANK=$((NODE_RANK * 4))" in vllm_decode.script()
-    assert "--data-parallel-start-rank" not in vllm_decode.args  # only workers pass it (see test_engine_rules)
-    assert '--headless --data-parallel-start-rank "$START_RANK"' in vllm_decode.script()
+    vllm_prefill = all_launches(spec_for("prod", "vllm"))["prefill"]
+    assert "START_RANK=$((NODE_RANK * 4))" in vllm_prefill.script()
+    assert "--data-parallel-start-rank" not in vllm_prefill.args  # only workers pass it (see test_engine_rules)
+    assert '--headless --data-parallel-start-rank "$START_RANK"' in vllm_prefill.script()
 
 
 def test_phases_get_their_disaggregation_mode_and_transfer_backend():
@@ -227,3 +227,37 @@ def test_a_prefill_hop_shorter_than_a_full_context_prefill_is_refused():
     data["timeouts"]["prefill_to_decode_kv"]["timeout_seconds"] = 2
     assert any(p.startswith("timeouts.router_to_prefill.timeout_seconds: 10s is shorter than a full-context "
                             "prompt's prefill at the TTFT SLO (12s") and "Fix: at least 12" in p for p in problems_of(data))
+
+
+def test_vllm_decode_serves_each_nodes_ranks_on_that_node():
+    """vllm 0.33.0, vllm/entrypoints/cli/serve.py: --data-parallel-hybrid-lb with
+    --data-parallel-start-rank makes each node's API servers (as many as its local DP ranks, the
+    default there) front that node's ranks, and run_headless refuses hybrid LB, so no decode node is
+    headless and none fronts the whole instance. Every decode pod then serves: it has the probes,
+    the routing sidecar and the label the InferencePool and the Service select; a prefill worker
+    (headless) has none of them. The argv is checked by vLLM's own validation (verdicts.json)."""
+    from infra import naming
+    from infra.offline import run_spec
+    from infra.render.engine_check import launch_argv
+
+    spec = spec_for("prod", "vllm")
+    decode = all_launches(spec)["decode"]
+    for index in (0, 5):
+        argv = launch_argv(decode, index)
+        assert "--data-parallel-hybrid-lb" in argv and "--headless" not in argv and "--api-server-count" not in argv
+        assert argv[argv.index("--data-parallel-start-rank") + 1] == str(index * 4)
+        assert argv[argv.index("--data-parallel-size-local") + 1] == "4"
+    run = run_spec(spec)
+    groups = {g["metadata"]["name"]: g["spec"]["leaderWorkerTemplate"] for g in run.by_kind("LeaderWorkerSet")}
+    (pool,) = run.by_kind("InferencePool")
+    service = next(s for s in run.by_kind("Service") if s["metadata"]["name"] == naming.engine_http("decode"))
+    for template in (groups[naming.engine("decode")]["leaderTemplate"], groups[naming.engine("decode")]["workerTemplate"]):
+        labels = template["metadata"]["labels"]
+        engine = next(c for c in template["spec"]["containers"] if c["name"] == "engine")
+        assert "readinessProbe" in engine and "startupProbe" in engine
+        assert len(template["spec"]["initContainers"]) == 2  # the weights fetch and the routing sidecar
+        assert all(labels.get(k) == v for k, v in pool["spec"]["selector"]["matchLabels"].items())
+        assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    prefill_worker = groups[naming.engine("prefill")]["workerTemplate"]
+    assert naming.SERVES_API_LABEL not in prefill_worker["metadata"]["labels"]
+    assert "readinessProbe" not in prefill_worker["spec"]["containers"][0]

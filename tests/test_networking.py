@@ -32,7 +32,7 @@ def test_lws_owns_the_service_named_after_each_leaderworkerset():
             assert name not in services, f"{stack}: Service {name} would shadow LWS's headless Service"
             leaders = services[f"{name}-http"]["spec"]
             role = group["metadata"]["labels"][naming.ROLE_LABEL]
-            assert leaders["selector"] == {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"}
+            assert leaders["selector"] == {naming.ROLE_LABEL: role, naming.SERVES_API_LABEL: "true"}
 
 
 def policies(run) -> list[dict]:
@@ -90,8 +90,8 @@ def test_the_gateway_reaches_what_it_routes_to(implementation):
     run = run_spec(spec)
     ns = "pdstack-prod"
     envoy = Endpoint(spec.access.gateway_namespace, {"app.kubernetes.io/name": "envoy"}, {})
-    leader = pod(ns, **{naming.ROLE_LABEL: "decode", naming.LWS_WORKER_INDEX_LABEL: "0"})
-    worker = pod(ns, **{naming.ROLE_LABEL: "decode", naming.LWS_WORKER_INDEX_LABEL: "1"})
+    leader = pod(ns, **{naming.ROLE_LABEL: "decode", naming.LWS_WORKER_INDEX_LABEL: "0", naming.SERVES_API_LABEL: "true"})
+    worker = pod(ns, **{naming.ROLE_LABEL: "prefill", naming.LWS_WORKER_INDEX_LABEL: "1"})  # headless: serves nothing
     port = ENGINE_PORT[spec.engine.kind]
     assert connection_allowed(policies(run), envoy, leader, port) == (implementation == "gateway_epp")
     assert not connection_allowed(policies(run), envoy, worker, port)

@@ -103,19 +103,17 @@ def test_vllm_nixl_side_channel_listens_on_the_pod_ip(stack):
     assert seen >= 2
 
 
-def test_vllm_decode_leader_runs_one_api_server_per_local_rank():
+def test_vllm_decode_runs_one_api_server_per_local_rank():
     """vllm 0.33.0 vllm/entrypoints/cli/serve.py: without --api-server-count, internal load balancing
-    starts one API server per DP rank of the instance (64 on prod's decode leader); hybrid LB, as
+    starts one API server per DP rank of the instance (64 on one node for prod's decode); hybrid LB, as
     llm-d's wide-EP guide runs it (guides/wide-ep-lws/manifests/modelserver/base/decode.yaml,
-    --data-parallel-hybrid-lb), defaults it to the node's local DP size. Only the leader serves here,
-    so it gets that count explicitly; workers run headless, where vLLM refuses the flag."""
+    --data-parallel-hybrid-lb), defaults it to the node's local DP size, on every node. A single-node
+    instance gets that count explicitly."""
     for stack, local in (("dev", 8), ("prod", 4)):
         decode = all_launches(variant_spec(stack, "vllm"))["decode"]
-        script = decode.script()
         if decode.multi_node:
-            leader_branch = script.split("else set --", 1)[1].split(";", 1)[0]
-            assert leader_branch.split() == ["--api-server-count", str(local)]
-            assert "--api-server-count" not in script.split("else set --", 1)[0]
+            assert "--data-parallel-hybrid-lb" in decode.args and "--api-server-count" not in decode.script()
+            assert decode.args[decode.args.index("--data-parallel-size-local") + 1] == str(local)
         else:
             assert decode.args[decode.args.index("--api-server-count") + 1] == str(local)
 

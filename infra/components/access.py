@@ -35,15 +35,15 @@ API_KEY_HEADERS = ["x-api-key", "authorization"]
 
 
 def gateway_to_engines(ctx: LayerContext) -> list[dict]:
-    """Routing to an InferencePool, the gateway's proxies connect straight to the engine
-    leader the endpoint picker chose (the pool's targetPorts), not through the router."""
+    """Routing to an InferencePool, the gateway's proxies connect straight to the engine pod
+    the endpoint picker chose (the pool's targetPorts), not through the router."""
     if ctx.spec.deployment.load_balancer.implementation != "gateway_epp":
         return []
     gateway_ns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ctx.spec.access.gateway_namespace}}}
     return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
              "metadata": ctx.metadata("allow-gateway-to-engines", "access"),
              "spec": {"podSelector": {"matchExpressions": [{"key": naming.ROLE_LABEL, "operator": "Exists"}],
-                                      "matchLabels": {naming.LWS_WORKER_INDEX_LABEL: "0"}},
+                                      "matchLabels": {naming.SERVES_API_LABEL: "true"}},
                       "policyTypes": ["Ingress"],
                       "ingress": [{"from": [gateway_ns],
                                    "ports": [{"protocol": "TCP", "port": ENGINE_PORT[ctx.spec.engine.kind]}]}]}}]

@@ -112,7 +112,7 @@ def inference_pool(ctx: LayerContext, launch: RouterLaunch) -> dict:
         "kind": "InferencePool",
         "metadata": ctx.metadata(naming.INFERENCE_POOL, "router"),
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/part-of": "pdstack", naming.LWS_WORKER_INDEX_LABEL: "0"}},
+            "selector": {"matchLabels": {"app.kubernetes.io/part-of": "pdstack", naming.SERVES_API_LABEL: "true"}},
             "targetPorts": [{"number": port}],
             "endpointPickerRef": {"name": naming.ROUTER, "port": {"number": launch.port}},
         },

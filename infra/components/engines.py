@@ -2,8 +2,9 @@
 
 A pool (prefill, decode, or the one colocated pool) is a LeaderWorkerSet whose replicas
 are instances and whose group size is the nodes one instance spans. The group leader
-serves HTTP; routers find the leaders by label through the Kubernetes API, and a Service
-over them (`engine-<role>-http`) gives operators a stable name. LWS owns `engine-<role>`.
+serves HTTP (vLLM decode: every node, for its own ranks); routers find the pods that serve by
+label (naming.SERVES_API_LABEL) through the Kubernetes API, and a Service over them
+(`engine-<role>-http`) gives operators a stable name. LWS owns `engine-<role>`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from infra.components.placement import gpu_scheduling
 from infra.planning.capacity import domain_placement, pool_capacity
 from infra.components.storage import engine_cache_mounts, weights_init_container, weights_volumes
 from infra.render.engine_args import (
-    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar)
+    BOOTSTRAP_PORT, ENGINE_PORT, PLACEMENT_MOUNT, EngineLaunch, all_launches, routes_through_sidecar,
+    serves_on_every_node)
 from infra.render.fabric import fabric_env, fabric_resources
 from infra.render.kvcache_config import KVCACHE_CONFIG_MOUNT, KVCachePlan
 from infra.render.probes import engine_probes
@@ -64,6 +66,12 @@ def pod_labels(spec: StackSpec, role: str, base: dict[str, str]) -> dict[str, st
     if spec.deployment.load_balancer.implementation == "gateway_epp" and role != "colocated":
         labels["llm-d.ai/role"] = role  # what the endpoint picker's prefill/decode filters read
     return labels
+
+
+def serves_api(spec: StackSpec, role: str, leader: bool) -> bool:
+    """Whether a pool's pod serves the engine's HTTP API: a group's leader, or any node of a pool
+    whose nodes each serve their own ranks."""
+    return leader or serves_on_every_node(spec, role)
 
 
 def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, leader: bool) -> dict:
@@ -116,10 +124,11 @@ def engine_pod_spec(spec: StackSpec, launch: EngineLaunch, kv: KVCachePlan, lead
         container["resources"]["claims"] = [{"name": IMEX_CLAIM}]
     drain = spec.deployment.autoscaling.drain_seconds
     container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", f"sleep {drain}"]}}}
-    if leader:  # the leader serves HTTP for the group (infra/render/probes.py)
+    serves = serves_api(spec, role, leader)
+    if serves:  # the pods that serve HTTP (infra/render/probes.py)
         container.update(engine_probes(spec, launch.port, role))
     init_containers = [weights_init_container(spec, role)]
-    if leader and routes_through_sidecar(spec, role):
+    if serves and routes_through_sidecar(spec, role):
         init_containers.append(routing_sidecar_container(spec))
     return {
         "serviceAccountName": ENGINE_SERVICE_ACCOUNT,
@@ -153,7 +162,8 @@ def lws_manifest(ctx: LayerContext, launch: EngineLaunch, kv: KVCachePlan, reads
     labels = pod_labels(spec, role, ctx.pod_labels())
 
     def template(leader: bool) -> dict:
-        return {"metadata": {"labels": labels, "annotations": pod_annotations},
+        serving = {naming.SERVES_API_LABEL: "true"} if serves_api(spec, role, leader) else {}
+        return {"metadata": {"labels": {**labels, **serving}, "annotations": pod_annotations},
                 "spec": engine_pod_spec(spec, launch, kv, leader)}
 
     meta = ctx.metadata(naming.engine(role), "engine", **{naming.ROLE_LABEL: role})
@@ -217,7 +227,7 @@ class Engines(Layer):
                 "metadata": ctx.metadata(naming.engine_http(role), "engine", **{naming.ROLE_LABEL: role}),
                 "spec": {
                     "clusterIP": "None",
-                    "selector": {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"},
+                    "selector": {naming.ROLE_LABEL: role, naming.SERVES_API_LABEL: "true"},
                     "ports": [{"name": "http", "port": ENGINE_PORT[ctx.spec.engine.kind],
                                "targetPort": ENGINE_PORT[ctx.spec.engine.kind]}],
                 },

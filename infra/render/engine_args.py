@@ -313,6 +313,14 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
             "--data-parallel-address", "${LEADER}",
             "--data-parallel-rpc-port", str(VLLM_DP_RPC_PORT),
         ]
+    if nodes > 1 and serves_on_every_node(spec, role):
+        # Hybrid LB: each node's API servers front its own ranks (as many as it has, vLLM's default
+        # there), so no node carries the whole instance's HTTP (vllm/entrypoints/cli/serve.py:
+        # --data-parallel-hybrid-lb with --data-parallel-start-rank; run_headless refuses hybrid LB).
+        notes.append("every node serves HTTP for its own ranks (hybrid DP load balancing)")
+        args += ["--data-parallel-hybrid-lb", "--data-parallel-start-rank", "${START_RANK}"]
+        rank_flags = []
+    elif nodes > 1:
         # Workers run headless engines for their ranks. The leader serves HTTP for all ranks
         # (internal load balancing): it must not pass --data-parallel-start-rank, which vLLM
         # reads as hybrid LB, where the leader's API server would reach only its local ranks
@@ -329,6 +337,13 @@ def vllm_args(spec: StackSpec, role: str) -> tuple[list[str], list[str], list[st
     return args, prelude, notes, rank_flags
 
 
+def serves_on_every_node(spec: StackSpec, role: str) -> bool:
+    """Whether every node of a multi-node instance serves HTTP for its own ranks, not its leader
+    for all: vLLM decode (hybrid DP load balancing: the picker spreads requests over every node's
+    API servers, as llm-d's wide-EP guide runs it). SGLang's nodes past the first serve no API."""
+    return spec.engine.kind == "vllm" and role == "decode"
+
+
 def decode_api_servers(local_ranks: int) -> list[str]:
     """vLLM decode's API servers: one per DP rank on the leader's node.
 
@@ -336,9 +351,9 @@ def decode_api_servers(local_ranks: int) -> list[str]:
     internal load balancing (vllm/entrypoints/cli/serve.py: "Internal LB: Use full DP size"): 64
     processes on prod's decode leader. llm-d's wide-EP guide runs --data-parallel-hybrid-lb, where
     the count defaults to the node's local DP size and every pod serves HTTP
-    (llm-d/llm-d guides/wide-ep-lws/manifests/modelserver/base/decode.yaml). Here only the leader
-    serves (one routing sidecar, one endpoint per group), so it gets the count hybrid LB gives a
-    node, explicitly.
+    (llm-d/llm-d guides/wide-ep-lws/manifests/modelserver/base/decode.yaml), as a multi-node decode
+    instance runs here (serves_on_every_node). A single-node one gets the count hybrid LB would give
+    its node, explicitly.
     """
     return ["--api-server-count", str(local_ranks)]
 
@@ -436,7 +451,7 @@ def engine_launch(spec: StackSpec, role: str) -> EngineLaunch:
     ip_env = pod_ip_env(spec, role)
     flagset(kind).require_env([*env, *ip_env], f"{role} engine")
     nodes = phase.nodes_per_instance(spec.hardware.gpus_per_node)
-    if kind == "vllm" and nodes > 1:
+    if kind == "vllm" and nodes > 1 and not serves_on_every_node(spec, role):
         args = [*args, '"$@"']  # --headless on workers, from the prelude
     return EngineLaunch(
         role=role,

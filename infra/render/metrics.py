@@ -13,10 +13,11 @@ Which pods export: an SGLang group's rank-0 node serves the tokenizer's metrics 
 requests, tokens) and its own schedulers'; every other node serves its own schedulers' metrics
 (running and queued requests, token usage, KV-transfer failures) on the same --port when
 --enable-metrics is on (sglang 0.5.23, srt/entrypoints/engine.py: node_rank >= 1 runs
-launch_dummy_health_check_server with metrics). A headless vLLM worker serves nothing (vllm
-0.33.0, entrypoints/cli/serve.py run_headless); the leader's API server reports every DP
-engine (label `engine`). So queries read scheduler gauges summed over all of a pool's pods,
-and count instances by their leaders.
+launch_dummy_health_check_server with metrics). A headless vLLM worker (prefill's) serves nothing
+(vllm 0.33.0, entrypoints/cli/serve.py run_headless), and its leader's API server reports every
+DP engine (label `engine`); vLLM decode runs hybrid DP load balancing, where every node's API
+servers report that node's engines. So queries read scheduler gauges summed over all of a pool's
+pods, and count instances by their leaders.
 
 Which role exports what in PD mode decides which pools an alert reads (`alert_rules`):
 - TTFT: SGLang's prefill never observes it; the decode server's tokenizer does, from the

@@ -84,8 +84,9 @@ class RouterLaunch:
 
 
 def pool_selector(role: str) -> dict[str, str]:
-    """Labels that pick the serving pod (the group leader) of every instance of a pool."""
-    return {naming.ROLE_LABEL: role, naming.LWS_WORKER_INDEX_LABEL: "0"}
+    """Labels that pick the pods that serve a pool's API (each group's leader, or every node of a
+    pool whose nodes serve their own ranks)."""
+    return {naming.ROLE_LABEL: role, naming.SERVES_API_LABEL: "true"}
 
 
 def _selector_args(selector: dict[str, str]) -> list[str]:
