@@ -242,3 +242,52 @@ def test_a_grpc_probe_asks_the_health_service():
         server.stop(None)
     ok, said = kubelet.run_probe(probe, "127.0.0.1", {})
     assert not ok and said.startswith("error: health rpc probe failed: UNAVAILABLE"), said
+
+
+def test_a_pod_address_is_probed_through_the_pod_networks_hub(health, tmp_path, monkeypatch):
+    """Where twin/pods.py runs a pod's process, the pod's address lives in a network namespace of
+    its own, reached through its hub's client socket ("<ip>:<port>\\n", then the stream). A stand-in
+    hub here takes the pod address to a server on 127.0.0.1: an HTTP probe of the pod address
+    reaches it, and a port the hub cannot connect (it closes the stream) fails a TCP probe."""
+    import socket
+
+    from twin import netns
+    hub_socket = tmp_path / "pod-network.sock"
+    monkeypatch.setattr(kubelet, "POD_NETWORK_SOCKET", hub_socket)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(hub_socket))
+    listener.listen(8)
+    asked = []
+
+    def hub():
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            line = b""
+            while not line.endswith(b"\n"):
+                line += client.recv(1)
+            asked.append(line.decode().strip())
+            try:
+                upstream = socket.create_connection(("127.0.0.1", int(line.decode().rsplit(":", 1)[1])))
+            except OSError:
+                client.close()
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=netns._pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=hub, daemon=True).start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        Health.answers[:] = []
+        assert kubelet.run_probe({"httpGet": {"path": "/health", "port": health}}, "10.244.0.5", {}) == (
+            True, f"HTTP probe http://10.244.0.5:{health}/health: 200")
+        ok, said = kubelet.run_probe({"tcpSocket": {"port": closed_port}}, "10.244.0.5", {})
+        assert not ok and "connection refused" in said, said
+        assert asked == [f"10.244.0.5:{health}", f"10.244.0.5:{closed_port}"]
+    finally:
+        listener.close()

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from twin import build, crds, dataplane, identities, netns
+from twin import build, crds, dataplane, identities, kubelet, netns
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
 from twin.process import die_with_parent, has_open, identity
@@ -272,7 +272,9 @@ class Supervisor:
             f"--server-address=127.0.0.1:{self.ports.kwok}", "--node-ip=127.0.0.1", f"--cidr={POD_CIDR}",
             *(f"--config={p}" for p in crds.kwok_stages())])
         # what a kubelet checks before it starts a pod, and its probes: kwok's pod-ready waits for it
-        self.spawn("kubelet", [sys.executable, "-m", "twin.kubelet", str(admin_kc)], env={"PYTHONPATH": str(ROOT)})
+        kubelet_kc = identities.run_as(kubelet.ACCOUNT, kubelet.ACCOUNT_NAMESPACE, kubelet.RBAC,
+                                       origins=[kubelet.RBAC_ORIGIN], admin_kubeconfig=admin_kc)
+        self.spawn("kubelet", [sys.executable, "-m", "twin.kubelet", str(kubelet_kc)], env={"PYTHONPATH": str(ROOT)})
 
         self.record("starting", step="CRDs")
         crds.apply_twin_crds(lambda *a, **k: kubectl(*a, kubeconfig_path=admin_kc, **k))

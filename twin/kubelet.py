@@ -39,11 +39,13 @@ once its start checks pass.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
+import select
 import socket
 import ssl
-import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -51,8 +53,11 @@ from pathlib import Path
 
 import yaml
 
+from twin import netns
+from twin.paths import RUN_DIR
+
 CONDITION = "twin.pdstack.io/start-checks"  # a pod condition: the twin's kubelet's start checks passed
-PROCESS = "twin.pdstack.io/process"  # an annotation: a real process serves this pod at its address
+PROCESS = "twin.pdstack.dev/process"  # an annotation (twin/pods.py sets it): a process serves this pod
 CONFIG_ERROR = "CreateContainerConfigError"
 KIND_PATHS = {"secret": "secrets", "configmap": "configmaps", "persistentvolumeclaim": "persistentvolumeclaims",
               "serviceaccount": "serviceaccounts"}
@@ -311,41 +316,75 @@ def _port(value, container: dict) -> int:
     raise ValueError(f"no container port named {value!r}")
 
 
+POD_NETWORK_SOCKET = RUN_DIR / "pods" / "pod-network.sock"  # twin/pods.py's hub, where its pods run
+
+
+def dial(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to host:port. A pod address is reached through the pod network's hub when
+    processes run there (twin/pods.py: its pods live in network namespaces of their own; the hub's
+    client socket takes "<ip>:<port>\\n" and then pipes the stream); any other address directly."""
+    from twin.cluster import POD_CIDR  # not at the top: twin.cluster imports this module through twin.crds
+    if POD_NETWORK_SOCKET.exists() and ipaddress.ip_address(host) in ipaddress.ip_network(POD_CIDR, strict=False):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(POD_NETWORK_SOCKET))
+            sock.sendall(f"{host}:{port}\n".encode())
+            # the hub closes the stream when the pod's port refuses: seen as an end of stream at once
+            ready, _, _ = select.select([sock], [], [], min(timeout, 0.2))
+            if ready and not sock.recv(1, socket.MSG_PEEK):
+                raise ConnectionRefusedError(f"dial tcp {host}:{port}: connect: connection refused")
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection((host, port), timeout=timeout)
+
+
+class _ProbeConnection(http.client.HTTPConnection):
+    """HTTP or HTTPS (certificates not verified, as the kubelet's prober) over `dial`."""
+
+    def __init__(self, host: str, port: int, timeout: float, tls: bool):
+        super().__init__(host, port, timeout=timeout)
+        self.tls = tls
+
+    def connect(self):
+        self.sock = dial(self.host, self.port, self.timeout)
+        if self.tls:
+            self.sock = ssl._create_unverified_context().wrap_socket(self.sock, server_hostname=self.host)
+
+
 def run_probe(probe: dict, host: str, container: dict) -> tuple[bool, str]:
     """One probe, as the kubelet's prober runs it (pkg/probe/http/http.go DoHTTPProbe: a status
     from 200 to 399 succeeds, another fails "with statuscode"; pkg/probe/tcp/tcp.go: a connection
-    succeeds; exec: exit code 0),
-    with its timeoutSeconds (default 1). Returns (success, what was seen)."""
+    succeeds; pkg/probe/grpc/grpc.go: the health service says SERVING), with its timeoutSeconds
+    (default 1). Returns (success, what was seen). Exec probes are not run: there is no container
+    to run them in, and the machine is not one."""
     timeout = float(probe.get("timeoutSeconds") or 1)
     try:
         if "httpGet" in probe:
             get = probe["httpGet"]
             scheme = (get.get("scheme") or "HTTP").upper()
-            target = get.get("host") or host
-            port = _port(get["port"], container)
-            conn = (http.client.HTTPSConnection(target, port, timeout=timeout,
-                                                context=ssl._create_unverified_context())  # as the kubelet: no verify
-                    if scheme == "HTTPS" else http.client.HTTPConnection(target, port, timeout=timeout))
+            target, port, path = get.get("host") or host, _port(get["port"], container), get.get("path") or "/"
+            conn = _ProbeConnection(target, port, timeout, scheme == "HTTPS")
             try:
-                headers = {"User-Agent": "kube-probe/1.34", "Accept": "*/*",
-                           **{h["name"]: h["value"] for h in get.get("httpHeaders") or ()}}
-                conn.request("GET", get.get("path") or "/", headers=headers)
+                conn.request("GET", path, headers={"User-Agent": "kube-probe/1.34", "Accept": "*/*",
+                                                   **{h["name"]: h["value"] for h in get.get("httpHeaders") or ()}})
                 code = conn.getresponse().status
             finally:
                 conn.close()
             if 200 <= code < 400:
-                return True, f"HTTP probe {scheme.lower()}://{target}:{port}{get.get('path') or '/'}: {code}"
+                return True, f"HTTP probe {scheme.lower()}://{target}:{port}{path}: {code}"
             return False, f"HTTP probe failed with statuscode: {code}"
         if "tcpSocket" in probe:
             port = _port(probe["tcpSocket"]["port"], container)
-            with socket.create_connection((probe["tcpSocket"].get("host") or host, port), timeout=timeout):
+            with dial(probe["tcpSocket"].get("host") or host, port, timeout):
                 return True, f"TCP probe port {port}: connected"
-        if "exec" in probe:
-            done = subprocess.run(probe["exec"]["command"], capture_output=True, timeout=timeout)
-            return done.returncode == 0, f"exec probe: exit {done.returncode}"
         if "grpc" in probe:
             return _grpc_probe(host, int(probe["grpc"]["port"]), probe["grpc"].get("service") or "", timeout)
-    except (OSError, ValueError, subprocess.TimeoutExpired, http.client.HTTPException) as exc:
+        if "exec" in probe:
+            return False, "exec probes are not run by the twin (no container to run them in)"
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         return False, f"probe failed: {exc}"
     return False, "a probe with no handler"
 
@@ -360,15 +399,21 @@ def _grpc_probe(host: str, port: int, service: str, timeout: float) -> tuple[boo
     import grpc  # the Pulumi SDK's dependency, in the project's virtualenv
     name = service.encode()
     request = b"\x0a" + bytes([len(name)]) + name if name else b""
-    with grpc.insecure_channel(f"{host}:{port}") as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check")
-        try:
-            answer = check(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return False, ("error: this server does not implement the grpc health protocol "
-                               f"(grpc.health.v1.Health): {exc.details()}")
-            return False, f"error: health rpc probe failed: {exc.code().name}: {exc.details()}"
+    # gRPC dials by itself: a loopback listener forwards its connections over `dial`
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=netns._serve, args=(listener, lambda: dial(host, port, timeout)), daemon=True).start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{listener.getsockname()[1]}") as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check")
+            try:
+                answer = check(request, timeout=timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return False, ("error: this server does not implement the grpc health protocol "
+                                   f"(grpc.health.v1.Health): {exc.details()}")
+                return False, f"error: health rpc probe failed: {exc.code().name}: {exc.details()}"
+    finally:
+        listener.close()
     status = answer[1] if len(answer) >= 2 and answer[0] == 0x08 else 0
     if status != 1:
         return False, f'service unhealthy (responded with "{GRPC_STATUS.get(status, status)}")'
@@ -443,8 +488,23 @@ class Prober:
 
 # --- the loop that runs beside kwok ---------------------------------------------------------
 
+# Who the twin's kubelet is: a ServiceAccount of its own bound to the kubelet's own ClusterRole,
+# `system:node`, as the pinned API server's bootstrap policy makes it (k8s.io/kubernetes v1.34.4
+# plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go NodeRules: secrets and configmaps
+# get/list/watch, persistentvolumeclaims and serviceaccounts get, pods/status patch, events
+# create). A real kubelet is also held by the Node authorizer to its own node's pods; this one
+# stands in for every kwok node, so it has the role without that narrowing.
+ACCOUNT, ACCOUNT_NAMESPACE = "twin-kubelet", "kube-system"
+RBAC = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "twin-kubelet"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+         "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": ACCOUNT_NAMESPACE}]}]
+RBAC_ORIGIN = {"module": "k8s.io/kubernetes", "version": "v1.34.4",
+               "path": "plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go (ClusterRole system:node)"}
+
+
 class Api:
-    """The API server, as the kubeconfig's user (HTTPS with its client certificate)."""
+    """The API server, as the kubeconfig's user (a bearer token, or a client certificate)."""
 
     def __init__(self, kubeconfig: Path):
         config = yaml.safe_load(kubeconfig.read_text())
@@ -452,14 +512,16 @@ class Api:
         url = urllib.parse.urlsplit(cluster["server"])
         self.host, self.port = url.hostname, url.port
         self.context = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        self.context.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.auth = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+        if not self.auth:
+            self.context.load_cert_chain(user["client-certificate"], user["client-key"])
 
     def call(self, method: str, path: str, body: dict | None = None,
              content_type: str = "application/json") -> dict | None:
         conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=30)
         try:
             conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                         headers={"Content-Type": content_type, "Accept": "application/json"})
+                         headers={"Content-Type": content_type, "Accept": "application/json", **self.auth})
             answer = conn.getresponse()
             data = answer.read()
         finally:
@@ -503,13 +565,20 @@ class Kubelet:
         self.probers: dict[str, Prober] = {}
 
     def lookup(self):
-        cache: dict[tuple[str, str], dict[str, dict]] = {}
+        """get(kind, namespace, name) for one round: Secrets and ConfigMaps listed once per
+        namespace, claims and accounts read one by one (system:node may only get those)."""
+        listed: dict[tuple[str, str], dict[str, dict]] = {}
+        read: dict[tuple[str, str, str], dict | None] = {}
 
         def get(kind: str, namespace: str, name: str) -> dict | None:
-            if (kind, namespace) not in cache:
-                cache[(kind, namespace)] = {o["metadata"]["name"]: o for o in self.api.items(
-                    f"/api/v1/namespaces/{namespace}/{KIND_PATHS[kind]}")}
-            return cache[(kind, namespace)].get(name)
+            path = f"/api/v1/namespaces/{namespace}/{KIND_PATHS[kind]}"
+            if kind in ("secret", "configmap"):
+                if (kind, namespace) not in listed:
+                    listed[(kind, namespace)] = {o["metadata"]["name"]: o for o in self.api.items(path)}
+                return listed[(kind, namespace)].get(name)
+            if (kind, namespace, name) not in read:
+                read[(kind, namespace, name)] = self.api.call("GET", f"{path}/{name}")
+            return read[(kind, namespace, name)]
         return get
 
     def round(self) -> None:
@@ -520,13 +589,22 @@ class Kubelet:
             gate = condition(pod, CONDITION)
             if gate and gate["status"] == "True":
                 continue  # passed: kwok's stage takes it from here
-            self.check(pod, get)
+            self.each(self.check, pod, get)
         live = set()
         for pod in self.api.items("/api/v1/pods?fieldSelector=status.phase%3DRunning"):
             if PROCESS in (pod["metadata"].get("annotations") or {}) and not pod["metadata"].get("deletionTimestamp"):
                 live.add(pod["metadata"]["uid"])
-                self.probe(pod)
+                self.each(self.probe, pod)
         self.probers = {uid: p for uid, p in self.probers.items() if uid in live}
+
+    @staticmethod
+    def each(step, pod: dict, *args) -> None:
+        """One pod's step; a refusal (its namespace going, the pod gone) does not stop the others'."""
+        try:
+            step(pod, *args)
+        except OSError as exc:
+            print(f"twin kubelet: {pod['metadata']['namespace']}/{pod['metadata']['name']}: {exc}",
+                  file=sys.stderr, flush=True)
 
     def check(self, pod: dict, get) -> None:
         verdict = start_checks(pod, get)

@@ -139,8 +139,10 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
     pods = fleet.wait_for("every pod bound", all_bound, timeout=300) or pods_in(namespaces)
     pending = [p for p in pods if not p["spec"].get("nodeName")]
     started = [] if pending else started_pods(namespaces)
+    if started:  # the later look: a Deployment's pod may have come after the LeaderWorkerSets' were bound
+        pods = started.pods
     FIGURES.append(f"{label}: objects applied {len(result.applied)}, rejected {len(result.rejected)}; "
-                   f"pods bound {len(pods) - len(pending)}, pending {len(pending)}; "
+                   f"pods bound {sum(bool(p['spec'].get('nodeName')) for p in pods)}, pending {len(pending)}; "
                    f"{started.summary() if started else 'not started'}; "
                    f"LeaderWorkerSet pods {sum(LWS_NAME_LABEL in p['metadata'].get('labels', {}) for p in pods)}"
                    f"/{expected}")
