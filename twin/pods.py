@@ -139,6 +139,7 @@ class PodNetwork:
     def stop(self) -> None:
         _stop(self.hub)
         self.tunnel.close()
+        self.client_socket.unlink(missing_ok=True)  # no hub answers there now (twin/kubelet.py dials it)
 
 
 def hub_main(apiserver_socket: Path, client_socket: Path, machine_netns: int) -> int:
@@ -480,7 +481,9 @@ class PodProcesses:
 
     def start_pod(self, pod: dict) -> Started:
         meta = pod["metadata"]
-        folder = private_folder(self.folder / f"{meta['namespace']}_{meta['name']}")
+        folder = self.folder / f"{meta['namespace']}_{meta['name']}"
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier start's keys, token and logs
+        private_folder(folder)
         container = pod["spec"]["containers"][0]
         if not container.get("command"):
             raise TwinError(f"{meta['namespace']}/{meta['name']}: no command in the pod (the image's entrypoint is "
@@ -520,6 +523,8 @@ class PodProcesses:
         for pod in reversed(self.started):
             _stop(pod.process)
             _stop(pod.holder)
+            kubectl("annotate", "pod", pod.name, "-n", pod.namespace, f"{PROCESS_ANNOTATION}-",
+                    kubeconfig_path=self.kubeconfig, check=False)  # nothing serves it now
         self.started.clear()
         if self.checker:
             _stop(self.checker)

@@ -59,11 +59,11 @@ def _wait_exit(processes: pods.PodProcesses, timeout: float = 300) -> str:
     pytest.fail(f"no process exited within {timeout:.0f} s: " + ", ".join(p.name for p in processes.started))
 
 
-def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_applied, tmp_path):
+def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_applied):
     spec, objects = dev_applied
     namespace = spec.environment.namespace
     started_at = time.monotonic()
-    processes = pods.start_processes(namespace, folder=tmp_path / "pods")
+    processes = pods.start_processes(namespace)  # in the twin's folder, where its kubelet probes them
     try:
         by_role = {p.role: p for p in processes.started}
         assert set(by_role) == {"router", "prefill", "decode"}, by_role
@@ -71,7 +71,7 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
             if pod["metadata"]["name"] in {p.name for p in processes.started}:
                 assert pod["metadata"]["annotations"][pods.PROCESS_ANNOTATION] == "running"
 
-        answer = pods.send_request(namespace, folder=tmp_path / "pods", check=processes.check)
+        answer = pods.send_request(namespace, check=processes.check)
         assert answer["object"] == "chat.completion" and answer["model"] == spec.model.name
         content = answer["choices"][0]["message"]["content"]
         prefill, decode = by_role["prefill"], by_role["decode"]
@@ -103,7 +103,7 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
     ("engine-decode-launch", "decode", "--disaggregation-mode decode", "--disaggregation-mode decod",
      "invalid choice: 'decod'"),
 ])
-def test_a_flag_its_program_refuses_ends_the_process(dev_applied, tmp_path, config_map, role, old, new, said):
+def test_a_flag_its_program_refuses_ends_the_process(dev_applied, config_map, role, old, new, said):
     """The launch script as the ConfigMap carries it, one flag corrupted: the program exits and the
     runner reports its reason."""
     spec, objects = dev_applied
@@ -113,7 +113,7 @@ def test_a_flag_its_program_refuses_ends_the_process(dev_applied, tmp_path, conf
     assert old in broken["data"]["launch.sh"]
     broken["data"]["launch.sh"] = broken["data"]["launch.sh"].replace(old, new)
     assert fleet.apply_each_pass([broken]).rejected == {}
-    processes = pods.PodProcesses(folder=tmp_path / "pods")
+    processes = pods.PodProcesses()
     try:
         processes.start(namespace, select=lambda pod: pods.runs_as(pod) == role)
         reason = _wait_exit(processes)
