@@ -556,8 +556,8 @@ def _now() -> str:
 
 
 class Kubelet:
-    """One round a second: every bound Pending pod is checked (again), every Running pod a
-    process serves is probed."""
+    """Each second, every bound Pending pod is checked (again) and, in a loop of its own, every
+    Running pod a process serves is probed."""
 
     def __init__(self, api: Api):
         self.api = api
@@ -581,7 +581,7 @@ class Kubelet:
             return read[(kind, namespace, name)]
         return get
 
-    def round(self) -> None:
+    def check_round(self) -> None:
         get = self.lookup()
         for pod in self.api.items("/api/v1/pods?fieldSelector=status.phase%3DPending"):
             if not pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
@@ -590,6 +590,8 @@ class Kubelet:
             if gate and gate["status"] == "True":
                 continue  # passed: kwok's stage takes it from here
             self.each(self.check, pod, get)
+
+    def probe_round(self) -> None:
         live = set()
         for pod in self.api.items("/api/v1/pods?fieldSelector=status.phase%3DRunning"):
             if PROCESS in (pod["metadata"].get("annotations") or {}) and not pod["metadata"].get("deletionTimestamp"):
@@ -647,12 +649,18 @@ class Kubelet:
 def main(argv: list[str]) -> int:
     """python -m twin.kubelet <kubeconfig>: run until killed (the supervisor owns this process)."""
     kubelet = Kubelet(Api(Path(argv[0])))
-    while True:
-        try:
-            kubelet.round()
-        except OSError as exc:  # the API server busy or restarting: the next round tries again
-            print(f"twin kubelet: {exc}", file=sys.stderr, flush=True)
-        time.sleep(1)
+
+    def every_second(step) -> None:
+        while True:
+            try:
+                step()
+            except OSError as exc:  # the API server busy or restarting: the next round tries again
+                print(f"twin kubelet: {exc}", file=sys.stderr, flush=True)
+            time.sleep(1)
+    # probes in a loop of their own: a slow one (timeoutSeconds up to 25 in the renders) never
+    # holds back another pod's start checks
+    threading.Thread(target=every_second, args=(kubelet.probe_round,), daemon=True).start()
+    every_second(kubelet.check_round)
 
 
 if __name__ == "__main__":
