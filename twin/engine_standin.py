@@ -15,7 +15,8 @@ infra/render/engine_check/probe.py runs those in the scratch virtualenv).
 
 Then it serves what SGLang 0.5.23 serves on `--host`/`--port` (sglang/srt/entrypoints/http_server.py):
 GET /health, /health_generate, /ready, /model_info (+ /get_model_info), /server_info
-(+ /get_server_info), /v1/models, /metrics (with --enable-metrics; names, types and labels from
+(+ /get_server_info), /v1/models, /v1/loads (entrypoints/v1_loads.py: one DP rank's LoadSnapshot,
+managers/load_snapshot.py, its core keys and the disaggregation and queues sections; JSON only), /metrics (with --enable-metrics; names, types and labels from
 infra/render/pinned/sglang-0.5.23-metrics.json), POST /generate, /v1/completions,
 /v1/chat/completions (OpenAI shapes, `stream` as server-sent events). No /get_load: the pinned
 engine serves none (sglang-router 0.3.2's load poll, core/worker_manager.rs, gets a 404).
@@ -122,6 +123,7 @@ class Engine:
         self.model = args.served_model_name or args.model_path
         self.page_size = args.page_size or 1
         self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.running = 0  # requests in flight
         self.lock = threading.Lock()
 
     # --- what the HTTP server answers ---------------------------------------------------------
@@ -140,6 +142,20 @@ class Engine:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
                                             "owned_by": "sglang", "root": self.model}]}
 
+    def loads(self) -> dict:
+        core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": 0,
+                "num_waiting_uncached_tokens": 0, "num_used_tokens": 0, "num_total_tokens": 0, "num_active_tokens": 0,
+                "num_prealloc_ready_tokens": 0, "max_total_num_tokens": 0, "max_running_requests": 0,
+                "token_usage": 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0,
+                "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None}
+        sections = {"disaggregation": {"mode": self.mode, "prefill_bootstrap_queue_reqs": 0,
+                                       "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
+                                       "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                                       "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0},
+                    "queues": {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}}
+        return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": "0.5.23",
+                "accelerator": None, "num_accelerators": self.args.tp_size, "loads": [{**core, **sections}]}
+
     def metrics(self) -> str:
         catalogue = json.loads(CATALOGUE.read_text())["metrics"]
         values = {"engine_type": {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified"),
@@ -147,7 +163,7 @@ class Engine:
         numbers = {"sglang:num_requests_total": self.counts["requests"],
                    "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
                    "sglang:generation_tokens_total": self.counts["generation_tokens"],
-                   "sglang:num_running_reqs": 0, "sglang:num_queue_reqs": 0}
+                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
         lines = []
         for name in SERIES:
             entry = catalogue[name]
@@ -158,6 +174,15 @@ class Engine:
 
     def generate(self, route: str, body: dict) -> dict:
         """The answer to one generation request, after the PD hand-off of this engine's mode."""
+        with self.lock:
+            self.running += 1
+        try:
+            return self._generate(route, body)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def _generate(self, route: str, body: dict) -> dict:
         handed_off = ""
         if self.mode == "prefill":
             self.take_room(body)
@@ -238,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         answers = {"/model_info": self.engine.model_info, "/get_model_info": self.engine.model_info,
                    "/server_info": self.engine.server_info, "/get_server_info": self.engine.server_info,
-                   "/v1/models": self.engine.models}
+                   "/v1/models": self.engine.models, "/v1/loads": self.engine.loads}
         if path in ("/health", "/health_generate", "/ready"):
             self.reply(200)
         elif path in answers:
