@@ -247,6 +247,16 @@ BREAKS = {
 }
 
 
+# What the decode reports for each break: the prefill's write to a decode session at its own
+# loopback fails in Mooncake; a port or host nobody serves refuses the connection.
+FAILS_WITH = {
+    "dev-sglang-port": f"http://{PREFILL_IP}:8998/kv/r1: <urlopen error [Errno 111] Connection refused>",
+    "dev-sglang-hostname": f"http://{PREFILL_IP}:8998/kv/r1: 502 Mooncake transfer_sync_write to 127.0.0.1:",
+    "prod-sglang-port": f"http://{PREFILL_IP}:8998/kv/r1: <urlopen error [Errno 111] Connection refused>",
+    "prod-vllm-hostname": "http://localhost:5600/kv/r1: <urlopen error [Errno 111] Connection refused>",
+}
+
+
 @pytest.mark.parametrize("name", sorted(BREAKS))
 def test_a_broken_render_fails_the_handoff(name, pair):
     """Each deliberate break of the rendered settings fails the decode's hand-off with the library's
@@ -263,7 +273,7 @@ def test_a_broken_render_fails_the_handoff(name, pair):
         return
     _, done = handoff(pair, pods, engine, nbytes)
     assert done.returncode == 1, f"{name}: the hand-off succeeded: {done.stdout}"
-    assert "kv_handoff receive:" in done.stderr, done.stderr[-2000:]
+    assert f"kv_handoff receive: {FAILS_WITH[name]}" in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("protocol", ["rdma", "efa", "no-such-protocol"])
