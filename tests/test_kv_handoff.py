@@ -278,11 +278,13 @@ def test_a_broken_render_fails_the_handoff(name, pair):
 
 @pytest.mark.parametrize("protocol", ["rdma", "efa", "no-such-protocol"])
 def test_mooncake_without_rdma_devices_moves_kv_over_tcp_whatever_the_protocol(protocol, pair):
-    """Why MOONCAKE_PROTOCOL is a setting only RDMA or EFA hardware exercises: with no RDMA device
-    the pinned TransferEngine (mooncake-transfer-engine 0.3.8.post1, transfer_engine_impl.cpp's
-    topology auto-discovery: "Found 0 HCAs") installs its TcpTransport for any protocol it is given,
-    even one it does not know, so a CPU cannot fail a wrong one. (On an EFA node SGLang's default,
-    "rdma", is what a render without MOONCAKE_PROTOCOL would run.)"""
+    """Why a CPU cannot fail a wrong MOONCAKE_PROTOCOL: the pinned wheel's Python TransferEngine
+    ignores it. kvcache-ai/Mooncake v0.3.8.post1, mooncake-integration/transfer_engine/
+    transfer_engine_py.cpp, initializeExt: `(void)(protocol);`, then TransferEngine(auto_discover=
+    true, device filter); mooncake-transfer-engine/src/transfer_engine_impl.cpp installs the RDMA
+    transport when discovery finds an HCA and TCP when it finds none ("Found 0 HCAs"). So any
+    protocol, even one Mooncake does not know, moves the KV over TCP here. (The Python binding
+    honours "efa", with an efa transport, from v0.3.10 on.)"""
     pods = _broken(_broken(rendered_pods("dev", "sglang"), "prefill", env={"MOONCAKE_PROTOCOL": protocol}),
                    "decode", env={"MOONCAKE_PROTOCOL": protocol})
     prefill = settings(pods, "prefill", "sglang", PREFILL_IP)
