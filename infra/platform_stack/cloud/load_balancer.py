@@ -45,6 +45,12 @@ RESOURCE_TYPED = frozenset({
 # cluster in any region (IAM User Guide, "AWS global condition context keys", aws:RequestedRegion),
 # and their ARNs no region.
 GLOBAL_SERVICES = {"iam": "us-east-1", "shield": "us-east-1"}
+# IAM refuses an IAM ARN whose resource part does not start with one of its resource types
+# (`arn:aws:iam::<account>:*`: MalformedPolicyDocument "IAM resource path must either be "*" or
+# start with user/, role/, ...", as moto 5.2.5 iam/policy_validation.py answers too:
+# tests/test_platform_aws_replay.py), so a typed iam action is granted on its own resource type's
+# ARNs (Service Authorization Reference, IAM's actions table).
+IAM_RESOURCE_TYPES = {"iam:CreateServiceLinkedRole": "role", "iam:GetServerCertificate": "server-certificate"}
 _ARN = re.compile(r"^arn:aws:([a-z0-9-]+):([^:]*):([^:]*):")
 
 
@@ -85,8 +91,11 @@ def fenced_statements(published: dict, region: str, account: str) -> list[dict]:
         typed = [a for a in actions if a in RESOURCE_TYPED]
         if typed:
             services = sorted({_service(a) for a in typed} | {"elasticloadbalancing"})
-            out.append({**st, "Action": typed, "Resource": [_here(f"arn:aws:{s}:*:*:*", region, account)
-                                                             for s in services]})
+            iam_types = sorted({IAM_RESOURCE_TYPES[a] for a in typed if _service(a) == "iam"})
+            out.append({**st, "Action": typed, "Resource": [
+                arn for s in services for arn in (
+                    [f"arn:aws:iam::{account}:{t}/*" for t in iam_types] if s == "iam"
+                    else [_here(f"arn:aws:{s}:*:*:*", region, account)])]})
         rest = [a for a in actions if a not in RESOURCE_TYPED]
         if rest:
             regions = sorted({region} | {GLOBAL_SERVICES[_service(a)] for a in rest if _service(a) in GLOBAL_SERVICES})
