@@ -13,8 +13,10 @@ of the call. moto answers them with AWS's own rules where it models them:
 - KMS: keys and aliases; a bucket's SSE-KMS key must exist: S3 asks KMS for a data key at the
   first PutObject (Amazon S3 User Guide, "Using server-side encryption with AWS KMS keys"), which
   moto's S3 never does, so the replay makes that GenerateDataKey call itself;
-- IAM: document syntax of trust and identity policies (moto's IAMPolicyDocumentValidator:
-  MalformedPolicyDocument), AWS managed policies by ARN (moto carries AWS's list), one OIDC
+- IAM: document syntax of identity policies (moto's IAMPolicyDocumentValidator:
+  MalformedPolicyDocument: effects, actions, resource ARNs, condition operators) and of trust
+  policies (its trust variant: sts actions only, no Resource; a missing Principal passes),
+  AWS managed policies by ARN (moto carries AWS's list), one OIDC
   provider per URL (EntityAlreadyExists); a trust policy's federated principal must exist (IAM's
   CreateRole answers "MalformedPolicyDocument: Invalid principal in policy"; moto does not look, so
   the replay asks moto's IAM for the provider, GetOpenIDConnectProvider);
