@@ -66,11 +66,23 @@ def serving_revision(traffic: dict[int, int]) -> int | None:
     return max(traffic, key=traffic.get) if traffic else None
 
 
+# What RE2 (Prometheus's regex matchers) reads as other than itself outside a character class.
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+def promql_regex_literal(text: str) -> str:
+    """`text` matched as itself inside a PromQL `=~"..."` string: RE2's special characters
+    escaped, then the backslashes and quotes the string itself reads (PromQL strings take Go's
+    escapes: prometheus/promql/parser lex.go). A DNS label comes out as it went in."""
+    regex = "".join("\\" + c if c in _RE2_SPECIAL else c for c in text)
+    return regex.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def namespaces_matcher(namespace: str, revision: int | None = None) -> str:
     """PromQL matcher for an environment's series, wherever they serve from: its namespace
     (no tracks) or its release tracks' namespaces (one revision's, or all)."""
     track = f"-r{revision}" if revision is not None else "-r[0-9]+"
-    return f'namespace=~"{namespace}({track})?"'
+    return f'namespace=~"{promql_regex_literal(namespace)}({track})?"'
 
 
 def splits_traffic_by_weight(spec: StackSpec) -> bool:

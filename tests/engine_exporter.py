@@ -56,6 +56,25 @@ HEALTHY = Behaviour(ttft_s=0.2, itl_s=0.015)
 DEGRADED = Behaviour(ttft_s=4.0, itl_s=0.15, abort_share=0.1, kv_failures_per_tick=1)
 
 
+def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    """A handler serving `registry` in the classic text format whatever the scraper asks for, as
+    the engines do."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
 class EngineExporter:
     def __init__(self, behaviour: Behaviour, requests_per_tick: int = 20, tick_seconds: float = 0.2):
         self.behaviour, self.requests_per_tick, self.tick_seconds = behaviour, requests_per_tick, tick_seconds
@@ -94,22 +113,8 @@ class EngineExporter:
         (prometheus_client's own server answers Prometheus's OpenMetrics request with
         names escaped to `sglang_...`; the engines' `sglang:` names must reach Prometheus.)
         """
-        registry = self.registry
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
         self.port = port
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), metrics_handler(self.registry))
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         threading.Thread(target=self._run, daemon=True).start()
 

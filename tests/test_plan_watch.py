@@ -1,9 +1,11 @@
 """`pdctl plan --watch`: the planner as a loop on a Prometheus stand-in (bounded by --iterations),
-and the scaler targets `plan --write` puts in the spec, which the rendered scalers use."""
+and on a real Prometheus scraping engines in release-track namespaces; and the scaler targets
+`plan --write` puts in the spec, which the rendered scalers use."""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -35,7 +37,7 @@ def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=No
     rate_queries = [0]
 
     def answer(query: str):
-        if "e2e_request_latency_seconds_count" in query and "rate(" in query:
+        if query.startswith("sum(rate(") and "e2e_request_latency_seconds_count" in query:
             rate_queries[0] += 1
         now = (rounds[(rate_queries[0] - 1) // HISTORY_POINTS]
                if 0 < rate_queries[0] <= HISTORY_POINTS * len(rounds) else {})
@@ -54,7 +56,7 @@ def stand_in(rate: float, ttft_s: float, itl_s: float, counts=(8, 1), lengths=No
             value = ttft_s
         elif query.startswith("histogram_quantile"):
             value = itl_s
-        elif "e2e_request_latency_seconds_count" in query:
+        elif query.startswith("sum(rate(") and "e2e_request_latency_seconds_count" in query:
             value = at["rate"]
         else:
             return 400, json.dumps({"status": "error", "error": f"unexpected {query}"}).encode()
@@ -269,3 +271,137 @@ def test_a_round_with_no_plan_at_all_is_skipped_and_says_the_rate(capsys):
     assert rounds[0]["skipped"] == [f"no plan this round: {WORKLOAD}: at 1000000000.0 req/s: no instance count up "
                                     "to 65536 meets the SLO. Fix: check the workload's rate and lengths"]
     assert rounds[0]["prefill_instances"] is None and rounds[1]["skipped"] is None
+
+
+# --- a real Prometheus scraping engines in the environment's release tracks -----------------------
+
+TRACKS_NS = "pdstack-prod"  # stacks/prod.yaml's environment.namespace
+# namespace -> (prefill leaders, decode leaders, requests a tick, prompt tokens, ITL s, prefix hit share):
+# two tracks serving (a canary at about a quarter), a third kept warm at weight 0 (instances, no
+# requests), and another environment whose name begins with this one's and carries more than both.
+TRACK_PODS = {f"{TRACKS_NS}-r7": (2, 1, 3, 1000, 0.015, 0.5), f"{TRACKS_NS}-r8": (1, 1, 1, 5000, 0.04, 0.0),
+              f"{TRACKS_NS}-r6": (1, 1, 0, 1000, 0.015, 0.5), f"{TRACKS_NS}-research": (3, 2, 10, 20000, 0.2, 0.9)}
+
+
+class TrackPod:
+    """One engine leader pod's /metrics, shaped as the pinned SGLang exports it (the catalogue's
+    types and label names, tests/engine_exporter.py), fed on a clock: a decode pod's requests with
+    their TTFT, ITL and output lengths, a prefill pod's prompts and their prefix-cache tokens
+    (sglang 0.5.23 srt/observability/metrics_collector.py prefill_effective_tokens_total, by mode)."""
+
+    def __init__(self, role: str, requests: int, prompt: int, itl_s: float, hit: float):
+        from prometheus_client import CollectorRegistry
+
+        from infra.render.metrics import catalogue
+        from tests.engine_exporter import LABEL_VALUES, SGLANG, TYPES
+
+        def metric(name: str, **kwargs):
+            entry = catalogue("sglang")["metrics"][name]
+            made = TYPES[entry["type"]](name, name, labelnames=entry["labels"], registry=self.registry, **kwargs)
+            return lambda **values: made.labels(**{k: {**LABEL_VALUES, **values}[k] for k in entry["labels"]})
+
+        self.registry, self.role, self.requests, self.prompt, self.itl_s, self.hit = (
+            CollectorRegistry(), role, requests, prompt, itl_s, hit)
+        metric(SGLANG.running)().set(requests)
+        self.e2e = metric("sglang:e2e_request_latency_seconds")()
+        self.ttft = metric(SGLANG.ttft_bucket.removesuffix("_bucket"), buckets=(0.1, 0.25, 0.5, 1, 2.5))()
+        self.itl = metric(SGLANG.tpot_bucket.removesuffix("_bucket"), buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25))()
+        self.prompts = metric(SGLANG.prompt_length, buckets=(500, 1000, 2000, 5000, 10000, 20000))()
+        self.outputs = metric(SGLANG.output_length, buckets=(100, 200, 400, 800))()
+        self.effective = metric("sglang:prefill_effective_tokens_total")
+
+    def tick(self) -> None:
+        for _ in range(self.requests):
+            if self.role == "decode":
+                self.e2e.observe(2.0)
+                self.ttft.observe(0.3)
+                self.outputs.observe(300)
+                for _ in range(5):
+                    self.itl.observe(self.itl_s)
+            else:
+                self.prompts.observe(self.prompt)
+                self.effective(mode="input").inc(self.prompt * (1 - self.hit))
+                self.effective(mode="device_hit").inc(self.prompt * self.hit)
+
+
+@pytest.fixture(scope="module")
+def tracks_prometheus(tmp_path_factory):
+    """A real Prometheus (Debian's, on loopback) scraping TRACK_PODS's leaders, each with the target
+    labels the PodMonitor gives it (namespace, role, worker index 0)."""
+    import threading
+    from contextlib import ExitStack
+    from infra.prometheus import PrometheusAPI
+    from infra.render.metrics import WORKER_SERIES_LABEL
+    from tests.engine_exporter import metrics_handler
+    from tests.servers import prometheus, serving
+
+    pods, targets = [], []
+    with ExitStack() as stack:
+        for namespace, (prefills, decodes, requests, prompt, itl_s, hit) in TRACK_PODS.items():
+            for role, n in (("prefill", prefills), ("decode", decodes)):
+                for group in range(n):
+                    pod = TrackPod(role, requests, prompt, itl_s, hit)
+                    url = stack.enter_context(serving(metrics_handler(pod.registry)))
+                    pods.append(pod)
+                    targets.append((int(url.rsplit(":", 1)[1]), {
+                        "namespace": namespace, "pod": f"engine-{role}-{group}", ROLE_SERIES_LABEL: role,
+                        WORKER_SERIES_LABEL: "0"}))
+        stop = threading.Event()
+
+        def feed():
+            while not stop.wait(0.2):
+                for pod in pods:
+                    pod.tick()
+
+        threading.Thread(target=feed, daemon=True).start()
+        stack.callback(stop.set)
+        api = PrometheusAPI(stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets)))
+        serving_decodes = sum(d for _, d, r, *_ in TRACK_PODS.values() if r)
+        deadline = time.monotonic() + 60
+        while api.query("count(rate(sglang:e2e_request_latency_seconds_count[5m]) > 0)") != serving_decodes:
+            assert time.monotonic() < deadline, "Prometheus has no rates from the engines"
+            time.sleep(0.5)
+        yield api
+
+
+def test_the_watch_reads_the_environment_in_every_release_track_it_serves_from(tracks_prometheus, capsys):
+    """Once a rollout serves from release-track namespaces (`<namespace>-r<revision>`,
+    infra/tracks.py), the watch read `namespace="pdstack-prod"` alone: no rate, counts or p99 at all,
+    and it planned from the workload file as if nothing served. The serving load is the sum over the
+    tracks (the canary's share with the rest), the counts are the instances of the tracks that took
+    requests (not the warm standby's), and another environment whose namespace begins the same is
+    none of it."""
+    from infra.cli.plan import observe
+    from infra.spec_checks import load_spec
+    from infra.spec import stack_spec_path
+
+    api, spec = tracks_prometheus, load_spec(stack_spec_path("prod"))
+    assert spec.environment.namespace == TRACKS_NS
+    now = time.time()
+    history, observation, lengths, hit_rate, no_data = observe(api, spec, now)
+    track_rates = [api.query(f'sum(rate(sglang:e2e_request_latency_seconds_count{{namespace="{ns}"}}[5m]))', now)
+                   for ns in (f"{TRACKS_NS}-r7", f"{TRACKS_NS}-r8")]
+    assert all(r > 0 for r in track_rates) and no_data == []
+    assert observation is not None and history[-1] == pytest.approx(sum(track_rates), rel=1e-9)
+    assert (observation.prefill, observation.decode) == (3, 2)
+    assert 20 < observation.itl_p99_ms <= 50  # r8's 40 ms tail (a quarter of the steps), not research's 200 ms
+    assert 1000 < lengths["input"][0] < 5000  # r7's 1000-token prompts and r8's 5000, not research's 20000
+    assert 0 < hit_rate < 0.5  # token-weighted over r7 (half hits) and r8 (none), one figure for the pool
+
+    assert main(watch(api.url, 1, "--dry-run", "--output", "json")) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rounds"]
+    assert r["observed"] and r["rate_from"] == "forecast (q95) of the last 2 h"
+    assert r["lengths_from"] == "Prometheus, last hour" and r["no_data"] == []
+
+
+def test_the_namespace_is_matched_as_itself_in_promql(tracks_prometheus):
+    """The environment's namespace goes into a PromQL regex string: RE2's `.` matches any character
+    and a quote would end the string (Prometheus's PromQL strings take Go's escapes, promql/parser
+    lex.go; its regex matchers are RE2, anchored). Escaped, `pdstack.prod` matches no series of
+    `pdstack-prod`, and a quote is a character, not a parse error."""
+    from infra.tracks import namespaces_matcher
+
+    api = tracks_prometheus
+    assert api.query(f"count(sglang:num_running_reqs{{{namespaces_matcher(TRACKS_NS)}}})") == 7  # r6, r7, r8
+    for namespace in ("pdstack.prod", 'pdstack"prod'):
+        assert math.isnan(api.query(f"count(sglang:num_running_reqs{{{namespaces_matcher(namespace)}}})"))

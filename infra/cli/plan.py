@@ -73,16 +73,28 @@ def watch_queries(spec: StackSpec) -> dict[str, str]:
     the pinned engines' series): the request rate, the counts serving, their TTFT p99 (where the
     engine times prefill's requests' first token: infra/render/metrics.py ttft_pool) and ITL p99, the
     length distributions of the last hour (prompts where prefill sees them, outputs at decode),
-    and prefill's prefix-cache hit rate."""
-    from infra.planning.autoscaling import instances_query, pool_selector
-    from infra.render.metrics import ENGINE_METRICS, every_series_with_selector, p99, ttft_selector, with_selector
+    and prefill's prefix-cache hit rate.
+
+    Each reads the environment wherever it serves from: its namespace and its release tracks'
+    (`<namespace>-r<revision>`, infra/tracks.py), summed, since the load the fleet must carry is
+    all of theirs (a canary's share included) and the plan is for the pools whole. The counts are
+    the instances of the namespaces that served requests in the window: a track kept warm at
+    weight 0 holds instances that carry none of the load whose p99 the correction reads."""
+    from infra.render.metrics import (ENGINE_METRICS, ROLE_SERIES_LABEL, every_series_with_selector,
+                                      instances_query, p99, ttft_pool, with_selector)
+    from infra.tracks import namespaces_matcher
 
     m = ENGINE_METRICS[spec.engine.kind]
-    prefill, decode = pool_selector(spec, "prefill"), pool_selector(spec, "decode")
-    out = {"rate": f"sum(rate({with_selector(m.requests_total, decode)}[5m]))",
-           "prefill_instances": instances_query(spec, "prefill"), "decode_instances": instances_query(spec, "decode"),
-           "ttft_p99_s": p99(m.ttft_bucket, ttft_selector(spec, "prefill")), "itl_p99_s": p99(m.tpot_bucket, decode),
-           "prefix_hit_rate": every_series_with_selector(m.prefix_hit_ratio, prefill)}
+    every = namespaces_matcher(spec.environment.namespace)
+    prefill, decode = (f'{{{every},{ROLE_SERIES_LABEL}="{role}"}}' for role in ("prefill", "decode"))
+    timing_first_tokens = f'{{{every},{ROLE_SERIES_LABEL}="{ttft_pool(spec, "prefill")}"}}'
+    requests = f"rate({with_selector(m.requests_total, decode)}[5m])"
+    serving = f"sum by (namespace) ({requests}) > 0"
+    out = {"rate": f"sum({requests})",
+           "prefill_instances": instances_query(m.running, prefill, serving),
+           "decode_instances": instances_query(m.running, decode, serving),
+           "ttft_p99_s": p99(m.ttft_bucket, timing_first_tokens), "itl_p99_s": p99(m.tpot_bucket, decode),
+           "prefix_hit_rate": every_series_with_selector(m.prefix_hit_ratio(by=()), prefill)}
     for name, histogram, sel in (("input", m.prompt_length, prefill), ("output", m.output_length, decode)):
         out[f"{name}_mean"] = (f"sum(rate({with_selector(histogram + '_sum', sel)}[1h])) / "
                                f"sum(rate({with_selector(histogram + '_count', sel)}[1h]))")

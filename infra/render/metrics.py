@@ -111,7 +111,10 @@ class EngineMetrics:
     queue_depth: str
     running: str
     kv_cache_usage: str  # 0..1
-    prefix_hit_ratio: str  # PromQL expression, 0..1, per pool (BY_POOL); narrow it with every_series_with_selector
+    # Prompt tokens the prefix cache served, and all it was asked for (counters: the hit rate is
+    # their ratio, `prefix_hit_ratio`)
+    prefix_hit_tokens: str
+    prefix_lookup_tokens: str
     kv_transfer_failures: str  # counter
     requests_total: str  # counter of finished requests
     requests_started: str  # counter of requests received (the error-rate denominator)
@@ -123,6 +126,13 @@ class EngineMetrics:
     # role -> the pool whose TTFT histogram times that role's requests, where it is not the role's own
     # (the module docstring): the pool a role's TTFT is read from.
     ttft_timed_by: dict[str, str]
+
+    def prefix_hit_ratio(self, by: tuple[str, ...] = BY_POOL) -> str:
+        """The prefix-cache hit rate, 0..1, per `by` group (every pool: BY_POOL; () for one figure
+        over all the series it is narrowed to), token-weighted over the window; narrow it with
+        every_series_with_selector. No lookups give 0/0, no value: an idle pool is no low hit rate."""
+        total = f"sum by ({', '.join(by)})" if by else "sum"
+        return f"{total} (rate({self.prefix_hit_tokens}[5m])) / {total} (rate({self.prefix_lookup_tokens}[5m]))"
 
 
 ENGINE_METRICS = {
@@ -136,8 +146,8 @@ ENGINE_METRICS = {
         # read it (srt/observability/metrics_collector.py prefill_effective_tokens_total: modes
         # input, device_hit, host_hit, storage_hit, each seeded at 0): token-weighted, over the
         # window, where sglang:cache_hit_rate holds each rank's last batch.
-        prefix_hit_ratio=f"sum by ({', '.join(BY_POOL)}) (rate(sglang:prefill_effective_tokens_total{{mode=~\".+_hit\"}}[5m])) / "
-                         f"sum by ({', '.join(BY_POOL)}) (rate(sglang:prefill_effective_tokens_total[5m]))",
+        prefix_hit_tokens='sglang:prefill_effective_tokens_total{mode=~".+_hit"}',
+        prefix_lookup_tokens="sglang:prefill_effective_tokens_total",
         kv_transfer_failures="sglang:num_transfer_failed_reqs_total",
         requests_total="sglang:e2e_request_latency_seconds_count",
         requests_started="sglang:num_requests_total",
@@ -156,9 +166,8 @@ ENGINE_METRICS = {
         queue_depth="vllm:num_requests_waiting",
         running="vllm:num_requests_running",
         kv_cache_usage="vllm:kv_cache_usage_perc",
-        # No lookups give 0/0, no value: an idle pool is no low hit rate.
-        prefix_hit_ratio=f"sum by ({', '.join(BY_POOL)}) (rate(vllm:prefix_cache_hits_total[5m])) / "
-                         f"sum by ({', '.join(BY_POOL)}) (rate(vllm:prefix_cache_queries_total[5m]))",
+        prefix_hit_tokens="vllm:prefix_cache_hits_total",
+        prefix_lookup_tokens="vllm:prefix_cache_queries_total",
         kv_transfer_failures="vllm:nixl_num_failed_transfers_total",
         requests_total="vllm:e2e_request_latency_seconds_count",
         requests_started="vllm:request_success_total",
@@ -249,11 +258,13 @@ def balancedness_roles(spec: StackSpec) -> list[str]:
     return [role for role, launch in all_launches(spec).items() if exports_expert_balancedness(launch.args)]
 
 
-def instances_query(metric: str, selector: str) -> str:
+def instances_query(metric: str, selector: str, in_namespaces: str = "") -> str:
     """Serving instances: groups whose leader exports `metric` (every node of an SGLang group
-    exports its schedulers' gauges, so pods are not instances)."""
+    exports its schedulers' gauges, so pods are not instances); with `in_namespaces` (an expression
+    by namespace), only those in the namespaces it yields."""
     leaders = with_selector(with_selector(metric, selector), f'{{{WORKER_SERIES_LABEL}="0"}}')
-    return f"count(count by (namespace, pod) ({leaders}))"
+    only = f" and on (namespace) ({in_namespaces})" if in_namespaces else ""
+    return f"count(count by (namespace, pod) ({leaders}){only})"
 
 
 def prefix_cache_roles(spec: StackSpec) -> list[str]:
@@ -264,7 +275,7 @@ def prefix_cache_roles(spec: StackSpec) -> list[str]:
 def prefix_hit_ratio(spec: StackSpec, namespace: str | None = None) -> str:
     """The prefix-cache hit rate of the pools that own one, per pool, in `namespace` (default: the
     spec's; a dashboard passes its variable)."""
-    return every_series_with_selector(ENGINE_METRICS[spec.engine.kind].prefix_hit_ratio,
+    return every_series_with_selector(ENGINE_METRICS[spec.engine.kind].prefix_hit_ratio(),
                                       pools_selector(namespace or spec.environment.namespace, prefix_cache_roles(spec)))
 
 
