@@ -343,7 +343,8 @@ def sqs_queue(aws: Clients, i: Inputs) -> dict:
 
 
 def sqs_queue_policy(aws: Clients, i: Inputs) -> dict:
-    """SetQueueAttributes Policy (Amazon SQS API Reference)."""
+    """SetQueueAttributes Policy (Amazon SQS API Reference). moto 5.2.5 parses the document as JSON
+    and no further: its syntax is parliament's to judge (tests/test_iam_definitions.py)."""
     url = i.of_dependency("queueUrl", "url")
     aws("sqs").set_queue_attributes(QueueUrl=url, Attributes={"Policy": i.get("policy")})
     return {"id": url}
