@@ -83,6 +83,7 @@ MODULES = {
     "karpenter": GoModule("karpenter"),
     "helm": GoModule("helm"),  # renders Karpenter's chart for its RBAC (twin/identities.py)
     "prometheus-operator": GoModule("prometheus-operator"),
+    "envoy-gateway": GoModule("envoy-gateway"),
 }
 # Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
 # not by `twin up`, which needs none of them.
@@ -103,6 +104,7 @@ PROGRAMS = {
     "karpenter-kwok": ("karpenter", "kwok"),  # sigs.k8s.io/karpenter/kwok
     "helm-template": ("helm", "helm"),  # pdstack.dev/twin/helm, on helm.sh/helm/v3's library
     "prometheus-operator": ("prometheus-operator", "operator"),  # .../prometheus-operator/cmd/operator
+    "envoy-gateway": ("envoy-gateway", "envoy-gateway"),  # github.com/envoyproxy/gateway/cmd/envoy-gateway
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 

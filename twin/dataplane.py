@@ -6,6 +6,17 @@ version (twin/identities.py), listening on 127.0.0.1 only.
                                 bundle.yaml (what the platform stack installs), its web server
                                 moved to 127.0.0.1; its ServiceAccount, ClusterRole and binding
                                 from the same bundle.yaml
+  Envoy Gateway        v1.9.0   cmd/envoy-gateway `server`, with the EnvoyGateway configuration its
+                                chart renders (charts/gateway-helm, the platform's values merged as
+                                Helm merges them) and the certificates its chart's certgen hook makes,
+                                made by the same `envoy-gateway certgen` as the ServiceAccount and Role
+                                the platform stack gives that hook; its own account, roles and
+                                bindings as the chart renders them (twin/identities.py chart_rbac).
+                                It listens on every interface (xDS on 0.0.0.0:18000) and reads its
+                                certificates from /certs, where its pod mounts the `envoy-gateway`
+                                Secret: so it runs in a network and mount namespace of its own
+                                (twin/netns.py), /certs holding that Secret's files. No Envoy proxy
+                                runs: its verdict is the status it writes.
 
 Each controller's RBAC objects are the platform stack's own (infra/platform_stack/components/
 controllers.py moves them into the catalog row's namespace), renamed with TWIN_PREFIX and put in
@@ -15,10 +26,16 @@ stack's copy, and its destroy must not take away a running controller's permissi
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import urllib.request
 from pathlib import Path
 
-from twin import build, identities
+import yaml
+
+from twin import build, identities, netns
+from twin.paths import RUN_DIR, private_folder
 
 TWIN_PREFIX = "twin-"
 NAMESPACE = "twin-dataplane"  # the controllers' ServiceAccounts (no pod of theirs runs anywhere)
@@ -29,6 +46,7 @@ def twin_copy(objects: list[dict], namespace: str = NAMESPACE) -> list[dict]:
     """The platform stack's RBAC objects for one controller as the twin's own: namespaced ones in
     `namespace`, cluster-wide ones renamed with TWIN_PREFIX, and the bindings' role references
     and ServiceAccount subjects following them."""
+    ours = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
     out = []
     for obj in objects:
         obj = {**obj, "metadata": {**obj["metadata"]}}
@@ -36,7 +54,7 @@ def twin_copy(objects: list[dict], namespace: str = NAMESPACE) -> list[dict]:
             obj["metadata"]["name"] = TWIN_PREFIX + obj["metadata"]["name"]
         else:
             obj["metadata"]["namespace"] = namespace
-        if obj.get("roleRef", {}).get("kind") == "ClusterRole":
+        if obj.get("roleRef", {}).get("kind") == "ClusterRole" and obj["roleRef"]["name"] in ours:
             obj["roleRef"] = {**obj["roleRef"], "name": TWIN_PREFIX + obj["roleRef"]["name"]}
         if "subjects" in obj:
             obj["subjects"] = [{**s, "namespace": namespace} if s.get("kind") == "ServiceAccount" else s
@@ -87,6 +105,111 @@ def _http_ok(port: int, path: str) -> bool:
         return answer.status == 200
 
 
+# --- Envoy Gateway -----------------------------------------------------------------------------
+
+EG_RELEASE = "envoy-gateway"  # the platform stack's release name (its catalog row)
+EG_RBAC_TEMPLATES = ("envoy-gateway-serviceaccount.yaml", "envoy-gateway-rbac.yaml", "infra-manager-rbac.yaml",
+                     "leader-election-rbac.yaml")
+EG_INSIDE_PORT = 6443  # the API server, inside its network namespace
+
+
+@functools.cache
+def _platform_context():
+    """The platform context of platform-dev (the platform the twin's tests apply), for the values
+    the platform stack gives Envoy Gateway's chart and its certgen hook."""
+    from infra.platform_stack.program import hosted_environments, platform_context
+    from infra.platform_stack.spec import load_platform_spec
+    from twin.paths import ROOT
+
+    spec = load_platform_spec(ROOT / "stacks" / "platform-dev.yaml")
+    return platform_context(spec, [h.spec for h in hosted_environments(spec)])
+
+
+def _eg_chart() -> tuple[Path, dict]:
+    from infra.platform_stack.catalog import controller
+    from infra.platform_stack.charts import prepared_chart
+
+    row = controller("envoy-gateway")
+    return prepared_chart(row), row
+
+
+def envoy_gateway_rbac() -> tuple[list[dict], list[dict]]:
+    """The chart's ServiceAccount, roles and bindings for release envoy-gateway (the twin's copy)."""
+    from twin import crds
+    chart, row = _eg_chart()
+    mod = crds.module("crds", row.values_source.module)
+    docs, origins = identities.chart_rbac(chart, EG_RELEASE, NAMESPACE, EG_RBAC_TEMPLATES, mod, row.values_source.path)
+    return twin_copy(docs), origins
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """`over` merged into `base` as Helm's merge of values does (maps key by key, the rest replaced)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def envoy_gateway_config() -> dict:
+    """The EnvoyGateway configuration the chart renders into its envoy-gateway-config ConfigMap,
+    with the platform's values (infra/platform_stack/catalog.py envoy_gateway_values)."""
+    from infra.platform_stack.catalog import envoy_gateway_values
+    chart, _ = _eg_chart()
+    (configmap,) = identities.rendered_chart(chart, EG_RELEASE, NAMESPACE, "envoy-gateway's chart")[
+        "envoy-gateway-config.yaml"]
+    config = yaml.safe_load(configmap["data"]["envoy-gateway.yaml"])
+    return _merged(config, envoy_gateway_values(_platform_context())["config"]["envoyGateway"])
+
+
+def make_envoy_gateway_certificates(admin_kubeconfig: Path) -> Path:
+    """What the chart's certgen hook makes, made as the platform stack makes it: the hook's
+    ServiceAccount and Role (infra/platform_stack/catalog.py envoy_gateway_certgen) and its Job's
+    command, run here; then the `envoy-gateway` Secret's keys written where the controller's pod
+    mounts it (a private folder here, mounted at /certs in its namespace)."""
+    import subprocess
+
+    from infra.platform_stack.catalog import envoy_gateway_certgen
+    _, row = _eg_chart()
+    hook = twin_copy(envoy_gateway_certgen(row, _platform_context()))
+    job = next(o for o in hook if o["kind"] == "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    from twin import crds
+    origins = [crds.module("crds", row.values_source.module).origin(f"{row.values_source.path}/templates/{t}")
+               for t in ("certgen-rbac.yaml", "certgen.yaml")]
+    kubeconfig = identities.start_as_own(([o for o in hook if o["kind"] != "Job"], origins), admin_kubeconfig)
+    env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
+    done = subprocess.run([str(build.program("envoy-gateway")), *container["command"][1:], *container["args"]],
+                          env={**build.go_env(), **env, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"envoy-gateway certgen failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    from twin.cluster import kubectl
+    secret = json.loads(kubectl("get", "secret", "envoy-gateway", "-n", NAMESPACE, "-o", "json",
+                                kubeconfig_path=admin_kubeconfig).stdout)
+    folder = private_folder(RUN_DIR / "pki" / "envoy-gateway-certs")
+    for key, value in secret["data"].items():
+        identities.write_private(folder / key, base64.b64decode(value).decode())
+    return folder
+
+
+_TUNNELS = []  # the Unix sockets controllers in network namespaces reach the API server through
+
+
+def start_envoy_gateway(supervisor, admin_kubeconfig: Path) -> None:
+    certs = make_envoy_gateway_certificates(admin_kubeconfig)
+    kubeconfig = identities.start_as_own(envoy_gateway_rbac(), admin_kubeconfig,
+                                         server=f"https://127.0.0.1:{EG_INSIDE_PORT}")
+    config = RUN_DIR / "envoy-gateway.yaml"
+    config.write_text(yaml.safe_dump(envoy_gateway_config()))
+    tunnel = RUN_DIR / "envoy-gateway-apiserver.sock"
+    _TUNNELS.append(netns.forward_unix_to_tcp(tunnel, supervisor.ports.apiserver))
+    log = supervisor.logs / "envoy-gateway.log"
+    supervisor.spawn("envoy-gateway", netns.argv(tunnel, EG_INSIDE_PORT, [
+        str(build.program("envoy-gateway")), "server", f"--config-path={config}"], {"/certs": certs}), env={
+        "KUBECONFIG": str(kubeconfig), "ENVOY_GATEWAY_NAMESPACE": NAMESPACE, "KUBERNETES_CLUSTER_DOMAIN": "cluster.local"})
+    supervisor.wait_until("envoy-gateway", lambda: "Starting workers" in log.read_text(errors="replace"))
+
+
 def start(supervisor, admin_kubeconfig: Path) -> None:
     """Every data-path controller, after the CRDs (called by twin/cluster.py's Supervisor)."""
     start_prometheus_operator(supervisor, admin_kubeconfig)
+    start_envoy_gateway(supervisor, admin_kubeconfig)

@@ -78,7 +78,7 @@ def run_as(service_account: str, namespace: str, rbac_objects: list[dict], *, or
         config["clusters"][0]["cluster"]["server"] = server
     config["users"] = [{"name": context, "user": {"token": answer["status"]["token"]}}]
     path = private_folder(RUN_DIR / "identities") / f"{namespace}.{service_account}.kubeconfig"
-    _write_private(path, yaml.safe_dump(config))
+    write_private(path, yaml.safe_dump(config))
     _record(f"{namespace}/{service_account}", {
         "kubeconfig": str(path), "token_expires": answer["status"]["expirationTimestamp"],
         "rbac": [f"{kind} {f'{ns}/' if ns else ''}{name}" for kind, ns, name in names],
@@ -95,7 +95,7 @@ def grant(objects: list[dict], admin_kubeconfig: Path = KUBECONFIG) -> None:
                    kubeconfig_path=admin_kubeconfig, input=yaml.safe_dump_all(objects))
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """A new file, 0600 from its creation (it holds a bearer token), replacing any older one."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -238,26 +238,40 @@ KARPENTER_RBAC_TEMPLATES = ("serviceaccount.yaml", "clusterrole.yaml", "clusterr
                             "aggregate-clusterrole.yaml", "role.yaml", "rolebinding.yaml")
 
 
+def rendered_chart(chart: Path, release: str, namespace: str, named: str) -> dict[str, list[dict]]:
+    """Each template of a chart (its path under templates/) -> the objects it renders for release
+    `release` in `namespace`, with the chart's default values, by the Helm library the pinned
+    Kubernetes provider embeds (twin/helm). `named` names the chart in an error."""
+    from twin.build import program
+    done = subprocess.run([str(program("helm-template")), str(chart), release, namespace],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise IdentityError(f"rendering {named}: {done.stderr.strip()}")
+    templates: dict[str, list[dict]] = {}
+    for part in done.stdout.split("---\n# Source: ")[1:]:
+        source, text = part.split("\n", 1)
+        templates.setdefault(source.split("/templates/", 1)[-1], []).extend(
+            d for d in yaml.safe_load_all(text) if d)
+    return templates
+
+
+def chart_rbac(chart: Path, release: str, namespace: str, wanted: tuple[str, ...], mod: crds.Module,
+               relative: str) -> tuple[list[dict], list[dict]]:
+    """The objects of the `wanted` templates of the chart at `relative` in `mod` (rendered_chart),
+    and each template's origin; a wanted template that renders nothing is an error."""
+    named = f"{mod.path}@{mod.version}/{relative}"
+    templates = rendered_chart(chart, release, namespace, named)
+    missing = [t for t in wanted if not templates.get(t)]
+    if missing:
+        raise IdentityError(f"{named} rendered no {sorted(missing)}")
+    return ([d for t in wanted for d in templates[t]],
+            [mod.origin(f"{relative}/templates/{t}") for t in wanted])
+
+
 def karpenter_rbac(namespace: str) -> tuple[list[dict], list[dict]]:
     """Karpenter's account, roles and bindings as its kwok chart renders them for release
     `karpenter` in `namespace` (the release its Makefile installs), with the chart's default
     values, by the Helm library the pinned Kubernetes provider embeds (twin/helm)."""
-    from twin.build import program
     mod = crds.module("karpenter", "sigs.k8s.io/karpenter")
-    chart = mod.folder / KARPENTER_CHART
-    done = subprocess.run([str(program("helm-template")), str(chart), "karpenter", namespace],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise IdentityError(f"rendering {mod.path}@{mod.version}/{KARPENTER_CHART}: {done.stderr.strip()}")
-    docs, origins = [], []
-    for part in done.stdout.split("---\n# Source: ")[1:]:
-        source, text = part.split("\n", 1)
-        template = source.split("/templates/", 1)[-1]
-        if template not in KARPENTER_RBAC_TEMPLATES:
-            continue
-        docs += [d for d in yaml.safe_load_all(text) if d]
-        origins.append(mod.origin(f"{KARPENTER_CHART}/templates/{template}"))
-    missing = set(KARPENTER_RBAC_TEMPLATES) - {o["path"].rsplit("/", 1)[-1] for o in origins}
-    if missing:
-        raise IdentityError(f"{mod.path}@{mod.version}/{KARPENTER_CHART} rendered no {sorted(missing)}")
-    return docs, origins
+    return chart_rbac(mod.folder / KARPENTER_CHART, "karpenter", namespace, KARPENTER_RBAC_TEMPLATES, mod,
+                      KARPENTER_CHART)

@@ -67,26 +67,65 @@ def forward_unix_to_tcp(path: Path, port: int) -> socket.socket:
     return listener
 
 
-def argv(unix_socket: Path, port: int, program: list[str]) -> list[str]:
+def argv(unix_socket: Path, port: int, program: list[str], folders: dict[str, Path] | None = None) -> list[str]:
     """The command line that runs `program` in a new network namespace, reaching the API server
-    at 127.0.0.1:port through unix_socket."""
-    return ["unshare", "--net", "--", sys.executable, "-m", "twin.netns", "--unix-socket", str(unix_socket),
-            "--port", str(port), "--", *program]
+    at 127.0.0.1:port through unix_socket. `folders` (path the program reads -> folder here) are
+    mounted where the program expects them, in a mount namespace of its own (see `_root_with`)."""
+    mounts = [f"--folder={inside}={outside}" for inside, outside in (folders or {}).items()]
+    return ["unshare", "--net", *(["--mount"] if mounts else []), "--", sys.executable, "-m", "twin.netns",
+            "--unix-socket", str(unix_socket), "--port", str(port), *mounts, "--", *program]
+
+
+def _root_with(folders: dict[str, Path], scratch: Path) -> Path:
+    """A root for the program: every top-level entry of / mounted (or linked) into a tmpfs at
+    `scratch`, plus each of `folders` at its path, all in this process's private mount namespace.
+    For a program that reads a fixed path such as /certs, where a pod mounts a Secret: the
+    machine's own / gets no new folder, and nothing outside this namespace sees the mounts."""
+    def mount(*args: str) -> None:
+        subprocess.run(["mount", *args], check=True)
+
+    mount("--make-rprivate", "/")
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    mount("-t", "tmpfs", "-o", "mode=0755", "twin-root", str(scratch))
+    for entry in sorted(os.listdir("/")):
+        source, target = Path("/") / entry, scratch / entry
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        elif source.is_dir():
+            target.mkdir()
+            mount("--rbind", str(source), str(target))
+    for inside, outside in folders.items():
+        target = scratch / inside.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        mount("--bind", "-o", "ro", str(outside), str(target))
+    return scratch
 
 
 def main() -> int:  # inside the namespace
     parser = argparse.ArgumentParser()
     parser.add_argument("--unix-socket", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--folder", action="append", default=[], help="inside=outside (see argv)")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     listener = socket.create_server(("127.0.0.1", args.port))
     threading.Thread(target=_serve, args=(listener, lambda: _unix(args.unix_socket)), daemon=True).start()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    child = subprocess.Popen(program, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    start = functools.partial(die_with_parent, os.getpid())
+    if args.folder:
+        folders = dict(f.split("=", 1) for f in args.folder)
+        root = _root_with({k: Path(v) for k, v in folders.items()}, args.unix_socket.with_suffix(".root"))
+        start = functools.partial(_enter, root, start)
+    child = subprocess.Popen(program, preexec_fn=start)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     return child.wait()
+
+
+def _enter(root: Path, then) -> None:
+    then()
+    os.chroot(root)
+    os.chdir("/")
 
 
 def _unix(path: Path) -> socket.socket:

@@ -46,21 +46,37 @@ def _events(namespace: str, kind: str, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def monitored_dev(twin, tmp_path_factory):
-    """The platform's Prometheus (platform-dev's spec) and dev's rendered monitors and rules, applied."""
+def applied_dev(twin, tmp_path_factory):
+    """dev's render, with what the platform stack gives it (platform-dev's Prometheus, its
+    GatewayClass and the class's EnvoyProxy) and the listener's TLS Secret the user provides;
+    removed afterwards."""
+    from infra.platform_stack.components.gateway import gateway_class_manifests
+    from infra.platform_stack.program import ENVOY_GATEWAY_NAMESPACE
+
     platform = load_platform_spec(ROOT / "stacks" / "platform-dev.yaml")
-    rendered = fleet.render("dev", tmp_path_factory.mktemp("dev-monitoring"))
-    monitors = [o for o in rendered if o["kind"] in MONITORING_KINDS]
+    rendered = fleet.render("dev", tmp_path_factory.mktemp("dev"))
+    provided = prometheus_manifests(platform) + gateway_class_manifests(platform, ENVOY_GATEWAY_NAMESPACE, {})
     namespaces = [o for o in rendered if o["kind"] == "Namespace"] + [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": platform.monitoring_namespace}}]
-    prometheus = prometheus_manifests(platform)
-    result = fleet.apply_each_pass([*namespaces, *prometheus, *monitors])
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        for name in (platform.monitoring_namespace, ENVOY_GATEWAY_NAMESPACE)]
+    gateway = next(o for o in rendered if o["kind"] == "Gateway")
+    secrets = [_tls_secret(ref["name"], gateway["metadata"]["namespace"], listener["hostname"],
+                           tmp_path_factory.mktemp("listener-ca"))
+               for listener in gateway["spec"]["listeners"] for ref in listener.get("tls", {}).get("certificateRefs", [])]
+    result = fleet.apply_each_pass([*namespaces, *provided, *secrets, *rendered])
     assert result.rejected == {}, result.rejected
-    yield platform, monitors
-    cluster_wide = [f"{o['kind'].lower()}.rbac.authorization.k8s.io/{o['metadata']['name']}"
-                    for o in prometheus if o["kind"].startswith("Cluster")]
-    kubectl("delete", "--ignore-not-found", *cluster_wide)
+    yield platform, provided, rendered
+    # namespaces first: Envoy Gateway keeps its finalizer on the GatewayClass while a Gateway uses it
     delete_namespaces([o["metadata"]["name"] for o in namespaces])
+    kubectl("delete", "--ignore-not-found", "--timeout=120s", *(
+        f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}"
+        for o in provided if "namespace" not in o["metadata"]))
+
+
+@pytest.fixture(scope="module")
+def monitored_dev(applied_dev):
+    platform, _, rendered = applied_dev
+    return platform, [o for o in rendered if o["kind"] in MONITORING_KINDS]
 
 
 def _reconciled(platform) -> dict | None:
@@ -140,3 +156,97 @@ def test_prometheus_operator_refuses_a_rule_prometheus_cannot_parse(monitored_de
         if e.startswith("InvalidConfiguration")], timeout=120)
     assert said and "invalid rule" in said[0], said
     assert not [n for n in _rule_files(platform) if "broken-expression" in n]
+
+
+# --- Envoy Gateway -----------------------------------------------------------------------------
+# Envoy Gateway v1.9.0 (cmd/envoy-gateway `server`, github.com/envoyproxy/gateway, built from
+# twin/envoy-gateway/go.mod, with its chart's configuration and RBAC and the certificates its
+# certgen makes; twin/dataplane.py). Its verdict is the Gateway API status it writes: the
+# GatewayClass's and Gateway's conditions, each HTTPRoute's per parent (status.parents), each
+# policy's per ancestor (status.ancestors), with the Gateway API's condition types and reasons
+# (sigs.k8s.io/gateway-api apis/v1, as internal/gatewayapi/status at that version sets them).
+
+ACCESS_KINDS = ("Gateway", "HTTPRoute", "SecurityPolicy", "BackendTrafficPolicy", "EnvoyProxy")
+
+
+def _tls_secret(name: str, namespace: str, hostname: str, folder) -> dict:
+    """The listener's certificate, which stays the user's (README "Objects that stay the user's"):
+    one from a throwaway CA, as a kubernetes.io/tls Secret."""
+    from twin.pki import Authority
+
+    pair = Authority(folder).issue("listener", hostname, server_names=(hostname,))
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
+                     "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}}
+
+
+@pytest.fixture(scope="module")
+def gatewayed_dev(applied_dev):
+    platform, provided, rendered = applied_dev
+    return platform, [o for o in provided if o["apiVersion"].startswith("gateway")], rendered
+
+
+def _status_of(obj: dict) -> dict:
+    kind, meta = obj["kind"], obj["metadata"]
+    where = ["-n", meta["namespace"]] if meta.get("namespace") else []
+    return json.loads(kubectl("get", f"{kind.lower()}.{obj['apiVersion'].split('/')[0]}", meta["name"], *where,
+                              "-o", "json").stdout).get("status", {})
+
+
+def _accepted(obj: dict) -> list[str]:
+    """What is not accepted about one object: its own conditions (GatewayClass, Gateway), or each
+    parent's (routes) or ancestor's (policies); [] when every one says Accepted=True."""
+    status = _status_of(obj)
+    if obj["kind"] in ("GatewayClass", "Gateway"):
+        blocks = [("", status.get("conditions", []))]
+    else:
+        entries = status.get("parents", status.get("ancestors", []))
+        blocks = [(json.dumps(e.get("parentRef", e.get("ancestorRef"))), e.get("conditions", [])) for e in entries]
+    if not blocks or not any(c for _, c in blocks):
+        return [f"{fleet.ident(obj)}: no status yet"]
+    wrong = []
+    for where, conditions in blocks:
+        for c in conditions:
+            if c["type"] in ("Accepted", "ResolvedRefs") and c["status"] != "True":
+                wrong.append(f"{fleet.ident(obj)} {where}: {c['type']} {c['status']} {c['reason']}: {c['message']}")
+        if not any(c["type"] == "Accepted" for c in conditions):
+            wrong.append(f"{fleet.ident(obj)} {where}: no Accepted condition")
+    return wrong
+
+
+def test_envoy_gateway_accepts_devs_access_layer(gatewayed_dev):
+    """The real Envoy Gateway accepts the platform's GatewayClass and every route and policy of
+    dev's render: Accepted (and ResolvedRefs, where set) True on the class, the Gateway, the
+    HTTPRoute per parent and each SecurityPolicy and BackendTrafficPolicy per ancestor; the
+    EnvoyProxy's verdict is the Gateway's own (EG refuses a Gateway whose parametersRef it
+    rejects: InvalidParameters). Fails with no Envoy Gateway running (no status is written)."""
+    platform, classes, rendered = gatewayed_dev
+    judged = [o for o in classes if o["kind"] == "GatewayClass"] + [
+        o for o in rendered if o["kind"] in ACCESS_KINDS and o["kind"] != "EnvoyProxy"]
+
+    def every_one_accepted():
+        return [w for o in judged for w in _accepted(o)] or True
+
+    verdict = fleet.wait_for("Envoy Gateway's verdict", lambda: every_one_accepted() is True, timeout=120)
+    wrong = [] if verdict else every_one_accepted()
+    assert not wrong, "\n".join(wrong)
+    programmed = next((c for c in _status_of(next(o for o in rendered if o["kind"] == "Gateway")).get("conditions", [])
+                       if c["type"] == "Programmed"), {})
+    FIGURES.append(f"Envoy Gateway v1.9.0 (real) on dev's access layer: {len(judged)} objects Accepted "
+                   f"({', '.join(sorted({o['kind'] for o in judged}))}); Gateway Programmed "
+                   f"{programmed.get('status')} ({programmed.get('reason')}: no Envoy proxy or load balancer on the twin)")
+
+
+def test_envoy_gateway_rejects_a_route_to_a_listener_the_gateway_lacks(gatewayed_dev):
+    """An HTTPRoute the schema accepts whose parentRef names a listener the Gateway has not is
+    refused by Envoy Gateway, with the Gateway API's reason (NoMatchingParent)."""
+    platform, classes, rendered = gatewayed_dev
+    route = copy.deepcopy(next(o for o in rendered if o["kind"] == "HTTPRoute"))
+    route["metadata"] = {"name": "broken-parent", "namespace": route["metadata"]["namespace"]}
+    route["spec"]["parentRefs"] = [{**route["spec"]["parentRefs"][0], "sectionName": "no-such-listener"}]
+    assert fleet.apply_each_pass([route]).rejected == {}  # the API server takes it
+    said = fleet.wait_for("Envoy Gateway's verdict", lambda: [w for w in _accepted(route) if "no status" not in w],
+                          timeout=120)
+    assert said and "Accepted False NoMatchingParent" in said[0], said
+
