@@ -15,24 +15,16 @@ opens is reachable from outside the test, and the rendered ports are used as the
 
 from __future__ import annotations
 
-import hashlib
 import re
-import stat
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from infra.render.kvcache_config import MOONCAKE_METRICS_PORT, MOONCAKE_RPC_PORT, kv_cache_plan
 from infra.render.engine_check import variant_spec
-from tests.conftest import script_modules
 from tests.servers import require_binary
-
-WHEEL = "mooncake-transfer-engine"
-# PyPI's sha256 of mooncake_transfer_engine-0.3.8.post1-cp311-cp311-manylinux_2_17_x86_64.manylinux_2_35_x86_64.whl
-WHEEL_SHA256 = {"0.3.8.post1": "49eba9348de1acebec104e77ec65ae5f02e94ead50890839dddf351cd8dc6278"}
 
 
 def pinned_version() -> str:
@@ -44,18 +36,12 @@ def pinned_version() -> str:
 
 @pytest.fixture(scope="module")
 def master_binary(tmp_path_factory) -> tuple[Path, dict]:
-    """mooncake_master from the pinned wheel, and the environment it runs in."""
-    version = pinned_version()
-    (pinned_wheels,) = script_modules("pinned_wheels")
-    wheel = pinned_wheels.pinned_wheel(WHEEL, version)
-    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256[version], f"{wheel} is not the pinned wheel"
-    root = tmp_path_factory.mktemp("mooncake")
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(root, [n for n in z.namelist() if n == "mooncake/mooncake_master" or
-                            n.startswith("mooncake_transfer_engine.libs/")])
-    binary = root / "mooncake" / "mooncake_master"
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(root / "mooncake_transfer_engine.libs")}
+    """mooncake_master from the pinned wheel (sha256 checked), and the environment it runs in: the
+    twin runs the Mooncake master's pod with the same (twin/pods.py mooncake_master)."""
+    from twin.pods import mooncake_master
+
+    binary, env = mooncake_master(pinned_version(), tmp_path_factory.mktemp("mooncake"))
+    env = {"PATH": "/usr/bin:/bin", **env}
     missing = [line for line in subprocess.run(["ldd", str(binary)], env=env, capture_output=True, text=True).stdout
                .splitlines() if "not found" in line]
     assert not missing, f"mooncake_master lacks {missing}: run scripts/install-system-deps (libibverbs1)"

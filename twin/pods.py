@@ -1,5 +1,7 @@
 """Processes at the pods' addresses: what a kubelet and a CNI would do for the pods the twin can
-run on a CPU (the router, and each engine pod with the engine replaced by twin/engine_standin.py).
+run on a CPU (the router, each engine pod with the engine replaced by twin/engine_standin.py, and
+the Mooncake master with the pinned wheel's `mooncake_master`). Which pod runs, and why another
+does not (the picker until the twin builds it, a container with no command), is `not_runnable`.
 
 Network: a pod network of its own, never the machine's. A hub network namespace (`unshare --net`)
 holds a bridge; each started pod gets a network namespace of its own with a veth on that bridge and
@@ -30,7 +32,9 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import hashlib
 import http.client
+import importlib
 import ipaddress
 import json
 import os
@@ -41,12 +45,13 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from twin import netns
+from twin import build, netns
 from infra import naming
 from twin.cluster import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
@@ -62,6 +67,13 @@ STANDIN = ROOT / "twin" / "engine_standin.py"
 PATH_TAIL = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CLIENT_SOCKET = "pod-network.sock"
 FOLDER = RUN_DIR / "pods"  # the pods' folders, the sockets and the logs of `python -m twin.pods run`
+MOONCAKE_MASTER = "mooncake_master"  # the program the Mooncake master's pod runs (its rendered command)
+MOONCAKE_WHEEL = "mooncake-transfer-engine"  # PyPI's wheel carries mooncake/mooncake_master and its libraries
+# PyPI's sha256 of the wheel pip picks here (cp311, manylinux x86_64) at each version the specs have pinned.
+MOONCAKE_WHEEL_SHA256 = {"0.3.8.post1": "49eba9348de1acebec104e77ec65ae5f02e94ead50890839dddf351cd8dc6278",
+                         "0.3.13.post1": "81e6d425a097b4915bdc9efbe2fe89d779dc2bd70e48a5a69c248cc9b250bafe"}
+PICKER_PROGRAM = "/app/epp"  # the endpoint picker's entry point in its image (llm-d-inference-scheduler)
+PICKER_BUILT = "epp"  # its name in twin/build.py PROGRAMS, once the twin builds it
 
 
 def _netns_inode(pid: int | str) -> int:
@@ -387,24 +399,68 @@ def enter_main(spec_file: Path) -> int:
 
 def runs_as(pod: dict) -> str | None:
     """What the twin runs for a pod: its role for an engine pod (the stand-in), "router" for the
-    router's (the real one); None for a pod it does not run (the KV cache's master, the picker...)."""
+    router's (sglang-router, or the picker when built), "mooncake-master" for the KV cache's master
+    (the pinned wheel's binary); None for a pod it does not run (see not_runnable)."""
+    return None if not_runnable(pod) else _kind(pod)
+
+
+def _kind(pod: dict) -> str | None:
     labels = pod["metadata"].get("labels", {})
     if naming.ROLE_LABEL in labels:
         return labels[naming.ROLE_LABEL]
-    return naming.ROUTER if labels.get(NAME_LABEL) == naming.ROUTER else None
+    return labels.get(NAME_LABEL) if labels.get(NAME_LABEL) in (naming.ROUTER, naming.MOONCAKE_MASTER) else None
+
+
+def not_runnable(pod: dict) -> str | None:
+    """Why the twin starts no process for this pod, or None when it does. Pure: the pod's own
+    labels and first container's command decide (twin/build.py's PROGRAMS for the picker)."""
+    container = pod["spec"]["containers"][0]
+    command = container.get("command") or []
+    kind = _kind(pod)
+    if not command:
+        return f"no command (the entry point of {container.get('image', 'its image')} is not known to the twin)"
+    if command[0] == PICKER_PROGRAM and PICKER_BUILT not in build.PROGRAMS:
+        return f"the endpoint picker ({PICKER_PROGRAM}): twin/build.py builds no {PICKER_BUILT} program"
+    if kind == naming.MOONCAKE_MASTER and command[0] != MOONCAKE_MASTER:
+        return f"the Mooncake master runs {command[0]}, not the pinned wheel's {MOONCAKE_MASTER}"
+    if kind is None:
+        return f"{command[0]}: no program of the twin's stands for it (router, engine stand-in, Mooncake master)"
+    return None
+
+
+def _script_module(name: str):
+    """A module of scripts/ (no package: its scripts import their neighbours by name)."""
+    scripts = str(ROOT / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(scripts)
 
 
 def _engines_venv() -> Path:
     """The engines' CPU virtualenv (sglang-router 0.3.2 and sglang 0.5.23 from their pinned wheels),
-    built once into the machine's cache by scripts/extract_engine_flags.py, which imports its
-    neighbours in scripts/ by name."""
-    scripts = str(ROOT / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        from extract_engine_flags import engine_venv
-    finally:
-        sys.path.remove(scripts)
-    return engine_venv()
+    built once into the machine's cache by scripts/extract_engine_flags.py."""
+    return _script_module("extract_engine_flags").engine_venv()
+
+
+def mooncake_master(version: str, folder: Path) -> tuple[Path, dict[str, str]]:
+    """`mooncake_master` of the pinned Mooncake: the `mooncake-transfer-engine` wheel at `version`
+    (PyPI, checked against its sha256, cached by scripts/pinned_wheels.py) unpacked into `folder`
+    (mooncake/mooncake_master and its bundled mooncake_transfer_engine.libs/), and the environment
+    it runs in (LD_LIBRARY_PATH to those libraries; it links the system's libibverbs, which
+    scripts/install-system-deps installs)."""
+    if version not in MOONCAKE_WHEEL_SHA256:
+        raise TwinError(f"Mooncake {version}: no sha256 of its wheel is pinned (twin/pods.py MOONCAKE_WHEEL_SHA256)")
+    wheel = _script_module("pinned_wheels").pinned_wheel(MOONCAKE_WHEEL, version)
+    if hashlib.sha256(wheel.read_bytes()).hexdigest() != MOONCAKE_WHEEL_SHA256[version]:
+        raise TwinError(f"{wheel} is not the pinned wheel of {MOONCAKE_WHEEL} {version} (its sha256 differs)")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(folder, [n for n in z.namelist() if n == f"mooncake/{MOONCAKE_MASTER}"
+                              or n.startswith("mooncake_transfer_engine.libs/")])
+    binary = folder / "mooncake" / MOONCAKE_MASTER
+    binary.chmod(0o755)
+    return binary, {"LD_LIBRARY_PATH": str(folder / "mooncake_transfer_engine.libs")}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -459,16 +515,19 @@ class PodProcesses:
             (self.bin / name).write_text(shim)
             (self.bin / name).chmod(0o755)
         self.started: list[Started] = []
+        self.not_runnable: dict[str, str] = {}  # "namespace/name" -> why no process was started (not_runnable)
 
     def start(self, namespace: str, select=lambda pod: True, timeout: float = 300) -> list[Started]:
         """Start every pod of `namespace` the twin runs (runs_as) that `select(pod)` also picks, once
-        each has its IP."""
+        each has its IP; the others `select` picks are kept in `not_runnable` with the reason."""
         deadline = time.monotonic() + timeout
         while True:
-            pods = [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
-                                                  kubeconfig_path=self.kubeconfig).stdout)["items"]
-                    if runs_as(p) and select(p)
-                    and "deletionTimestamp" not in p["metadata"]]
+            listed = [p for p in json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json",
+                                                    kubeconfig_path=self.kubeconfig).stdout)["items"]
+                      if select(p) and "deletionTimestamp" not in p["metadata"]]
+            pods = [p for p in listed if runs_as(p)]
+            self.not_runnable.update({f"{namespace}/{p['metadata']['name']}": not_runnable(p)
+                                      for p in listed if not runs_as(p)})
             if pods and all(p.get("status", {}).get("podIP") for p in pods):
                 break
             if time.monotonic() > deadline:
@@ -489,7 +548,10 @@ class PodProcesses:
             raise TwinError(f"{meta['namespace']}/{meta['name']}: no command in the pod (the image's entrypoint is "
                             "not known to the twin)")
         volumes = _make_volumes(pod, folder, self.kubeconfig)
-        if runs_as(pod) != naming.ROUTER and self.checker is None:
+        path = f"{self.bin}:{self.venv}/bin:{PATH_TAIL}"
+        if runs_as(pod) == naming.MOONCAKE_MASTER:
+            path = f"{self.mooncake_bin(container['image'])}:{path}"
+        elif runs_as(pod) != naming.ROUTER and self.checker is None:
             self.checker = self.start_checker()
         ip = pod["status"]["podIP"]
         log = folder / f"{container['name']}.log"
@@ -498,7 +560,7 @@ class PodProcesses:
         spec_file.write_text(json.dumps({
             "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
             "workdir": container.get("workingDir", "/"), "argv": [*container["command"], *container.get("args", [])],
-            "env": _env(pod, container, self.kubeconfig, f"{self.bin}:{self.venv}/bin:{PATH_TAIL}")}))
+            "env": _env(pod, container, self.kubeconfig, path)}))
         spec_file.chmod(0o600)
         process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
                           "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
@@ -508,6 +570,19 @@ class PodProcesses:
         kubectl("annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite",
                 f"{PROCESS_ANNOTATION}=running", kubeconfig_path=self.kubeconfig)
         return started
+
+    def mooncake_bin(self, image: str) -> Path:
+        """A folder whose `mooncake_master` runs the pinned wheel's binary at the version the pod's
+        image is tagged with (kvcacheai/mooncake:v<version>), with the libraries it needs."""
+        version = image.split("@")[0].rsplit(":", 1)[-1].removeprefix("v")
+        folder = self.folder / f"mooncake-{version}"
+        wrapper = folder / "bin" / MOONCAKE_MASTER
+        if not wrapper.exists():
+            binary, env = mooncake_master(version, private_folder(folder))
+            private_folder(folder / "bin").chmod(0o755)
+            wrapper.write_text(f"#!/bin/sh\nLD_LIBRARY_PATH={env['LD_LIBRARY_PATH']} exec {binary} \"$@\"\n")
+            wrapper.chmod(0o755)
+        return wrapper.parent
 
     def check(self) -> None:
         """Raise if a started process has exited, with its reason (the end of its log)."""

@@ -1,0 +1,78 @@
+"""Which rendered pods the twin runs as processes (twin/pods.py not_runnable, runs_as), judged on
+each render's pod templates without a twin; and the Mooncake master's program as a started pod
+gets it: `mooncake_master` on its PATH runs the pinned wheel's binary (mooncake-transfer-engine
+0.3.8.post1 on PyPI, `mooncake/mooncake_master`), at the version of the pod's image tag."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra import naming
+from twin import fleet, pods
+
+
+def pod_templates(objects: list[dict]) -> dict[str, dict]:
+    """Each Deployment's and LeaderWorkerSet's pod template as a pod of its namespace, by workload name."""
+    out = {}
+    for o in objects:
+        if o["kind"] == "Deployment":
+            templates = {o["metadata"]["name"]: o["spec"]["template"]}
+        elif o["kind"] == "LeaderWorkerSet":
+            lwt = o["spec"]["leaderWorkerTemplate"]
+            templates = {o["metadata"]["name"]: lwt["workerTemplate"],
+                         **({f"{o['metadata']['name']} leader": lwt["leaderTemplate"]} if "leaderTemplate" in lwt else {})}
+        else:
+            continue
+        for name, template in templates.items():
+            out[name] = {"metadata": {**template["metadata"], "namespace": o["metadata"]["namespace"]},
+                         "spec": template["spec"]}
+    return out
+
+
+@pytest.fixture(scope="module", params=[("dev", "sglang"), ("dev", "vllm"), ("prod", "sglang")],
+                ids=["dev-sglang", "dev-vllm", "prod-sglang"])
+def rendered(request, tmp_path_factory):
+    stack, engine = request.param
+    return stack, engine, pod_templates(fleet.render(stack, tmp_path_factory.mktemp(f"{stack}-{engine}"), engine))
+
+
+def test_each_rendered_pod_is_run_or_named_with_why_not(rendered):
+    """SGLang's router, both engine roles and the Mooncake master run; vLLM's router is the
+    endpoint picker, whose binary the twin does not build yet (twin/build.py PROGRAMS), and the
+    trace collector has no command (its image's entry point): each named with that reason."""
+    stack, engine, templates = rendered
+    runs = {name: pods.runs_as(pod) for name, pod in templates.items()}
+    why = {name: pods.not_runnable(pod) for name, pod in templates.items() if runs[name] is None}
+    assert runs[naming.MOONCAKE_MASTER] == naming.MOONCAKE_MASTER, why
+    assert {runs[n] for n in templates if n.startswith("engine-")} == {"prefill", "decode"}, runs
+    if engine == "sglang":
+        assert runs[naming.ROUTER] == naming.ROUTER, why
+    else:
+        assert runs[naming.ROUTER] is None and "the endpoint picker (/app/epp)" in why[naming.ROUTER], why
+        assert "twin/build.py builds no epp program" in why[naming.ROUTER]
+    if "otel-collector" in templates:
+        assert why["otel-collector"].startswith("no command (the entry point of "), why
+    assert all(why.values()), why  # every pod the twin does not run says why
+
+
+def test_a_pod_of_a_program_the_twin_has_not_is_not_run():
+    pod = {"metadata": {"labels": {pods.NAME_LABEL: "something-else"}, "namespace": "x"},
+           "spec": {"containers": [{"name": "c", "image": "example/x:1", "command": ["/bin/x"]}]}}
+    assert pods.runs_as(pod) is None
+    assert "no program of the twin's stands for it" in pods.not_runnable(pod)
+
+
+def test_the_mooncake_master_pod_runs_the_pinned_wheels_binary(tmp_path):
+    """The wrapper a started Mooncake master pod finds on its PATH: the pinned wheel's binary
+    (sha256 checked) with its bundled libraries; `--helpfull` lists the rendered flags."""
+    processes = pods.PodProcesses.__new__(pods.PodProcesses)  # only the folder: no twin, no pod network
+    processes.folder = tmp_path
+    folder = processes.mooncake_bin("docker.io/kvcacheai/mooncake:v0.3.8.post1")
+    done = subprocess.run([str(Path(folder) / pods.MOONCAKE_MASTER), "--helpfull"], capture_output=True, text=True,
+                          timeout=60)
+    assert "rpc_port" in done.stdout and "metrics_port" in done.stdout, done.stderr[-2000:]
+    with pytest.raises(pods.TwinError, match="no sha256 of its wheel is pinned"):
+        processes.mooncake_bin("docker.io/kvcacheai/mooncake:v9.9.9")
