@@ -16,9 +16,9 @@ them; elsewhere `--inventory` names the cluster's own GPU nodes.
 State: a file backend beside what it describes. On the twin, in its run folder, which a fresh
 start of the twin empties with its cluster, so state and cluster never disagree; checkpoints
 are skipped there (PULUMI_SKIP_CHECKPOINTS: the platform's CRD schemas made each step's
-checkpoint two thirds of the run), which stays crash-safe because every object is applied
-server-side (an `up` after a kill upserts what the lost state forgot), and a twin stopped by
-`down` takes every object with it. On another cluster, under .pdstack/up/clusters/<context>/,
+checkpoint two thirds of the run); after a run killed there, the next `up` or
+`down` first runs an `up` that takes over, by forced server-side apply, the objects the lost
+state forgot (change), and a twin stopped by `down` takes every object with it. On another cluster, under .pdstack/up/clusters/<context>/,
 checkpoints on. The stacks' secrets are encrypted with a passphrase: the caller's
 PULUMI_CONFIG_PASSPHRASE(_FILE) if set, else a random one in a 0600 file beside the state,
 handed to the CLI as PULUMI_CONFIG_PASSPHRASE_FILE (never in argv, a log or the output).
@@ -238,13 +238,69 @@ def open_stack(target: Target, name: str, spec_file: Path, program):
     return stack
 
 
-def recover(stack, log) -> None:
-    """What a killed run left: its Pulumi lock (ours: the flock is held) and pending operations."""
+def recover(stack, target: Target, log) -> bool:
+    """What a killed run left: its Pulumi lock (a killed run's: our flock is held), dropped, and
+    pending operations, cleared by a refresh. True if a killed run's lock was there, now or at
+    an earlier recovery whose run did not end well. A run that failed instead leaves no lock,
+    and its state as it ended (written at the end, checkpoints off or on)."""
+    from infra.rollout.pulumi_cluster import PROJECT
+
+    # The file backend's locks: pkg/backend/diy/backend.go stackLockDir at v3.274.1.
+    locks = target.folder / "state" / ".pulumi" / "locks" / "organization" / PROJECT / stack.name
+    killed = _killed_marker(target, stack.name)  # kept until a run after it ends well (change)
+    if locks.is_dir() and any(locks.iterdir()):
+        killed.touch()
     stack.cancel()
     pending = stack.export_stack().deployment.get("pending_operations") or []
     if pending:
         log(f"{stack.name}: {len(pending)} operation(s) a killed run left pending; refreshing from the cluster")
         stack.refresh(clear_pending_creates=True, on_output=lambda line: None, color="never")
+    return killed.exists()
+
+
+def _killed_marker(target: Target, name: str) -> Path:
+    return target.folder / f"killed-{name}"
+
+
+def change(stack, target: Target, killed: bool, on_output, log=print, destroy: bool = False) -> None:
+    """`pulumi up` (or destroy) of the stack. After a killed run on the twin, whose runs skip
+    checkpoints, the state may lack objects that run made: each carries the field manager of the lost state's resource, so the new run's
+    server-side apply meets them as another manager's ("Server-Side Apply field conflict", seen on
+    cert-manager's webhook configurations). They are this stack's own, so that one run forces
+    the conflicts (PULUMI_K8S_ENABLE_PATCH_FORCE: pulumi-kubernetes pkg/await/await.go patchForce);
+    every other run keeps the provider's default, so a conflict with another manager still shows."""
+    from pulumi.automation import CommandError
+
+    forced = killed and target.on_twin
+    if forced:
+        os.environ["PULUMI_K8S_ENABLE_PATCH_FORCE"] = "true"
+    try:
+        if not destroy:
+            stack.up(on_output=on_output, color="never")
+        elif forced:  # a destroy first records what the lost state lacks, if it can
+            try:
+                stack.up(on_output=on_output, color="never")
+            except CommandError as exc:
+                log(f"{stack.name}: the catching-up `up` failed, so objects the killed run made may stay; "
+                          f"destroying what the state holds ({str(exc).strip().splitlines()[-1][:200]})")
+    finally:
+        os.environ.pop("PULUMI_K8S_ENABLE_PATCH_FORCE", None)
+    if destroy:
+        stack.destroy(on_output=on_output, color="never")
+    _killed_marker(target, stack.name).unlink(missing_ok=True)
+
+
+def stack_programs(target: Target, stack: str) -> dict:
+    """Stack name -> the program `up` runs for it (the same for `down`'s catching up). The serving
+    program reads its tracks from a release store of the target's, empty before any rollout."""
+    from infra.program import main
+    from infra.rollout.releases import ReleaseStore
+    from infra.spec_checks import load_spec
+
+    def serving() -> None:
+        main(store=ReleaseStore(load_spec(stack_spec_path(stack)).environment.name, target.folder / "releases"))
+
+    return {PLATFORM_STACK: main, stack: serving}
 
 
 # --- the cluster's objects --------------------------------------------------------------------
@@ -353,7 +409,7 @@ class Progress:
         self._status = None
 
     def log(self, line: str) -> None:
-        self.console.print(line, markup=False, highlight=False)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def status(self, line: str) -> None:
         if self._status is not None:
@@ -386,8 +442,6 @@ def up(target: Target | None = None, stack: str = "dev", inventory_file: Path | 
     """Build what is missing, start the twin (or reuse it; `target` None) or use the given cluster,
     `pulumi up` the platform stack and then the serving stack, wait until it serves, and send
     one request to its entry."""
-    from infra.program import main
-    from infra.rollout.releases import ReleaseStore
     from infra.spec_checks import load_spec
     from twin import cluster
 
@@ -414,15 +468,13 @@ def up(target: Target | None = None, stack: str = "dev", inventory_file: Path | 
                 progress.status(line.strip())
 
         progress.log(f"the stacks' state: {target.folder / 'state'}; Pulumi's output: {out}")
-        platform = open_stack(target, PLATFORM_STACK, files.platform, main)
+        programs = stack_programs(target, stack)
+        platform = open_stack(target, PLATFORM_STACK, files.platform, programs[PLATFORM_STACK])
         with progress.step(f"pulumi up {PLATFORM_STACK} (cloud: none, on {target.context})"):
-            recover(platform, progress.log)
-            platform.up(on_output=shown, color="never")
-        store = ReleaseStore(spec.environment.name, target.folder / "releases")  # no rollout yet: no tracks
-        serving = open_stack(target, stack, files.serving, lambda: main(store=store))
+            change(platform, target, recover(platform, target, progress.log), shown)
+        serving = open_stack(target, stack, files.serving, programs[stack])
         with progress.step(f"pulumi up {stack} (its StackReference reads {PLATFORM_STACK})"):
-            recover(serving, progress.log)
-            serving.up(on_output=shown, color="never")
+            change(serving, target, recover(serving, target, progress.log), shown)
         platform_outputs = {k: v.value for k, v in platform.outputs().items()}
         serving_outputs = {k: v.value for k, v in serving.outputs().items() if not v.secret}
         states = [s.export_stack().deployment["resources"] for s in (platform, serving)]
@@ -439,7 +491,8 @@ def up(target: Target | None = None, stack: str = "dev", inventory_file: Path | 
             from twin import pods as pod_processes
 
             with progress.step(f"one request to {namespace}'s router"):
-                answer = pod_processes.send_request(processes, namespace, spec.model.name)
+                answer = pod_processes.send_request(namespace, kubeconfig=target.kubeconfig, folder=processes.folder,
+                                                    check=processes.check)
             deployed.answer = answer["choices"][0]["message"]["content"]
             progress.log(f"the fleet answered: {deployed.answer}")
         else:
@@ -466,10 +519,12 @@ def down(target: Target | None = None, stack: str = "dev", stop_twin: bool = Tru
     """`pulumi destroy` of the serving stack and then of the platform stack, and the twin stopped
     (unless `stop_twin` is False), which takes the nodes `up` made with it: like a cluster's own
     nodes, they outlive the platform stack, which leaves them as it found them. Works after a
-    killed `up` (recover); with no twin running there is nothing left to destroy."""
+    killed `up` (recover); on the twin, whose runs skip checkpoints, a stack a killed run was
+    changing is brought up first, so that its state holds every object before the destroy.
+    With no twin running there is nothing left to destroy."""
     from pulumi import automation as auto
 
-    from infra.program import main
+    from infra.rollout.pulumi_cluster import PROJECT
     from twin import cluster
 
     progress = progress or Progress()
@@ -480,16 +535,21 @@ def down(target: Target | None = None, stack: str = "dev", stop_twin: bool = Tru
         target = twin_target()
     if (target.folder / "state").is_dir():
         require_engine()
+        programs = stack_programs(target, stack)
         with holding(target):
             for name in (stack, PLATFORM_STACK):
                 try:
-                    found = auto.select_stack(stack_name=name, project_name="pdstack", program=main,
+                    found = auto.select_stack(stack_name=name, project_name=PROJECT, program=programs[name],
                                               opts=auto.LocalWorkspaceOptions(work_dir=str(project_folder(target))))
                 except auto.StackNotFoundError:
                     continue
                 with progress.step(f"pulumi destroy {name}"):
-                    recover(found, progress.log)
-                    found.destroy(on_output=lambda line: progress.status(line.strip()), color="never")
+                    killed = recover(found, target, progress.log)
+                    if killed and target.on_twin:
+                        progress.log(f"{name}: a killed run may have made objects its state lacks (no checkpoints on "
+                                     "the twin); `pulumi up` records them before the destroy")
+                    change(found, target, killed, lambda line: progress.status(line.strip()), progress.log,
+                           destroy=True)
                     found.workspace.remove_stack(name)
     if target.on_twin and stop_twin:
         cluster.down(log=progress.log)

@@ -101,7 +101,8 @@ def test_a_run_killed_inside_pulumi_up_leaves_a_lock_and_a_pending_create_that_t
     `recover` drops the lock (`pulumi cancel`: pkg/backend/diy/backend.go CancelCurrentUpdate at
     v3.274.1 deletes the stack's lock files). A pending create (what a kill between a create's
     start and its end leaves in a checkpoint) is kept by every later `up` (pkg/backend/journal.go:
-    "we don't want to clear pending CREATE operations"); `recover` clears it with a refresh."""
+    "we don't want to clear pending CREATE operations"); `recover` clears it with a refresh. That a
+    run was killed is remembered until a run after it ends well (`change`)."""
     import pulumi
     from pulumi import automation as auto
 
@@ -132,8 +133,12 @@ def test_a_run_killed_inside_pulumi_up_leaves_a_lock_and_a_pending_create_that_t
         assert failed, "the killed up succeeded"
         with pytest.raises(auto.CommandError, match="locked"):
             stack.up(on_output=lambda line: None)
-        up.recover(stack, log=lambda line: None)
-        assert stack.up(on_output=lambda line: None).outputs["answer"].value == 42
+        killed = up.recover(stack, target, log=lambda line: None)
+        assert killed, "the killed run's lock was not seen"
+        assert up.recover(stack, target, log=lambda line: None), "forgotten before a run ended well"
+        up.change(stack, target, killed, on_output=lambda line: None)
+        assert stack.outputs()["answer"].value == 42
+        assert not up.recover(stack, target, log=lambda line: None)  # the run after it ended well
 
         # The checkpoint as a CLI killed inside a create writes it (`pulumi stack import` would
         # drop the pending operation: pkg/cmd/pulumi/stack/io.go "Explicitly clear-out").
@@ -146,7 +151,7 @@ def test_a_run_killed_inside_pulumi_up_leaves_a_lock_and_a_pending_create_that_t
         stack.up(on_output=lambda line: None)
         assert stack.export_stack().deployment.get("pending_operations"), "an up cleared the pending create"
         said: list[str] = []
-        up.recover(stack, log=said.append)
+        assert not up.recover(stack, target, log=said.append)  # no killed run this time
         assert not stack.export_stack().deployment.get("pending_operations")
         assert said and "pending" in said[0]
 
