@@ -3,7 +3,16 @@ decode answers only after the prefill the router named (bootstrap_host, bootstra
 bootstrap_room, as sglang-router 0.3.2 routers/http/pd_router.rs adds them) has taken the room;
 a bootstrap port where no prefill listens, or a prefill with another page size (SGLang 0.5.23
 disaggregation/common/conn.py try_ensure_parallel_info: "Page size mismatch"), fails the request.
-Each stand-in's argv goes through SGLang 0.5.23's own parser first (one checker process)."""
+Each stand-in's argv goes through SGLang 0.5.23's own parser first (one checker process).
+
+vLLM 0.33.0 mode (the same checker runs `vllm serve`'s parser and validation,
+vllm/entrypoints/cli/serve.py): a prefill answers a request whose kv_transfer_params say
+do_remote_decode with the params a decode needs (nixl/pull_scheduler.py request_finished), and the
+decode given them does vLLM's NIXL handshake on the prefill's side channel (nixl/base_worker.py
+_nixl_handshake, ZMQ REQ, 5 s) before it answers; a side channel where nothing listens fails it. A
+`--headless` worker serves nothing; a flag vLLM's parser refuses ends the stand-in with exit 2.
+Token timing: an instance told a slow TTFT (POST /twin/timing) shows it in its own
+time_to_first_token histogram, both engines; a streamed answer is one event per token."""
 
 from __future__ import annotations
 
@@ -22,34 +31,53 @@ from twin.pods import STANDIN, _engines_venv
 from twin.process import die_with_parent
 
 
+VLLM_PRODUCER = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
+VLLM_CONSUMER = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_consumer"})
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """A checker, a prefill (page size 64) and two decodes (64 and 32) on 127.0.0.1."""
+    """A checker, an SGLang prefill (page size 64) and two decodes (64 and 32), a vLLM prefill and
+    decode (NixlConnector) and a headless vLLM worker, on 127.0.0.1."""
     folder = tmp_path_factory.mktemp("standins")
     python, checker = str(_engines_venv() / "bin" / "python"), folder / "checker.sock"
-    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "decode32")}
+    ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "decode32", "vllm_prefill",
+                                            "side_channel", "vllm_decode", "headless")}
     common = ["--model-path", str(folder), "--host", "127.0.0.1", "--enable-metrics"]
+    vllm = [str(folder), "--host", "127.0.0.1", "--served-model-name", "m", "--block-size", "64"]
+    standin = ["--checker", str(checker)]
     argvs = {"checker": ["--serve-checks", str(checker)],
-             "prefill": ["--checker", str(checker), *common, "--port", str(ports["prefill"]), "--page-size", "64",
+             "prefill": [*standin, "sglang", *common, "--port", str(ports["prefill"]), "--page-size", "64",
                          "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(ports["bootstrap"])],
-             "decode": ["--checker", str(checker), *common, "--port", str(ports["decode"]), "--page-size", "64",
+             "decode": [*standin, "sglang", *common, "--port", str(ports["decode"]), "--page-size", "64",
                         "--disaggregation-mode", "decode"],
-             "decode32": ["--checker", str(checker), *common, "--port", str(ports["decode32"]), "--page-size", "32",
-                          "--disaggregation-mode", "decode"]}
+             "decode32": [*standin, "sglang", *common, "--port", str(ports["decode32"]), "--page-size", "32",
+                          "--disaggregation-mode", "decode"],
+             "vllm_prefill": [*standin, "vllm", *vllm, "--port", str(ports["vllm_prefill"]),
+                              "--kv-transfer-config", VLLM_PRODUCER],
+             "vllm_decode": [*standin, "vllm", *vllm, "--port", str(ports["vllm_decode"]),
+                             "--kv-transfer-config", VLLM_CONSUMER],
+             "headless": [*standin, "vllm", *vllm, "--port", str(ports["headless"]), "--headless"]}
     # how long a decode waits for its prefill to take the room (SGLang's own knob): short, for the case
-    # where no prefill ever gets the request; the router sends both at once
-    env = {**os.environ, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15"}
+    # where no prefill ever gets the request; the router sends both at once. vLLM's side channel
+    # (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) on a free port of 127.0.0.1.
+    env = {**os.environ, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side_channel"])}
     procs = {name: subprocess.Popen([python, str(STANDIN), *argv], stdout=open(folder / f"{name}.log", "wb"), env=env,
                                     stderr=subprocess.STDOUT, preexec_fn=functools.partial(die_with_parent, os.getpid()))
              for name, argv in argvs.items()}
     try:
         deadline = time.monotonic() + 300
-        for name in ("prefill", "decode", "decode32"):
+        for name in ("prefill", "decode", "decode32", "vllm_prefill", "vllm_decode"):
             while _get(ports[name], "/health")[0] != 200:
                 assert procs[name].poll() is None, (folder / f"{name}.log").read_text()
                 assert time.monotonic() < deadline, f"{name} did not serve within 300 s"
                 time.sleep(0.2)
-        yield ports
+        while "no API server" not in (folder / "headless.log").read_text():
+            assert procs["headless"].poll() is None, (folder / "headless.log").read_text()
+            assert time.monotonic() < deadline, "the headless worker's argv was not checked within 300 s"
+            time.sleep(0.2)
+        yield {**ports, "folder": folder, "python": python, "checker": checker, "procs": procs}
     finally:
         for proc in procs.values():
             proc.kill()
@@ -99,3 +127,90 @@ def test_the_decode_answers_after_the_named_prefill_took_the_room(engines):
 def test_a_wrong_bootstrap_port_a_room_never_taken_or_another_page_size_fails_the_request(engines, decode, bootstrap, said):
     status, text = _chat(engines[decode], engines[bootstrap] if bootstrap else free_port(), 8)
     assert status != 200 and said in text, (status, text)
+
+
+def _post(port: int, path: str, body: dict) -> tuple[int, str]:
+    return _call(urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                        headers={"Content-Type": "application/json"}))
+
+
+def test_vllm_serves_its_endpoints_and_a_headless_worker_serves_none(engines):
+    """vLLM 0.33.0's API server routes (entrypoints/launchers/api_server/routers.py), its metric
+    names (infra/render/pinned/vllm-0.33.0-metrics.json); SGLang's /v1/loads is not among them; a
+    --headless worker (serve.py run_headless) runs, and nothing listens on its port."""
+    port = engines["vllm_decode"]
+    assert _get(port, "/ping")[0] == 200 and _post(port, "/ping", {})[0] == 200
+    assert json.loads(_get(port, "/v1/models")[1])["data"][0]["id"] == "m"
+    assert json.loads(_get(port, "/load")[1]) == {"server_load": 0}
+    assert _get(port, "/v1/loads")[0] == 404
+    metrics = _get(port, "/metrics")[1]
+    assert '# TYPE vllm:time_to_first_token_seconds histogram' in metrics
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}' in metrics
+    headless = engines["procs"]["headless"]
+    listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    assert headless.poll() is None and f"pid={headless.pid}," not in listening, listening
+
+
+def test_vllm_decode_answers_after_the_nixl_handshake_with_the_prefill(engines):
+    """As llm-d's sidecar drives vLLM P/D: the prefill (do_remote_decode, max_tokens 1) returns the
+    kv_transfer_params; the decode given them handshakes with that prefill's side channel."""
+    status, text = _post(engines["vllm_prefill"], "/v1/completions", {
+        "model": "m", "prompt": "hi", "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+    assert status == 200, text
+    params = json.loads(text)["kv_transfer_params"]
+    assert params["do_remote_prefill"] and (params["remote_host"], params["remote_port"]) == (
+        "127.0.0.1", engines["side_channel"])
+    status, text = _post(engines["vllm_decode"], "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": params})
+    assert status == 200, text
+    assert f"prefill {params['remote_engine_id']} at 127.0.0.1:{engines['side_channel']}" in \
+        json.loads(text)["choices"][0]["message"]["content"]
+    status, text = _post(engines["vllm_decode"], "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "kv_transfer_params": {**params, "remote_port": free_port()}})  # a side channel where nothing listens
+    assert status != 200 and "NIXL handshake" in text, (status, text)
+
+
+def test_a_flag_vllms_parser_refuses_ends_the_standin(engines):
+    """`vllm serve --dtype fp9`: argparse's invalid choice and exit status 2, as the engine ends."""
+    done = subprocess.run([engines["python"], str(STANDIN), "--checker", str(engines["checker"]), "vllm",
+                           str(engines["folder"]), "--port", str(free_port()), "--dtype", "fp9"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "invalid choice: 'fp9'" in done.stderr, done.stderr
+
+
+def _ttft(metrics: str, name: str) -> tuple[float, float]:
+    """(observations at or under 0.6 s, all observations) of the TTFT histogram."""
+    def value(prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(prefix)
+                   and ('le="0.6"' in line or "_count" in prefix))
+    return value(f"{name}_bucket"), value(f"{name}_count")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_slow_instance_shows_in_its_ttft_histogram(engines, engine):
+    """An instance told a 700 ms TTFT: its request lands above the 0.6 s bucket of the engine's own
+    histogram (vllm:/sglang:time_to_first_token_seconds); the streamed answer is one event per token."""
+    port, name = ((engines["vllm_prefill"], "vllm:time_to_first_token_seconds") if engine == "vllm"
+                  else (engines["decode"], "sglang:time_to_first_token_seconds"))
+    fast, count = _ttft(_get(port, "/metrics")[1], name)
+    assert json.loads(_post(port, "/twin/timing", {"ttft_ms": 700})[1])["ttft_ms"] == 700
+    try:
+        body = {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
+        if engine == "vllm":
+            status, text = _post(port, "/v1/completions", body)
+        else:
+            import concurrent.futures
+
+            pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": engines["bootstrap"], "bootstrap_room": 11}
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                answer = pool.submit(_post, port, "/v1/completions", {**body, **pd})
+                pool.submit(_post, engines["prefill"], "/v1/completions", {**body, **pd, "stream": False}).result()
+                status, text = answer.result()
+    finally:
+        _post(port, "/twin/timing", {"ttft_ms": 40})
+    assert status == 200, text
+    events = [line for line in text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 4 and events[-1] == "data: [DONE]", text
+    assert _ttft(_get(port, "/metrics")[1], name) == (fast, count + 1)

@@ -1,8 +1,9 @@
-"""The twin's stand-in for SGLang's `python3 -m sglang.launch_server` (an engine needs GPUs).
-Standalone: it runs in the engines' CPU virtualenv (scripts/extract_engine_flags.py engine_venv)
-and imports nothing from pdstack.
+"""The twin's stand-in for the engines (they need GPUs): SGLang 0.5.23's `python3 -m
+sglang.launch_server` and vLLM 0.33.0's `vllm serve`. Standalone: it runs in the engines' CPU
+virtualenv (scripts/extract_engine_flags.py engine_venv) and imports nothing from pdstack.
 
-    python engine_standin.py --checker SOCKET <the argv after `-m sglang.launch_server`>
+    python engine_standin.py --checker SOCKET sglang <the argv after `-m sglang.launch_server`>
+    python engine_standin.py --checker SOCKET vllm <the argv after `vllm serve`>
     python engine_standin.py --serve-checks SOCKET     # the one checker all stand-ins ask
 
 First its argv goes through the pinned engine's own parser: sglang 0.5.23's
@@ -31,13 +32,43 @@ the request for its parallel layout (GET /route with every rank -1, as the decod
 `try_ensure_parallel_info` does; a page size other than its own fails the request, as there) and
 waits until that prefill has taken the room before it answers. No KV moves: the hand-off is the
 bootstrap exchange only (no Mooncake or NIXL transfer, no tensors).
+
+vLLM 0.33.0 mode: the argv goes through `vllm serve`'s own parser and validation
+(vllm/entrypoints/cli/serve.py ServeSubcommand: subparser_init -> make_arg_parser, then validate;
+the positional model wins, as its cmd does), in the same checker process (VLLM_TARGET_DEVICE=cpu,
+as scripts/extract_engine_flags.py imports it). Not run here: cmd's LB rules and
+create_engine_config, which need GPUs (infra/render/engine_check/probe.py runs them). With
+`--headless` it starts no HTTP server (serve.py run_headless: engine processes only) and just
+lives. Otherwise it serves what vLLM's API server serves (entrypoints/launchers/api_server/routers.py):
+GET /health, GET and POST /ping (serve/sagemaker/api_router.py), /v1/models, /version, /load
+(serve/instrumentator/basic.py: {"server_load": requests in flight}), /metrics (names, types and
+labels from infra/render/pinned/vllm-0.33.0-metrics.json), POST /v1/completions,
+/v1/chat/completions. `--data-parallel-hybrid-lb` changes nothing here: every node's pod that is
+not headless runs its own API server. NixlConnector P/D (kv_connector/v1/nixl/): a request whose
+kv_transfer_params say do_remote_decode (what llm-d's routing sidecar sends the prefill) is
+answered with kv_transfer_params naming this engine (pull_scheduler.py request_finished:
+do_remote_prefill, remote_engine_id, remote_request_id, remote_host/remote_port = the side
+channel VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT + DP index); the prefill's side
+channel is vLLM's ZMQ ROUTER (base_scheduler.py _nixl_handshake_listener: msgpack
+(GET_META_MSG, pp_rank, tp_rank) in, the handshake payload and its clock out); a decode given
+do_remote_prefill does the decode's handshake there (base_worker.py _nixl_handshake: REQ socket,
+5 s receive timeout, "Remote NIXL agent engine ID mismatch") before it answers. No KV moves
+(twin/kv_handoff.py moves real bytes between pods; this stand-in does not call it yet).
+
+Token timing (both engines), a fleet model a test can change per pod: the first token after
+TWIN_STANDIN_TTFT_MS, each next one after TWIN_STANDIN_ITL_MS (env, defaults below), or after
+what POST /twin/timing {"ttft_ms": .., "itl_ms": ..} last set (the stand-in's own endpoint,
+reached through the pod network); a streamed answer is one server-sent event per token. The
+engines' histograms follow it: time to first token, inter-token latency and end-to-end latency,
+with each engine's own buckets (sglang/srt/observability/metrics_collector.py,
+vllm/v1/metrics/buckets.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
+import dataclasses
 import io
 import json
 import os
@@ -51,51 +82,91 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-CATALOGUE = Path(__file__).resolve().parent.parent / "infra" / "render" / "pinned" / "sglang-0.5.23-metrics.json"
-# The series a one-scheduler engine publishes here (the catalogue gives each its type and labels).
-SERIES = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-          "sglang:num_running_reqs", "sglang:num_queue_reqs")
+PINNED = Path(__file__).resolve().parent.parent / "infra" / "render" / "pinned"
+VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 ROOM_WAIT_SECONDS = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300))
+# the fleet model's defaults: a healthy instance (a test makes one slow through /twin/timing or the env)
+TTFT_MS = float(os.environ.get("TWIN_STANDIN_TTFT_MS", 40))
+ITL_MS = float(os.environ.get("TWIN_STANDIN_ITL_MS", 5))
+# Each engine's default buckets: sglang/srt/observability/metrics_collector.py TokenizerMetricsCollector,
+# vllm/v1/metrics/buckets.py TIME_TO_FIRST_TOKEN_BUCKETS, INTER_TOKEN_LATENCY_BUCKETS, REQUEST_LATENCY_BUCKETS.
+BUCKETS = {
+    "sglang": {"ttft": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
+               "itl": (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                       0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000),
+               "e2e": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)},
+    "vllm": {"ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                      20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+             "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                     40.0, 80.0),
+             "e2e": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                     480.0, 960.0, 1920.0, 7680.0)},
+}
+GET_META_MSG = b"get_meta_msg"  # vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py
 
 
-def check(argv: list[str]) -> dict:
-    """The pinned SGLang's own parser and ServerArgs, for one argv: {"args": the ServerArgs fields}
+def check(engine: str, argv: list[str]) -> dict:
+    """The pinned engine's own parser and validation, for one argv: {"args": the parsed fields}
     or, refused, {"status": argparse's exit status, "message": what it printed}."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            fields = _check_vllm(argv) if engine == "vllm" else _check_sglang(argv)
+    except SystemExit as exc:
+        return {"status": exc.code if isinstance(exc.code, int) else 1, "message": said.getvalue()}
+    except Exception as exc:  # noqa: BLE001 - the engine refusing a value, reported as the engine would fail
+        return {"status": 1, "message": f"{type(exc).__name__}: {exc}\n"}
+    return {"args": json.loads(json.dumps(fields, default=_plain))}
+
+
+def _check_sglang(argv: list[str]) -> dict:
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
-    except SystemExit as exc:
-        return {"status": exc.code if isinstance(exc.code, int) else 1, "message": said.getvalue()}
-    except Exception as exc:  # noqa: BLE001 - ServerArgs refusing a value, reported as the engine would fail
-        return {"status": 1, "message": f"{type(exc).__name__}: {exc}\n"}
-    fields = {a.dest: getattr(server_args, a.dest, None) for a in parser._actions if a.dest != "help"}
-    return {"args": json.loads(json.dumps(fields, default=str))}
+    server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    return {a.dest: getattr(server_args, a.dest, None) for a in parser._actions if a.dest != "help"}
+
+
+def _check_vllm(argv: list[str]) -> dict:
+    """vllm/entrypoints/cli/serve.py: `vllm serve`'s subparser (make_arg_parser), validate, and
+    cmd's first rule (the positional model wins)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # as scripts/extract_engine_flags.py imports it
+    import vllm.entrypoints.cli.serve as serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    command = serve.ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(["serve", *argv])
+    command.validate(args)
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag
+    return vars(args)
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def serve_checks(path: Path) -> int:
-    """The checker: SGLang imported once; each connection sends one argv (JSON) and gets check()'s answer."""
-    lock = threading.Lock()
+    """The checker: each engine imported once (on its first argv); each connection sends one
+    {"engine", "argv"} (JSON) and gets check()'s answer."""
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(64)  # stand-ins that connect meanwhile wait in the backlog
-    importlib.import_module("sglang.srt.server_args")  # the cost paid once, here
     while True:
         connection, _ = listener.accept()
         with connection, connection.makefile("rwb") as stream:
-            argv = json.loads(stream.readline())
-            with lock:
-                answer = check(argv)
-            stream.write(json.dumps(answer).encode() + b"\n")
+            asked = json.loads(stream.readline())
+            stream.write(json.dumps(check(asked["engine"], asked["argv"])).encode() + b"\n")
 
 
-def parse(checker: Path, argv: list[str]):
-    """The checker's verdict on this argv: its ServerArgs, or this process ends as the engine's would."""
+def parse(checker: Path, engine: str, argv: list[str]):
+    """The checker's verdict on this argv: its parsed fields, or this process ends as the engine's would."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         deadline = time.monotonic() + 60
         while True:  # the checker may not have bound its socket yet
@@ -106,8 +177,9 @@ def parse(checker: Path, argv: list[str]):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        connection.settimeout(None)
         with connection.makefile("rwb") as stream:
-            stream.write(json.dumps(argv).encode() + b"\n")
+            stream.write(json.dumps({"engine": engine, "argv": argv}).encode() + b"\n")
             stream.flush()
             answer = json.loads(stream.readline())
     if "args" not in answer:
@@ -116,17 +188,181 @@ def parse(checker: Path, argv: list[str]):
     return types.SimpleNamespace(**answer["args"])
 
 
+class Histogram:
+    def __init__(self, buckets):
+        self.buckets, self.counts, self.sum, self.count = tuple(buckets), [0] * len(buckets), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def samples(self, name: str, labels: str) -> list[str]:
+        sep = "," if labels else ""
+        return ([f'{name}_bucket{{{labels}{sep}le="{float(b)}"}} {float(c)}' for b, c in zip(self.buckets, self.counts)]
+                + [f'{name}_bucket{{{labels}{sep}le="+Inf"}} {float(self.count)}',
+                   f"{name}_sum{{{labels}}} {self.sum}", f"{name}_count{{{labels}}} {float(self.count)}"])
+
+
 class Engine:
+    """What both engines share: counts, token timing and its histograms, the OpenAI answers."""
+    kind = ""
+    HISTOGRAMS: dict = {}  # metric name -> "ttft" | "itl" | "e2e"
+
     def __init__(self, args):
         self.args = args
+        self.lock = threading.Lock()
+        self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.running = 0  # requests in flight
+        self.timing = {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}
+        self.histograms = {name: Histogram(BUCKETS[self.kind][which]) for name, which in self.HISTOGRAMS.items()}
+        self.catalogue = json.loads((PINNED / f"{self.kind}-{VERSIONS[self.kind]}-metrics.json").read_text())["metrics"]
+
+    def observe(self, which: str, seconds: float) -> None:
+        with self.lock:
+            for name, kind in self.HISTOGRAMS.items():
+                if kind == which:
+                    self.histograms[name].observe(seconds)
+
+    def tokens(self, body: dict, started: float):
+        """The answer's tokens, each when the fleet model says (TTFT, then ITL apart); observed."""
+        count = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
+        ttft, itl = self.timing["ttft_ms"] / 1000, self.timing["itl_ms"] / 1000
+        last = started
+        for i in range(count):
+            # the first token TTFT after the request came (a hand-off's wait counts), the next ones ITL apart
+            time.sleep(max(0.0, ttft - (time.monotonic() - started)) if i == 0 else itl)
+            now = time.monotonic()
+            self.observe("ttft" if i == 0 else "itl", now - (started if i == 0 else last))
+            last = now
+            yield "twin" if i == 0 else " twin"
+
+    def generate(self, route: str, body: dict):
+        """(status, answer) for one generation request; a streamed one's answer is its events."""
+        started = time.monotonic()
+        with self.lock:
+            self.running += 1
+        try:
+            extra = self.before_tokens(body)
+        except (ValueError, TimeoutError, OSError, RuntimeError) as exc:
+            with self.lock:
+                self.running -= 1
+            return (400 if isinstance(exc, ValueError) else 500), {"object": "error", "message": str(exc), "code": 400}
+        ident, created = uuid.uuid4().hex, int(time.time())
+        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "").split())
+        chat = route == "/v1/chat/completions"
+
+        def finish(generated: int) -> dict:
+            with self.lock:
+                self.running -= 1
+                self.counts["requests"] += 1
+                self.counts["prompt_tokens"] += prompt
+                self.counts["generation_tokens"] += generated
+            self.observe("e2e", time.monotonic() - started)
+            return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+        note = f" [{extra['note']}]" if extra.get("note") else ""
+        if body.get("stream"):
+            return 200, self._events(route, body, started, ident, created, note, extra, finish)
+        texts = list(self.tokens(body, started))
+        usage = finish(len(texts))
+        text = "".join(texts) + note
+        if chat:
+            answer = {"id": ident, "object": "chat.completion", "created": created, "model": self.model,
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                   "finish_reason": "length"}], "usage": usage}
+        elif route == "/v1/completions":
+            answer = {"id": ident, "object": "text_completion", "created": created, "model": self.model,
+                      "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}
+        else:
+            answer = {"text": text, "meta_info": {"id": ident, "prompt_tokens": prompt, "completion_tokens": len(texts),
+                                                  "finish_reason": {"type": "length"}}}
+        if "kv_transfer_params" in extra:
+            answer["kv_transfer_params"] = extra["kv_transfer_params"]
+        return 200, answer
+
+    def _events(self, route, body, started, ident, created, note, extra, finish):
+        chat, generated = route == "/v1/chat/completions", 0
+        count = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
+        for text in self.tokens(body, started):
+            generated += 1
+            last = generated == count
+            text += note if last else ""
+            choice = ({"index": 0, "delta": {"role": "assistant", "content": text} if generated == 1 else {"content": text}}
+                      if chat else {"index": 0, "text": text})
+            choice["finish_reason"] = "length" if last else None
+            event = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                     "model": self.model, "choices": [choice]}
+            if last and "kv_transfer_params" in extra:
+                event["kv_transfer_params"] = extra["kv_transfer_params"]
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        finish(generated)
+        yield b"data: [DONE]\n\n"
+
+    def metrics(self) -> str:
+        values, numbers = self.metric_values()
+        lines = []
+        for name, entry in self.catalogue.items():
+            if name not in numbers and name not in self.histograms:
+                continue
+            base = name.removesuffix("_total")
+            labels = ",".join(f'{label}="{values[label]}"' for label in entry["labels"] or ())
+            lines += [f"# HELP {base} {base}", f"# TYPE {base} {entry['type']}"]
+            if name in self.histograms:
+                lines += self.histograms[name].samples(name, labels)
+            else:
+                sample = base + "_total" if entry["type"] == "counter" else name
+                lines.append(f"{sample}{{{labels}}} {float(numbers[name])}")
+        return "\n".join(lines) + "\n"
+
+    def control(self, body: dict) -> dict:
+        """POST /twin/timing: the fleet model's TTFT and ITL for this instance from now on."""
+        for key in ("ttft_ms", "itl_ms"):
+            if key in body:
+                self.timing[key] = float(body[key])
+        return self.timing
+
+
+class SGLang(Engine):
+    kind = "sglang"
+    HISTOGRAMS = {"sglang:time_to_first_token_seconds": "ttft", "sglang:inter_token_latency_seconds": "itl",
+                  "sglang:e2e_request_latency_seconds": "e2e"}
+
+    def __init__(self, args):
+        super().__init__(args)
         self.mode = getattr(args, "disaggregation_mode", "null") or "null"
         self.model = args.served_model_name or args.model_path
         self.page_size = args.page_size or 1
-        self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
-        self.running = 0  # requests in flight
-        self.lock = threading.Lock()
 
-    # --- what the HTTP server answers ---------------------------------------------------------
+    def serves_http(self) -> bool:
+        return True
+
+    def gets(self) -> dict:
+        return {"/model_info": self.model_info, "/get_model_info": self.model_info,
+                "/server_info": self.server_info, "/get_server_info": self.server_info,
+                "/v1/models": self.models, "/v1/loads": self.loads}
+
+    health = ("/health", "/health_generate", "/ready")
+    posts = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+    def serves_metrics(self) -> bool:
+        return bool(self.args.enable_metrics)
+
+    def start(self) -> None:
+        if self.mode == "prefill":
+            serve_bootstrap(self)
+
+    def metric_values(self):
+        values = {"engine_type": {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified"),
+                  "model_name": self.model, "is_streaming": "false", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        numbers = {"sglang:num_requests_total": self.counts["requests"],
+                   "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
+                   "sglang:generation_tokens_total": self.counts["generation_tokens"],
+                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
+        return values, numbers
+
     def model_info(self) -> dict:
         return {"model_path": self.args.model_path, "served_model_name": self.model,
                 "tokenizer_path": self.args.tokenizer_path or self.args.model_path, "is_generation": True,
@@ -156,59 +392,14 @@ class Engine:
         return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": "0.5.23",
                 "accelerator": None, "num_accelerators": self.args.tp_size, "loads": [{**core, **sections}]}
 
-    def metrics(self) -> str:
-        catalogue = json.loads(CATALOGUE.read_text())["metrics"]
-        values = {"engine_type": {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified"),
-                  "model_name": self.model, "is_streaming": "false", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
-        numbers = {"sglang:num_requests_total": self.counts["requests"],
-                   "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
-                   "sglang:generation_tokens_total": self.counts["generation_tokens"],
-                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
-        lines = []
-        for name in SERIES:
-            entry = catalogue[name]
-            base = name.removesuffix("_total") if entry["type"] == "counter" else name
-            labels = ",".join(f'{label}="{values[label]}"' for label in entry["labels"] or ())
-            lines += [f"# HELP {base} {base}", f"# TYPE {base} {entry['type']}", f"{name}{{{labels}}} {float(numbers[name])}"]
-        return "\n".join(lines) + "\n"
-
-    def generate(self, route: str, body: dict) -> dict:
-        """The answer to one generation request, after the PD hand-off of this engine's mode."""
-        with self.lock:
-            self.running += 1
-        try:
-            return self._generate(route, body)
-        finally:
-            with self.lock:
-                self.running -= 1
-
-    def _generate(self, route: str, body: dict) -> dict:
-        handed_off = ""
+    # --- the PD bootstrap exchange ------------------------------------------------------------
+    def before_tokens(self, body: dict) -> dict:
         if self.mode == "prefill":
             self.take_room(body)
         elif self.mode == "decode":
-            handed_off = self.receive_from_prefill(body)
-        prompt = json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "")
-        tokens = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
-        text = " ".join(["twin"] * tokens) + (f" [{handed_off}]" if handed_off else "")
-        with self.lock:
-            self.counts["requests"] += 1
-            self.counts["prompt_tokens"] += len(prompt.split())
-            self.counts["generation_tokens"] += tokens
-        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens,
-                 "total_tokens": len(prompt.split()) + tokens}
-        ident, created = uuid.uuid4().hex, int(time.time())
-        if route == "/v1/chat/completions":
-            return {"id": ident, "object": "chat.completion", "created": created, "model": self.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": "length"}], "usage": usage}
-        if route == "/v1/completions":
-            return {"id": ident, "object": "text_completion", "created": created, "model": self.model,
-                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}
-        return {"text": text, "meta_info": {"id": ident, "prompt_tokens": usage["prompt_tokens"],
-                                            "completion_tokens": tokens, "finish_reason": {"type": "length"}}}
+            return {"note": self.receive_from_prefill(body)}
+        return {}
 
-    # --- the PD bootstrap exchange ------------------------------------------------------------
     def take_room(self, body: dict) -> None:
         room = body.get("bootstrap_room")
         if room is None:
@@ -231,6 +422,113 @@ class Engine:
                 raise TimeoutError(f"prefill {address} never took bootstrap room {room}")
             time.sleep(0.05)
         return f"prefill {address} room {room}"
+
+
+class VLLM(Engine):
+    kind = "vllm"
+    HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:inter_token_latency_seconds": "itl",
+                  "vllm:e2e_request_latency_seconds": "e2e"}
+    health = ("/health", "/ping")
+    posts = ("/v1/completions", "/v1/chat/completions", "/ping")
+
+    def __init__(self, args):
+        super().__init__(args)
+        names = args.served_model_name
+        self.model = (names[0] if isinstance(names, list) and names else names) or args.model
+        self.engine_id = uuid.uuid4().hex  # vLLM's engine_id, a uuid per instance unless the config names one
+        config = args.kv_transfer_config if isinstance(args.kv_transfer_config, dict) else {}
+        nixl = [c for c in [config, *(config.get("kv_connector_extra_config") or {}).get("connectors", [])]
+                if c.get("kv_connector") == "NixlConnector"]
+        self.nixl_role = nixl[0].get("kv_role") if nixl else None
+        self.side_channel = (os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                             int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 5600))
+                             + int(args.data_parallel_rank or 0))
+        self.block_size = args.block_size
+
+    def serves_http(self) -> bool:
+        return not self.args.headless
+
+    def serves_metrics(self) -> bool:
+        return True
+
+    def gets(self) -> dict:
+        return {"/v1/models": self.models, "/version": lambda: {"version": "0.33.0"},
+                "/load": lambda: {"server_load": self.running}}
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
+                                            "owned_by": "vllm", "root": self.args.model, "parent": None,
+                                            "max_model_len": self.args.max_model_len}]}
+
+    def metric_values(self):
+        values = {"engine": "0", "model_name": self.model, "finished_reason": "length"}
+        numbers = {"vllm:num_requests_running": self.running, "vllm:num_requests_waiting": 0,
+                   "vllm:prompt_tokens": self.counts["prompt_tokens"],
+                   "vllm:generation_tokens": self.counts["generation_tokens"],
+                   "vllm:request_success": self.counts["requests"]}
+        return values, numbers
+
+    def start(self) -> None:
+        if self.nixl_role in ("kv_producer", "kv_both"):
+            threading.Thread(target=self._handshake_listener, daemon=True).start()
+
+    def _handshake_listener(self) -> None:
+        """base_scheduler.py _nixl_handshake_listener: a ZMQ ROUTER on the side channel."""
+        import msgspec
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.bind(f"tcp://{'*' if self.side_channel[0] in ('0.0.0.0', '') else self.side_channel[0]}:{self.side_channel[1]}")
+        payload = msgspec.msgpack.encode({"engine_id": self.engine_id, "block_size": self.block_size})
+        while True:
+            identity, _, msg = sock.recv_multipart()
+            message, _pp, _tp = msgspec.msgpack.decode(msg)
+            if message != GET_META_MSG:
+                print(f"Connection listener got unexpected message {message}", file=sys.stderr)
+            sock.send_multipart((identity, b"", payload, msgspec.msgpack.encode(time.perf_counter())))
+
+    def before_tokens(self, body: dict) -> dict:
+        params = body.get("kv_transfer_params") or {}
+        if params.get("do_remote_decode"):  # this is the prefill of a P/D pair
+            if self.nixl_role not in ("kv_producer", "kv_both"):
+                raise ValueError("kv_transfer_params ask for a remote decode, but this engine's NixlConnector "
+                                 f"is {self.nixl_role or 'not configured'}")
+            return {"kv_transfer_params": {
+                "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[0]],
+                "remote_engine_id": self.engine_id, "remote_request_id": uuid.uuid4().hex,
+                "remote_host": self.side_channel[0], "remote_port": self.side_channel[1],
+                "tp_size": self.args.tensor_parallel_size, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": 0,
+                "remote_blocks_expiry_time": None, "remote_registration_generation": 0, "transfer_mode": "pull"}}
+        if params.get("do_remote_prefill"):
+            return {"note": self._handshake(params)}
+        return {}
+
+    def _handshake(self, params: dict) -> str:
+        """base_worker.py _nixl_handshake: REQ to the prefill's side channel, 5 s receive timeout."""
+        import msgspec
+        import zmq
+
+        if self.nixl_role not in ("kv_consumer", "kv_both"):
+            raise ValueError("kv_transfer_params ask for a remote prefill, but this engine's NixlConnector "
+                             f"is {self.nixl_role or 'not configured'}")
+        host, port = params["remote_host"], int(params["remote_port"])
+        sock = zmq.Context.instance().socket(zmq.REQ)
+        sock.setsockopt(zmq.RCVTIMEO, 5000)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(f"tcp://{host}:{port}")
+            sock.send(msgspec.msgpack.encode((GET_META_MSG, 0, 0)))
+            try:
+                payload, _clock = sock.recv_multipart()
+            except zmq.Again:
+                raise TimeoutError(f"NIXL handshake with tcp://{host}:{port}: no answer within 5 s") from None
+        finally:
+            sock.close()
+        metadata = msgspec.msgpack.decode(payload)
+        if metadata["engine_id"] != params["remote_engine_id"]:
+            raise RuntimeError(f"Remote NIXL agent engine ID mismatch. Expected {params['remote_engine_id']},"
+                               f"received {metadata['engine_id']}.")
+        return f"prefill {metadata['engine_id']} at {host}:{port} request {params.get('remote_request_id')}"
 
 
 def _call(url: str, payload: dict | None = None, method: str | None = None) -> dict:
@@ -260,39 +558,41 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        path = self.path.split("?")[0]
-        answers = {"/model_info": self.engine.model_info, "/get_model_info": self.engine.model_info,
-                   "/server_info": self.engine.server_info, "/get_server_info": self.engine.server_info,
-                   "/v1/models": self.engine.models, "/v1/loads": self.engine.loads}
-        if path in ("/health", "/health_generate", "/ready"):
+        path, engine = self.path.split("?")[0], self.engine
+        answers = engine.gets()
+        if path in engine.health:
             self.reply(200)
         elif path in answers:
             self.reply(200, json.dumps(answers[path]()).encode())
-        elif path == "/metrics" and self.engine.args.enable_metrics:
-            self.reply(200, self.engine.metrics().encode(), "text/plain; version=0.0.4")
+        elif path == "/metrics" and engine.serves_metrics():
+            self.reply(200, engine.metrics().encode(), "text/plain; version=0.0.4")
         else:
             self.reply(404, b'{"detail":"Not Found"}')
 
     def do_POST(self):
-        path = self.path.split("?")[0]
+        path, engine = self.path.split("?")[0], self.engine
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        if path in engine.health:
+            self.reply(200)
+            return
+        if path == "/twin/timing":
+            self.reply(200, json.dumps(engine.control(body)).encode())
+            return
+        if path not in engine.posts:
             self.reply(404, b'{"detail":"Not Found"}')
             return
-        try:
-            answer = self.engine.generate(path, body)
-        except (ValueError, TimeoutError, OSError) as exc:
-            self.reply(400 if isinstance(exc, ValueError) else 500,
-                       json.dumps({"object": "error", "message": str(exc), "code": 400}).encode())
+        status, answer = engine.generate(path, body)
+        if isinstance(answer, dict):
+            self.reply(status, json.dumps(answer).encode())
             return
-        if not body.get("stream"):
-            self.reply(200, json.dumps(answer).encode())
-            return
-        chunk = dict(answer, object="chat.completion.chunk")
-        chunk["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": c.get("message", {}).get(
-            "content", c.get("text"))}, "finish_reason": c["finish_reason"]} for c in answer.get("choices", [])]
-        events = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-        self.reply(200, events, "text/event-stream")
+        self.send_response(200)  # server-sent events, one chunk per token as it is made
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in answer:
+            self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
 
 
 class _BootstrapHandler(BaseHTTPRequestHandler):
@@ -386,15 +686,20 @@ def serve_bootstrap(engine: Engine) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve-checks"]:
         return serve_checks(Path(argv[1]))
-    if argv[:1] != ["--checker"]:
-        sys.exit("engine_standin.py: --checker SOCKET first (twin/pods.py's python3 gives it)")
-    engine = Engine(parse(Path(argv[1]), argv[2:]))
-    print(f"engine stand-in: sglang 0.5.23 argv accepted by its parser; mode {engine.mode}, "
-          f"serving {engine.model} on {engine.args.host}:{engine.args.port}", file=sys.stderr, flush=True)
-    if engine.mode == "prefill":
-        serve_bootstrap(engine)
+    if argv[:1] != ["--checker"] or argv[2:3] not in (["sglang"], ["vllm"]):
+        sys.exit("engine_standin.py: --checker SOCKET sglang|vllm ARGV (twin/pods.py's python3 and vllm give them)")
+    kind = argv[2]
+    engine = (VLLM if kind == "vllm" else SGLang)(parse(Path(argv[1]), kind, argv[3:]))
+    if not engine.serves_http():
+        print(f"engine stand-in: vllm {VERSIONS[kind]} argv accepted by its parser; --headless: no API server",
+              file=sys.stderr, flush=True)
+        threading.Event().wait()  # a headless node runs engine processes only
+    print(f"engine stand-in: {kind} {VERSIONS[kind]} argv accepted by its parser; "
+          f"{getattr(engine, 'mode', None) or engine.__dict__.get('nixl_role')}, serving {engine.model} on "
+          f"{engine.args.host or '0.0.0.0'}:{engine.args.port}", file=sys.stderr, flush=True)
+    engine.start()
     _Handler.engine = engine
-    ThreadingHTTPServer((engine.args.host, engine.args.port), _Handler).serve_forever()
+    ThreadingHTTPServer((engine.args.host or "0.0.0.0", engine.args.port), _Handler).serve_forever()
     return 0
 
 

@@ -507,12 +507,15 @@ class PodProcesses:
         self.checker: subprocess.Popen | None = None  # started with the first engine pod (engine_standin.py)
         self.start_checker = lambda: _spawn([str(self.venv / "bin" / "python"), str(STANDIN), "--serve-checks",
                                              str(checker)], self.folder / "engine-checker.log")
+        standin = f"{self.venv}/bin/python {STANDIN} --checker {checker}"
         shim = (f"#!/bin/sh\n# the engine's entry point runs the twin's stand-in; any other python3 is the engines' "
                 f"virtualenv's (sglang-router's)\nif [ \"${{1:-}}\" = -m ] && [ \"${{2:-}}\" = sglang.launch_server ]; "
-                f"then shift 2; exec {self.venv}/bin/python {STANDIN} --checker {checker} \"$@\"; fi\n"
+                f"then shift 2; exec {standin} sglang \"$@\"; fi\n"
                 f"exec {self.venv}/bin/python3 \"$@\"\n")
-        for name in ("python3", "python"):
-            (self.bin / name).write_text(shim)
+        vllm = (f"#!/bin/sh\n# `vllm serve` runs the twin's stand-in\nif [ \"${{1:-}}\" = serve ]; then shift; "
+                f"exec {standin} vllm \"$@\"; fi\nexec {self.venv}/bin/vllm \"$@\"\n")
+        for name, text in (("python3", shim), ("python", shim), ("vllm", vllm)):
+            (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
         self.started: list[Started] = []
         self.not_runnable: dict[str, str] = {}  # "namespace/name" -> why no process was started (not_runnable)
