@@ -67,6 +67,13 @@ def is_placeholder(ref: str) -> bool:
     return "@" not in ref
 
 
+def image_tag(ref: str) -> str | None:
+    """The tag of `[registry[:port]/]path[:tag][@digest]`, or None when it names none."""
+    name = ref.partition("@")[0]
+    last = name.rpartition("/")[2]
+    return last.rpartition(":")[2] if ":" in last else None
+
+
 def platform_key(ref: str) -> str:
     """What `images.platforms` keys `ref`'s platforms by: its digest, or a placeholder's own reference
     (the platforms it is to be built for)."""

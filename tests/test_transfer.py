@@ -43,6 +43,26 @@ def test_an_image_without_what_efa_needs_is_refused_with_field_and_fix():
                for p in problems_of(data))
 
 
+def test_mooncake_efa_claimed_for_a_mooncake_without_an_efa_transport_is_refused():
+    """Mooncake's efa transport (USE_EFA, src/transport/efa_transport) and a Python binding that
+    honours protocol "efa" first appear in v0.3.10: 0.3.8.post1's TransferEngine.initialize ignores
+    its protocol (kvcache-ai/Mooncake v0.3.8.post1, mooncake-integration/transfer_engine/
+    transfer_engine_py.cpp, `(void)(protocol);`). The release is the master image's tag, which the
+    engine image's Mooncake is built at (tests/test_mooncake_efa.py ties the recipe to it)."""
+    data = stack_data("dev")  # x86_64, Mooncake over efa
+    data["images"]["mooncake_master"]["ref"] = "docker.io/kvcacheai/mooncake:v0.3.8.post1"
+    said = [p for p in problems_of(data) if p.startswith("images.engines.sglang.mooncake_efa:")]
+    assert said and "from 0.3.10 on" in said[0] and "is tagged v0.3.8.post1" in said[0], problems_of(data)
+    assert "Fix: kvcacheai/mooncake:v0.3.10 or later" in said[0] and "MOONCAKE_VERSION" in said[0]
+    data["images"]["mooncake_master"] = "docker.io/kvcacheai/mooncake@sha256:" + "a" * 64  # no tag: no release known
+    assert any(p.startswith("images.engines.sglang.mooncake_efa:") and "names no version tag" in p
+               for p in problems_of(data))
+    data = stack_data("prod")  # a store-only Mooncake over TCP, no efa claimed: any release is accepted
+    data["images"]["mooncake_master"]["ref"] = "docker.io/kvcacheai/mooncake:v0.3.8.post1"
+    parse_spec(data)
+    parse_spec(stack_data("dev"))  # the committed pin, v0.3.13.post1, is accepted
+
+
 def test_nccl_across_nodes_over_efa_needs_aws_ofi_nccl():
     """NCCL reaches EFA only through the aws-ofi-nccl plugin (aws/aws-ofi-nccl); a group spanning
     nodes outside an NVLink domain runs its collectives over EFA."""

@@ -26,7 +26,9 @@ from infra.spec import StackSpec
 
 
 def mooncake_efa(spec: StackSpec) -> bool:
-    """Mooncake's efa transport exists in the image's build (x86_64 builds with EFA only)."""
+    """Mooncake's efa transport exists in the image's build: x86_64 builds with EFA only, of Mooncake
+    0.3.10 or later (infra/spec/ mooncake_efa_problems refuses the claim for an older Mooncake, whose
+    Python binding ignores the protocol and would move KV over TCP or verbs)."""
     return spec.hardware.cpu_architecture == "amd64" and spec.engine_image().mooncake_efa
 
 

@@ -6,8 +6,8 @@
   guide/mooncake-on-kubernetes.md): no metadata service to run, and each client registers under
   its pod IP (MOONCAKE_LOCAL_HOSTNAME; SGLang's default is "localhost", which no peer can reach).
   The master is a single replica without HA: Mooncake's HA mode (mooncake-transfer-engine
-  0.3.8.post1, `mooncake_master --enable_ha --etcd_endpoints=...`) elects its leader through an
-  etcd cluster, which pdstack does not run. The master holds only the store's metadata (which
+  0.3.13.post1, `mooncake_master --enable_ha --ha_backend_type=etcd|redis|k8s`, etcd by default
+  with --etcd_endpoints) elects its leader through a backend pdstack does not run. The master holds only the store's metadata (which
   object lives in which client's segment, leases, the mounted segments): a restart loses all of
   it, so every cached object is a miss (the bytes stay in the engines' segments, unreachable) and
   the prefix cache is recomputed and written again. Engines keep serving: each store client's ping

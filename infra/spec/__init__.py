@@ -17,12 +17,13 @@ that span layers. Every name is re-exported here, so `from infra.spec import ...
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from pathlib import Path
 
 from pydantic import Field
 
-from infra.images import platform_key
+from infra.images import image_tag, platform_key
 from infra.inputs import InputError, Strict
 from infra.platform_stack.weight_cache import ARRAY_RESERVE_GIB, INSTANCE_STORE_GB, RAID0_MOUNT, gib_of_gb
 from infra.spec._base import (
@@ -314,6 +315,34 @@ def image_platform_problems(spec: StackSpec) -> list[str]:
 
 
 ENGINE_IMAGE_RECIPE = "images/engine-efa.Dockerfile"
+# The first Mooncake whose transfer engine has an efa transport (USE_EFA, src/transport/efa_transport)
+# and whose Python TransferEngine.initialize honours protocol "efa": 0.3.8.post1's binding ignores its
+# protocol argument (mooncake-integration/transfer_engine/transfer_engine_py.cpp). PyPI publishes
+# the build as mooncake-transfer-engine-efa (tests/test_mooncake_efa.py runs it).
+MOONCAKE_EFA_SINCE = (0, 3, 10)
+
+
+def mooncake_version(spec: StackSpec) -> tuple[int, ...] | None:
+    """The Mooncake release the stack runs: the tag of images.mooncake_master (kvcacheai/mooncake's
+    tags are v<version>), which the engine image's Mooncake is built at too (the recipe's
+    MOONCAKE_VERSION). None when the reference has no version tag."""
+    tag = image_tag(spec.images.mooncake_master) or ""
+    release = re.match(r"v?(\d+(?:\.\d+)*)", tag)
+    return tuple(int(n) for n in release.group(1).split(".")) if release else None
+
+
+def mooncake_efa_problems(spec: StackSpec) -> list[str]:
+    """The engine's image said to carry Mooncake's efa transport, at a Mooncake release that has
+    none: the engine would be told MOONCAKE_PROTOCOL=efa and move KV over something else, silently."""
+    version, since = mooncake_version(spec), ".".join(map(str, MOONCAKE_EFA_SINCE))
+    if not spec.engine_image().mooncake_efa or (version is not None and version >= MOONCAKE_EFA_SINCE):
+        return []
+    tag = image_tag(spec.images.mooncake_master)
+    return [f"images.engines.{spec.engine.kind}.mooncake_efa: Mooncake has an efa transport from {since} on, and "
+            f"images.mooncake_master (the Mooncake release the stack runs) "
+            f"{f'is tagged {tag}' if version else 'names no version tag'}. Fix: kvcacheai/mooncake:v{since} or later "
+            f"for the master and {ENGINE_IMAGE_RECIPE} built with MOONCAKE_VERSION at that release, or "
+            "mooncake_efa: false"]
 
 
 def transfer_problems(spec: StackSpec) -> list[str]:
@@ -330,7 +359,7 @@ def transfer_problems(spec: StackSpec) -> list[str]:
     if kind not in spec.images.engines:
         return [f"images.engines.{kind}: engine.kind is {kind} and no image is named for it. Fix: add "
                 f"images.engines.{kind} with its image pinned by digest and what it contains"]
-    img, field, problems = spec.engine_image(), f"images.engines.{kind}", []
+    img, field, problems = spec.engine_image(), f"images.engines.{kind}", mooncake_efa_problems(spec)
     recipe = f"build {ENGINE_IMAGE_RECIPE} and name that image"
     kv = spec.engine.kv_transfer
     if fab is not None and fab.kind == "efa":
