@@ -214,3 +214,42 @@ def test_the_stack_finding_the_provider_runs_after_the_one_making_it(account):
     done = replay(recorded("platform-dev"), aws, users)
     assert "ci (aws:iam/role:Role): An error occurred (NoSuchEntity) when calling the GetOpenIDConnectProvider" in (
         done.error_text())
+
+
+# Events as EC2 and AWS Health send them (Amazon EC2 User Guide, "Spot Instance interruption
+# notices", "EC2 instance rebalance recommendations", "Amazon EventBridge events for EC2 instance
+# state changes"; AWS Health User Guide, "Monitoring AWS Health events with Amazon EventBridge"):
+# source, detail-type and the detail fields the rules match on. (event, should reach the queue)
+EVENTS = [
+    (("aws.ec2", "EC2 Spot Instance Interruption Warning", {"instance-id": "i-0a1b2c3d4e5f60718",
+                                                           "instance-action": "terminate"}), True),
+    (("aws.ec2", "EC2 Instance Rebalance Recommendation", {"instance-id": "i-0a1b2c3d4e5f60718"}), True),
+    (("aws.ec2", "EC2 Instance State-change Notification", {"instance-id": "i-0a1b2c3d4e5f60718",
+                                                           "state": "shutting-down"}), True),
+    (("aws.ec2", "EC2 Instance State-change Notification", {"instance-id": "i-0a1b2c3d4e5f60718",
+                                                           "state": "running"}), False),
+    (("aws.health", "AWS Health Event", {"service": "EC2", "eventTypeCategory": "scheduledChange",
+                                         "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"}), True),
+    (("aws.health", "AWS Health Event", {"service": "EC2", "eventTypeCategory": "issue"}), False),
+]
+
+
+def test_the_interruption_rules_send_what_karpenter_acts_on_to_its_queue(account):
+    """moto's EventBridge matches each event against the replayed rules' patterns and sends a
+    match to the rule's SQS target (PutEvents, Amazon EventBridge API Reference). moto does not
+    check the queue policy (no IAM evaluation): this shows the patterns and targets, not that
+    EventBridge may send."""
+    aws, users = account
+    done = replay(recorded("platform-prod"), aws, users)
+    assert not done.errors, done.error_text()
+    (queue,) = recorded("platform-prod").of_type("aws:sqs/queue:Queue")
+    url = aws("sqs").get_queue_url(QueueName=queue.inputs["name"])["QueueUrl"]
+    for (source, detail_type, detail), delivered in EVENTS:
+        answer = aws("events").put_events(Entries=[{"Source": source, "DetailType": detail_type,
+                                                    "Detail": json.dumps(detail)}])
+        assert answer["FailedEntryCount"] == 0
+        messages = aws("sqs").receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        for message in messages:
+            aws("sqs").delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        assert [json.loads(m["Body"])["detail-type"] for m in messages] == ([detail_type] if delivered else []), (
+            detail_type, detail)
