@@ -35,9 +35,13 @@ ARG NIXL_VERSION=1.5.0
 # NIXL's LIBFABRIC plugin needs libfabric v1.21.0 or later (ai-dynamo/nixl
 # src/plugins/libfabric/README.md); step 4 holds the installer's libfabric to it.
 ARG NIXL_LIBFABRIC_MIN=1.21.0
-ARG MOONCAKE_REF=v0.3.7
-# 1 on x86_64 only: Mooncake's transfer engine has an efa transport only when built with
-# -DUSE_EFA=ON, and its EFA builds are made for x86_64 (kvcache-ai/Mooncake, EFA transport guide).
+# Mooncake: the stack's release, the tag of images.mooncake_master (kvcacheai/mooncake:v<release>),
+# so the engines' store clients and transfer engines run the master's release; tests/test_mooncake_efa.py
+# checks the two agree. Its efa transport, and a Python binding that honours protocol "efa", exist
+# from 0.3.10 on (infra/spec/ refuses mooncake_efa with an older master tag).
+ARG MOONCAKE_VERSION=0.3.13.post1
+# 1 on x86_64 only: installs Mooncake's EFA build, PyPI's mooncake-transfer-engine-efa (published
+# for x86_64 alone, CUDA 12).
 ARG MOONCAKE_EFA=0
 
 # 1. AWS's libfabric with the EFA provider and rdma-core, as user-space libraries only: the
@@ -70,19 +74,15 @@ RUN set -eux; \
 # (step 4 fails the build if NIXL does not find its LIBFABRIC plugin here)
 ENV NIXL_PLUGIN_DIR=/usr/local/nixl/lib/plugins
 
-# 3. Mooncake's transfer engine with EFA (x86_64 only; on arm64 the store runs over TCP and the
-#    P->D hop over NIXL, which is what the spec check allows there).
+# 3. Mooncake's transfer engine with its efa transport (x86_64 only; on arm64 the store runs over
+#    TCP and the P->D hop over NIXL, which is what the spec check allows there): PyPI's EFA build at
+#    the stack's release, in place of the base image's Mooncake (both install the package `mooncake`).
+#    Its engine.so and store.so link libfabric.so.1, found in /opt/amazon/efa/lib (step 1).
 RUN set -eux; \
     if [ "${MOONCAKE_EFA}" = "1" ]; then \
       test "${TARGETARCH}" = "amd64" || { echo "Mooncake's EFA build is x86_64 only"; exit 1; }; \
-      git clone --depth 1 --branch "${MOONCAKE_REF}" https://github.com/kvcache-ai/Mooncake /tmp/mooncake; \
-      cd /tmp/mooncake; ./dependencies.sh -y; \
-      cmake -S . -B build -DUSE_EFA=ON -DUSE_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; \
-      cmake --build build -j"$(nproc)"; \
-      cp build/mooncake-integration/engine.cpython-*.so build/mooncake-integration/store.cpython-*.so \
-         build/mooncake-common/libasio.so mooncake-wheel/mooncake/; \
-      pip install --no-cache-dir --no-build-isolation ./mooncake-wheel; \
-      rm -rf /tmp/mooncake; \
+      pip uninstall -y mooncake-transfer-engine mooncake-transfer-engine-non-cuda; \
+      pip install --no-cache-dir "mooncake-transfer-engine-efa==${MOONCAKE_VERSION}"; \
     fi
 
 # 4. What the spec will claim, checked where it can be without an EFA device: the libraries are
@@ -101,7 +101,33 @@ RUN set -eux; \
     plugin="${NIXL_PLUGIN_DIR}/libplugin_LIBFABRIC.so"; \
     ldd "${plugin}"; \
     ldd "${plugin}" | grep -q 'libfabric\.so.* => /opt/amazon/efa/lib'; \
-    if [ "${MOONCAKE_EFA}" = "1" ]; then python3 -c "import mooncake.engine"; fi
+    if [ "${MOONCAKE_EFA}" = "1" ]; then \
+      engine="$(python3 -c "import importlib.metadata as m; print([f.locate() for f in m.files('mooncake-transfer-engine-efa') if f.name == 'engine.so'][0])")"; \
+      ldd "${engine}" | grep -q 'libfabric\.so.* => /opt/amazon/efa/lib'; \
+    fi
+# Mooncake's efa transport is there and honoured: protocol "efa" installs the EfaTransport, which
+# without an EFA device (a build has none) fails initialize with its own error; a Mooncake without
+# it (or one that ignores the protocol, as 0.3.8.post1 did) would install TCP and succeed. The
+# driver's libcuda.so.1 is not in a build container: the CUDA toolkit's stub stands for it.
+RUN <<'SH'
+set -eux
+[ "${MOONCAKE_EFA}" = "1" ] || exit 0
+mkdir -p /tmp/cuda-stub
+ln -s /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stub/libcuda.so.1
+LD_LIBRARY_PATH="/tmp/cuda-stub:${LD_LIBRARY_PATH}" python3 - "${MOONCAKE_VERSION}" 2>/tmp/mooncake-efa.log <<'PY' \
+  || { cat /tmp/mooncake-efa.log; exit 1; }
+import importlib.metadata, sys
+import mooncake.store  # the store client SGLang's HiCache and vLLM's MooncakeStoreConnector import
+from mooncake.engine import TransferEngine
+
+assert importlib.metadata.version("mooncake-transfer-engine-efa") == sys.argv[1]
+ret = TransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "efa", "")
+sys.exit(0 if ret == -1 else f"protocol efa: initialize returned {ret}, not EFA's failure without a device")
+PY
+grep -q "Installing EFA transport as requested by protocol parameter" /tmp/mooncake-efa.log
+grep -q "EfaTransport: No available EFA devices" /tmp/mooncake-efa.log
+rm -rf /tmp/cuda-stub /tmp/mooncake-efa.log
+SH
 RUN python3 - <<'PY'
 import importlib.metadata, os
 from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t

@@ -322,13 +322,18 @@ ENGINE_IMAGE_RECIPE = "images/engine-efa.Dockerfile"
 MOONCAKE_EFA_SINCE = (0, 3, 10)
 
 
-def mooncake_version(spec: StackSpec) -> tuple[int, ...] | None:
-    """The Mooncake release the stack runs: the tag of images.mooncake_master (kvcacheai/mooncake's
-    tags are v<version>), which the engine image's Mooncake is built at too (the recipe's
-    MOONCAKE_VERSION). None when the reference has no version tag."""
+def mooncake_release(spec: StackSpec) -> str | None:
+    """The Mooncake release the stack runs, as PyPI and kvcacheai/mooncake's tags (v<release>) spell
+    it: the tag of images.mooncake_master, which the engine image's Mooncake is built at too (the
+    recipe's MOONCAKE_VERSION). None when the reference has no release tag."""
     tag = image_tag(spec.images.mooncake_master) or ""
-    release = re.match(r"v?(\d+(?:\.\d+)*)", tag)
-    return tuple(int(n) for n in release.group(1).split(".")) if release else None
+    return tag.removeprefix("v") if re.match(r"v?\d+(\.\d+)*", tag) else None
+
+
+def mooncake_version(spec: StackSpec) -> tuple[int, ...] | None:
+    """mooncake_release's numeric part (0.3.13.post1 -> (0, 3, 13)), to compare."""
+    release = mooncake_release(spec)
+    return tuple(int(n) for n in re.match(r"\d+(?:\.\d+)*", release).group().split(".")) if release else None
 
 
 def mooncake_efa_problems(spec: StackSpec) -> list[str]:
