@@ -597,13 +597,18 @@ class PodProcesses:
     def request(self, ip: str, port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
         return request(self.network.client_socket, ip, port, path, body, timeout)
 
-    def stop(self) -> None:
+    def stop_pods(self) -> None:
+        """End the started pods' processes; the pod network and the engine checker stay for the next."""
         for pod in reversed(self.started):
             _stop(pod.process)
             _stop(pod.holder)
             kubectl("annotate", "pod", pod.name, "-n", pod.namespace, f"{PROCESS_ANNOTATION}-",
                     kubeconfig_path=self.kubeconfig, check=False)  # nothing serves it now
         self.started.clear()
+        self.not_runnable.clear()
+
+    def stop(self) -> None:
+        self.stop_pods()
         if self.checker:
             _stop(self.checker)
         self.network.stop()

@@ -202,3 +202,50 @@ def users_objects(spec) -> None:
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
                                                             "namespace": namespace},
          "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}))
+
+
+def one_group_per_role(pod: dict) -> bool:
+    """prod's sample of its pods to run as processes: group 0 of each LeaderWorkerSet and one
+    replica of each Deployment (all 38 would be 32 engine stand-ins at once)."""
+    labels = pod["metadata"].get("labels", {})
+    if LWS_NAME_LABEL in labels:
+        return labels.get("leaderworkerset.sigs.k8s.io/group-index") == "0"
+    return pod["metadata"]["name"] == min(
+        p["metadata"]["name"] for p in fleet.get("pods", "-n", pod["metadata"]["namespace"])
+        if p["metadata"].get("ownerReferences") == pod["metadata"].get("ownerReferences"))
+
+
+def assert_runnable_pods_run(processes, namespaces: set[str], label: str, select=lambda pod: True,
+                             timeout: float = 300) -> None:
+    """Every pod `select` picks that the twin can run (twin/pods.py not_runnable) started as a
+    process at its address from its rendered command, and Ready by its own probes: its rendered
+    startupProbe and readinessProbe pass against it (run as the twin's kubelet runs them,
+    kubelet.run_probe) and the kubelet has it Ready. A process that exits fails the test, naming the
+    pod and the end of its program's log (PodProcesses.check). Each pod the twin does not run is
+    named with why; the figure line says how many of each."""
+    for namespace in sorted(namespaces):
+        processes.start(namespace, select=select)
+    started = {p.name: p for p in processes.started}
+
+    def ready_by_probes():
+        processes.check()  # raises with the pod and its program's reason
+        live = {p["metadata"]["name"]: p for p in pods_in(namespaces) if p["metadata"]["name"] in started}
+        unready = []
+        for name, pod in live.items():
+            container = pod["spec"]["containers"][0]
+            said = [kubelet.run_probe(container[kind], pod["status"]["podIP"], container)
+                    for kind in ("startupProbe", "readinessProbe") if container.get(kind)]
+            if not all(ok for ok, _ in said) or (kubelet.condition(pod, "Ready") or {}).get("status") != "True":
+                unready.append(f"{name}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
+                               f"{(kubelet.condition(pod, 'Ready') or {}).get('status')}")
+        return unready
+    fleet.wait_for("every started pod Ready by its own probes", lambda: not ready_by_probes(), timeout=timeout,
+                   interval=1)
+    left = ready_by_probes()
+    roles = Counter(p.role for p in started.values())
+    FIGURES.append(f"{label} processes: started {len(started)} ("
+                   + ", ".join(f"{role} x{n}" if n > 1 else role for role, n in sorted(roles.items())) + "), "
+                   f"not runnable {len(processes.not_runnable)}"
+                   + "".join(f" ({name}: {why})" for name, why in sorted(processes.not_runnable.items()))
+                   + f", failing 0; Ready by their own probes {len(started) - len(left)}/{len(started)}")
+    assert not left, "started pods not Ready by their own probes:\n" + "\n".join(left)

@@ -24,8 +24,9 @@ from infra.planning.capacity import pool_capacity
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import LWS_NAME_LABEL, assert_every_pod_bound, remove_fleet, remove_render, users_objects
-from twin import dra, fleet
+from tests.twin.placement import (LWS_NAME_LABEL, assert_every_pod_bound, assert_runnable_pods_run, one_group_per_role,
+                                  remove_fleet, remove_render, users_objects)
+from twin import dra, fleet, pods
 from twin.cluster import kubectl
 from twin.nodes import stack_nodes
 
@@ -71,6 +72,31 @@ def test_groups_form_and_every_pod_is_bound_where_placement_says(applied_fleet):
     kubelet refuses to start (a Secret, ConfigMap or key it references missing) or that never
     turns Ready, with the kubelet's reason (twin/kubelet.py)."""
     assert_every_pod_bound(*applied_fleet)
+
+
+@pytest.fixture(scope="module")
+def pod_processes(twin):
+    """The pod network and the engine checker, shared by every render of this module (SGLang is
+    imported once); each render's processes are stopped after its test."""
+    processes = pods.PodProcesses()  # in the twin's folder, where its kubelet probes them
+    yield processes
+    processes.stop()
+
+
+def test_every_runnable_pod_runs_as_a_process_and_is_ready_by_its_own_probes(applied_fleet, pod_processes):
+    """What a CPU can run, started as a kubelet would (twin/pods.py): the router, each engine pod's
+    launch script with the stand-in behind the engine's own parser, the Mooncake master from the
+    pinned wheel; each Ready by its rendered probes. A pod the twin does not run (the picker until
+    the twin builds it, a container with no command) is named with why. dev runs whole; prod one
+    group per role and one replica of each Deployment (its 32 engine pods at once would be 32
+    stand-ins on this 2-core machine)."""
+    spec, objects, result, label = applied_fleet
+    namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"}
+    try:
+        assert_runnable_pods_run(pod_processes, namespaces, label,
+                                 select=(lambda pod: True) if spec.environment.name == "dev" else one_group_per_role)
+    finally:
+        pod_processes.stop_pods()
 
 
 @pytest.fixture(scope="module")
