@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from infra import naming
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import assert_every_pod_bound, remove_render, users_objects
 from twin import dra, fleet, pods
@@ -66,7 +67,7 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
     processes = pods.start_processes(namespace)  # in the twin's folder, where its kubelet probes them
     try:
         by_role = {p.role: p for p in processes.started}
-        assert set(by_role) == {"router", "prefill", "decode"}, by_role
+        assert set(by_role) == {"router", "prefill", "decode", "mooncake-master"}, by_role
         for pod in fleet.get("pods", "-n", namespace):
             if pod["metadata"]["name"] in {p.name for p in processes.started}:
                 assert pod["metadata"]["annotations"][pods.PROCESS_ANNOTATION] == "running"
@@ -87,7 +88,8 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
         served = {role: requests_served(by_role[role]) for role in ("prefill", "decode")}
         assert served["prefill"] >= 1 and served["decode"] >= 1, served
         processes.check()
-        FIGURES.append(f"dev-sglang requests: router + {len(processes.started) - 1} engine stand-ins started at their "
+        FIGURES.append(f"dev-sglang requests: router, Mooncake master + "
+                       f"{sum(p.role in ('prefill', 'decode') for p in processes.started)} engine stand-ins started at their "
                        f"pod addresses; 1 chat request answered through sglang-router 0.3.2 (prefill {prefill.ip} "
                        f"served {served['prefill']:.0f}, decode {decode.ip} served {served['decode']:.0f}) in "
                        f"{time.monotonic() - started_at:.0f} s")
@@ -118,6 +120,29 @@ def test_a_flag_its_program_refuses_ends_the_process(dev_applied, config_map, ro
         processes.start(namespace, select=lambda pod: pods.runs_as(pod) == role)
         reason = _wait_exit(processes)
         assert said in reason, reason
+    finally:
+        processes.stop()
+        assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
+
+
+def test_a_flag_the_mooncake_master_refuses_ends_its_pod(dev_applied):
+    """The Mooncake master's Deployment with one rendered flag misspelt: the pinned wheel's
+    mooncake_master (gflags, mooncake-transfer-engine on PyPI) exits on an unknown flag before it
+    serves, and the runner reports its pod with the program's own message."""
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    original = copy.deepcopy(next(o for o in objects if o["kind"] == "Deployment"
+                                  and o["metadata"]["name"] == naming.MOONCAKE_MASTER))
+    broken = copy.deepcopy(original)
+    command = broken["spec"]["template"]["spec"]["containers"][0]["command"]
+    command[command.index("--rpc_port=50051")] = "--rpc_portt=50051"
+    assert fleet.apply_each_pass([broken]).rejected == {}
+    processes = pods.PodProcesses()
+    try:
+        processes.start(namespace, select=lambda pod: pods.runs_as(pod) == naming.MOONCAKE_MASTER and
+                        "--rpc_portt=50051" in pod["spec"]["containers"][0]["command"])
+        reason = _wait_exit(processes)
+        assert f"pod {namespace}/{naming.MOONCAKE_MASTER}-" in reason and "rpc_portt" in reason, reason
     finally:
         processes.stop()
         assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
