@@ -8,6 +8,19 @@ judged by simulating Poisson arrivals on that fleet, against the fewest instance
 finds meet the SLO.
 
     .venv/bin/python scripts/bench_planner_sim.py [--quick]
+    .venv/bin/python scripts/bench_planner_sim.py --days
+
+With --days, simulated days instead (issue #41's day targets): `pdctl plan --watch`'s own round
+(infra/planning/control.py replan: its forecaster over the last 2 h of 5-minute rates, its
+correction from the p99s the fleet showed, at the horizon plan --watch gives it) every 5 minutes,
+on this simulated fleet as profiled, 30% slower and 25% faster, from the one default sweep's
+profile. A larger count is asked for at once and serves 10 minutes later (GPU-hours count it from
+the ask); a smaller one only when no plan of the last 15 minutes asked for more (the HPA's
+scale-down window). Each 5 minutes is judged by simulating 3000 Poisson arrivals a pool at that
+interval's rate with the counts serving (SLO-minutes missed: 5 per interval missed); the fewest
+GPU-hours are those of the fewest counts the simulation finds meet the SLO at each interval's
+rate (an oracle that knows the rate and starts instances at once); a reversal is a pool's count
+turning within 30 minutes of its last change the other way.
 
 Profiles: one default sweep (`--profile-out` with no other option: --concurrency capacity,
 --profile-lengths 0.05,0.5,2, --profile-contexts 2) of one scenario, on a measuring deployment of
@@ -26,11 +39,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.planning.control import Observation, replan  # noqa: E402
+from infra.cli.plan import HISTORY_POINTS, HISTORY_STEP_SECONDS  # noqa: E402
+from infra.planning.control import Observation, Scaling, replan  # noqa: E402
 from infra.planning.fleet_sim import Engine, Mix, aiperf_run, itl_p99, ttft_p99  # noqa: E402
 from infra.planning.pd_ratio import SLO, PlanError, Workload, plan  # noqa: E402
+from infra.planning.simulate import day_curve  # noqa: E402
 from infra.planning.surface import Correction, Lengths, smallest  # noqa: E402
 from infra.validation.loadtest import judge, measured_workload  # noqa: E402
 from infra.validation.profile import REQUESTS_PER_CONCURRENCY, ProfilePlan, capacity_sweep  # noqa: E402
@@ -112,13 +129,94 @@ def workload_at(measured: dict, rate: float, inputs: Mix, outputs: Mix) -> Workl
                                     "output_tokens": {"mean": outputs.mean, "p99": outputs.p99()}})
 
 
+INTERVAL, STARTUP, STABILIZATION, REVERSAL_WINDOW = 5, 10, 15, 30  # minutes
+DAY_INPUTS, DAY_OUTPUTS = Mix.of(3000, 7000), Mix.of(400, 940)
+
+
+def reversals(asked: list[tuple[int, int]], within: int) -> int:
+    """Times a pool's count turned (up after down, down after up) within `within` minutes of its
+    last change the other way, both pools summed (`asked`: the counts per interval)."""
+    count = 0
+    for phase in (0, 1):
+        last = None  # (direction, minute) of the pool's last change
+        for k in range(1, len(asked)):
+            delta = asked[k][phase] - asked[k - 1][phase]
+            if delta:
+                direction = 1 if delta > 0 else -1
+                count += bool(last and direction != last[0] and (k - last[1]) * INTERVAL < within)
+                last = (direction, k)
+    return count
+
+
+def simulate_day(measured: dict, fleet: Engine, trace: list[float], fewest_memo: dict) -> dict:
+    """One day of plan --watch's rounds on `fleet` (the module docstring): GPU-hours against the
+    fewest, SLO-minutes missed, reversals, and the factors the correction ended at."""
+    rates = [sum(trace[m:m + INTERVAL]) / INTERVAL for m in range(0, len(trace), INTERVAL)]
+    rng = np.random.default_rng(7)  # the rate Prometheus shows: the requests an interval counted (Poisson)
+    seen = [rng.poisson(r * INTERVAL * 60) / (INTERVAL * 60) for r in rates]
+    workload = workload_at(measured, rates[0], DAY_INPUTS, DAY_OUTPUTS)
+    steps = max(1, round((HISTORY_STEP_SECONDS + STARTUP * 60) / HISTORY_STEP_SECONDS))  # as cmd_watch asks
+    correction, observation = Correction(), None
+    fleet_counts = Scaling(INTERVAL, STARTUP, STABILIZATION)
+    day = {"gpu_h": 0.0, "fewest_gpu_h": 0.0, "missed": 0, "asked": []}
+
+    def gpus(counts: tuple[int, int]) -> int:
+        return counts[0] * fleet.prefill_gpus + counts[1] * fleet.decode_gpus
+
+    for k, rate in enumerate(rates):
+        history = seen[max(0, k - HISTORY_POINTS):k]  # the 5-minute rates Prometheus holds, to the last
+        r = replan(workload, SLO_SIM, fleet.prefill_gpus, fleet.decode_gpus, history, steps, observation, correction)
+        correction = r.correction
+        now = (r.plan.prefill_instances, r.plan.decode_instances)
+        fleet_counts.ask(k * INTERVAL, now)
+        ready, held = fleet_counts.at(k * INTERVAL)
+        day["asked"].append(fleet_counts.asked)
+        day["gpu_h"] += gpus(held) * INTERVAL / 60
+        ttft = ttft_p99(fleet, rate, DAY_INPUTS, ready[0], seed=k)
+        itl = itl_p99(fleet, rate, DAY_INPUTS, DAY_OUTPUTS, ready[1], seed=k)
+        day["missed"] += INTERVAL * (not (ttft <= SLO_SIM.ttft_p99_ms and itl <= SLO_SIM.tpot_p99_ms))
+        observation = Observation(seen[k], *ready, ttft, itl)  # what the next round reads from Prometheus
+        key = round(rate, 1)
+        if key not in fewest_memo:
+            fewest_memo[key] = (
+                fewest_from(lambda n: ttft_p99(fleet, key, DAY_INPUTS, n) <= SLO_SIM.ttft_p99_ms, now[0]),
+                fewest_from(lambda n: itl_p99(fleet, key, DAY_INPUTS, DAY_OUTPUTS, n) <= SLO_SIM.tpot_p99_ms, now[1]))
+        day["fewest_gpu_h"] += gpus(fewest_memo[key]) * INTERVAL / 60
+    day["reversals"] = reversals(day["asked"], REVERSAL_WINDOW)
+    day["factors"] = (correction.prefill, correction.decode)
+    return day
+
+
+def days(engine: Engine, measured: dict) -> None:
+    traces = {"step 40->120 req/s at 08:00": [40.0] * 480 + [120.0] * 960,
+              "diurnal 20..150 req/s, peak 14:00": day_curve(150, 20, 14)}
+    fleets = {"as profiled": engine, "30% slower": Engine(slowdown=(1.3, 1.3)),
+              "25% faster": Engine(slowdown=(0.75, 0.75))}
+    print(f"\nDays: plan --watch's round every {INTERVAL} min on the simulated fleet, input 3000/7000, output "
+          f"400/940 mean/p99; new instances serve {STARTUP} min later, a {STABILIZATION}-min scale-down window")
+    print(f"{'trace':34s} {'fleet':28s} {'GPU-h':>6s} {'fewest':>7s} {'ratio':>6s} {'SLO min missed':>15s} "
+          f"{'reversals <30 min':>18s} {'factors p/d':>12s}")
+    for fleet_name, fleet in fleets.items():
+        memo: dict = {}  # the fewest counts at a rate, on this fleet
+        for trace_name, trace in traces.items():
+            d = simulate_day(measured, fleet, trace, memo)
+            print(f"{trace_name:34s} {fleet_name:28s} {d['gpu_h']:6.0f} {d['fewest_gpu_h']:7.0f} "
+                  f"{d['gpu_h'] / d['fewest_gpu_h']:5.2f}x {d['missed']:15d} {d['reversals']:18d} "
+                  f"{d['factors'][0]:5.2f}/{d['factors'][1]:.2f}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="three rates, not four")
+    parser.add_argument("--days", action="store_true", help="simulated days of plan --watch's loop instead")
     args = parser.parse_args()
     started = time.monotonic()
     engine = Engine()
     shared = profile(engine, 3000, 400)
+    if args.days:
+        days(engine, shared)
+        print(f"\n({time.monotonic() - started:.0f} s)")
+        return 0
     print(f"one default sweep at 3000/400 on {MEASURING[0]} prefill + {MEASURING[1]} decode instance(s): "
           f"decode batches {shared['surface']['decode']['batches']}")
     for note in shared["measured"].get("notes", []):

@@ -65,6 +65,16 @@ def test_correction_is_bounded_and_an_overload_the_model_predicts_moves_nothing(
     assert correct(SURFACE, INPUTS, OUTPUTS, 0.0, overloaded, Correction()).prefill == 1.0
 
 
+def test_the_forecast_never_plans_for_less_than_the_load_there_is_now():
+    """Just after a step (40 -> 120 req/s, the last of 24 five-minute points) the damped Holt fit
+    (statsmodels 0.15.0 ExponentialSmoothing) has moved its level only part of the way: plan
+    --watch planned for 76 req/s while 120 came in, and the step's SLO misses lasted a round longer
+    (scripts/bench_planner_sim.py --days). A smaller plan takes effect at once: it must carry the
+    load there is now."""
+    assert forecast([40.0] * 23 + [120.0], 3) >= 120.0
+    assert forecast([120.0] * 23 + [40.0], 3) >= 40.0
+
+
 def test_forecast_follows_a_ramp_and_adds_its_safety_quantile():
     ramp = [10 + 0.5 * m for m in range(60)]
     ahead = forecast(ramp, 15)

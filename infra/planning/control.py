@@ -40,7 +40,10 @@ DEADBAND = 0.03
 
 
 def forecast(history: list[float], steps: int, quantile: float = 0.95) -> float:
-    """The highest value the next `steps` observations are expected to reach, at `quantile`."""
+    """The highest value the next `steps` observations are expected to reach, at `quantile`, and
+    never below the last one: a plan takes effect at once where it asks for fewer instances, so
+    it must carry the load there is now (just after a step, Holt's level has moved only part of
+    the way: 40 -> 120 req/s was planned for 76, and the step's misses lasted a round longer)."""
     recent = [max(v, 0.0) for v in history[-FORECAST_WINDOW:]]
     if len(recent) < 10 or max(recent) - min(recent) < 1e-9:
         return recent[-1] if recent else 0.0
@@ -54,7 +57,7 @@ def forecast(history: list[float], steps: int, quantile: float = 0.95) -> float:
     # the load is one large error, which must not widen the margin for the next hour.
     errors = sorted(abs(float(e)) for e in fit.resid)
     spread = 1.4826 * errors[len(errors) // 2]
-    return max(0.0, ahead + NormalDist().inv_cdf(quantile) * spread * math.sqrt(steps))
+    return max(0.0, recent[-1], ahead + NormalDist().inv_cdf(quantile) * spread * math.sqrt(steps))
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,39 @@ def planned_rates(trace: list[float], mode: str, interval: int = 5, startup: int
     return [forecast(trace[:m] or trace[:1], startup + interval, quantile) for m in range(0, len(trace), interval)]
 
 
+@dataclass
+class Scaling:
+    """How a fleet takes each re-plan's (prefill, decode) counts: a larger count is asked for at
+    once and serves `startup` minutes later; a smaller one only when every plan of the last
+    `stabilization` minutes asked for no more (the HPA's scale-down window), and at once."""
+
+    interval: int
+    startup: int
+    stabilization: int
+    asked: tuple[int, int] | None = None
+    ready: tuple[int, int] | None = None
+    pending: list[tuple[int, tuple[int, int]]] = field(default_factory=list)  # (minute it serves, counts)
+    wants: list[tuple[int, int]] = field(default_factory=list)  # the plans of the window
+
+    def ask(self, minute: int, now: tuple[int, int]) -> None:
+        self.wants = (self.wants + [now])[-max(1, self.stabilization // self.interval):]
+        if self.ready is None:
+            self.ready = self.asked = now  # the day starts with the fleet its first plan asked for
+            return
+        keep = tuple(max(w[i] for w in self.wants) for i in (0, 1))
+        want = tuple(now[i] if now[i] >= self.asked[i] else min(self.asked[i], keep[i]) for i in (0, 1))
+        if want != self.asked:
+            self.asked = want
+            grows = any(a > r for a, r in zip(want, self.ready))
+            self.pending.append((minute + self.startup if grows else minute, want))
+
+    def at(self, minute: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The counts serving at `minute`, and those held (paid for: asked for, or still serving)."""
+        while self.pending and self.pending[0][0] <= minute:
+            self.ready = self.pending.pop(0)[1]
+        return self.ready, (max(self.asked[0], self.ready[0]), max(self.asked[1], self.ready[1]))
+
+
 def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[float], inputs: Lengths,
                   outputs: Lengths, mode: str, rates: list[float] | None = None,
                   slowdown: tuple[float, float] = (1.0, 1.0), hit_rate: float = 0.0, interval: int = 5,
@@ -193,9 +229,7 @@ def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[flo
     day = Day(mode, interval)
     correction = Correction()
     itl_slo = min(slo.tpot_p99_ms, 1000 / slo.tokens_per_second_per_user)
-    ready = asked = None
-    pending: list[tuple[int, tuple[int, int]]] = []
-    wants: list[tuple[int, int]] = []
+    fleet_counts = Scaling(interval, startup, stabilization)
     seen: list[Observation] = []
     for minute, rate in enumerate(trace):
         if minute % interval == 0:
@@ -211,21 +245,10 @@ def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[flo
                 p = plan(workload_for(max(rates[minute // interval], 1e-3), inputs, outputs, hit_rate,
                                       surface=surface), slo, fleet.prefill_gpus, fleet.decode_gpus,
                          correction=Correction(correction.prefill * margin, correction.decode * margin))
-            wants = (wants + [(p.prefill_instances, p.decode_instances)])[-max(1, stabilization // interval):]
-            now = wants[-1]
-            if ready is None:
-                ready = asked = now  # the day starts with the fleet its first plan asked for
-            else:
-                keep = tuple(max(w[i] for w in wants) for i in (0, 1))
-                want = tuple(now[i] if now[i] >= asked[i] else min(asked[i], keep[i]) for i in (0, 1))
-                if want != asked:
-                    asked = want
-                    pending.append((minute + startup if any(a > r for a, r in zip(want, ready)) else minute, want))
+            fleet_counts.ask(minute, (p.prefill_instances, p.decode_instances))
             day.corrections.append(correction)
-        while pending and pending[0][0] <= minute:
-            ready = pending.pop(0)[1]
-        held = (max(asked[0], ready[0]), max(asked[1], ready[1]))
-        day.asked.append(asked)
+        ready, held = fleet_counts.at(minute)
+        day.asked.append(fleet_counts.asked)
         day.gpu_hours += (held[0] * fleet.prefill_gpus + held[1] * fleet.decode_gpus) / 60
         served = serve(fleet, rate, inputs, outputs, hit_rate, *ready, slowdown=slowdown)
         day.slo_minutes_missed += not served.meets(slo.ttft_p99_ms, itl_slo)
