@@ -687,6 +687,8 @@ def run(namespace: str) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     print(f"twin.pods: {len(processes.started)} pods of {namespace} running: " + ", ".join(
         f"{p.name} ({p.role}) at {p.ip}" for p in processes.started), flush=True)
+    for name, why in sorted(processes.not_runnable.items()):
+        print(f"twin.pods: {name} not run: {why}", flush=True)
     try:
         while not stopping.wait(1):
             processes.check()
