@@ -206,6 +206,11 @@ class Histogram:
                    f"{name}_sum{{{labels}}} {self.sum}", f"{name}_count{{{labels}}} {float(self.count)}"])
 
 
+def _token_count(body: dict) -> int:
+    """How many tokens an answer has: what the request allows, at most 16 (a short answer is enough)."""
+    return max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
+
+
 class Engine:
     """What both engines share: counts, token timing and its histograms, the OpenAI answers."""
     kind = ""
@@ -228,7 +233,7 @@ class Engine:
 
     def tokens(self, body: dict, started: float):
         """The answer's tokens, each when the fleet model says (TTFT, then ITL apart); observed."""
-        count = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
+        count = _token_count(body)
         ttft, itl = self.timing["ttft_ms"] / 1000, self.timing["itl_ms"] / 1000
         last = started
         for i in range(count):
@@ -284,8 +289,7 @@ class Engine:
         return 200, answer
 
     def _events(self, route, body, started, ident, created, note, extra, finish):
-        chat, generated = route == "/v1/chat/completions", 0
-        count = max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
+        chat, generated, count = route == "/v1/chat/completions", 0, _token_count(body)
         for text in self.tokens(body, started):
             generated += 1
             last = generated == count

@@ -9,6 +9,15 @@ disaggregation/common/conn.py CommonKVBootstrapServer, before it answers).
 
 A flag the router refuses, or one the engine's own parser refuses (sglang 0.5.23
 ServerArgs.add_cli_args), ends that process, and the runner reports it with the program's reason.
+
+dev with vLLM 0.33.0: its engine pods' rendered `vllm serve` commands run the stand-in (vLLM's own
+parser first) at their pod addresses; the request goes as llm-d's routing sidecar sends it (the
+prefill first with kv_transfer_params do_remote_decode and max_tokens 1, then the decode with the
+kv_transfer_params the prefill answered: vllm nixl/pull_scheduler.py request_finished), so the
+decode's NIXL handshake reaches the prefill's side channel at the address the render gives it
+(VLLM_NIXL_SIDE_CHANNEL_HOST from status.podIP). The endpoint picker that chooses the pair on a
+cluster (llm-d-inference-scheduler's /app/epp) is not run: the twin builds no epp program
+(twin/pods.py not_runnable says so).
 """
 
 from __future__ import annotations
@@ -26,20 +35,22 @@ from twin.cluster import TwinError
 from twin.nodes import stack_nodes
 
 @pytest.fixture(scope="module")
-def dev_applied(twin, tmp_path_factory):
-    """dev's render applied on nodes of its pools, every pod bound; removed afterwards."""
+def dev_applied(twin, tmp_path_factory, request):
+    """dev's render (SGLang, or the engine a test asks for: indirect parametrization) applied on
+    nodes of its pools, every pod bound; removed afterwards (before another engine's is applied)."""
     from infra.spec import stack_spec_path
-    from infra.spec_checks import load_spec
+    from infra.spec_checks import load_spec, switch_engine
 
-    spec = load_spec(stack_spec_path("dev"))
-    objects = fleet.render("dev", tmp_path_factory.mktemp("dev-requests"))
+    engine = getattr(request, "param", "sglang")
+    spec, _ = switch_engine(load_spec(stack_spec_path("dev")), engine)
+    objects = fleet.render("dev", tmp_path_factory.mktemp(f"dev-{engine}-requests"), engine=engine)
     nodes = stack_nodes(spec)
     assert fleet.apply_each_pass(nodes).rejected == {}
     users_objects(spec)
     result = fleet.apply_each_pass(objects)
     assert result.rejected == {}, result.rejected
     assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
-    assert_every_pod_bound(spec, objects, result, "dev-sglang (requests)")
+    assert_every_pod_bound(spec, objects, result, f"dev-{engine} (requests)")
     yield spec, objects
     remove_render(spec, objects)
 
@@ -146,3 +157,65 @@ def test_a_flag_the_mooncake_master_refuses_ends_its_pod(dev_applied):
     finally:
         processes.stop()
         assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
+
+
+def _served(processes: pods.PodProcesses, pod: pods.Started, port: int, timeout: float = 300) -> None:
+    """Until the pod's engine answers /health at its address (its argv is checked first; until it
+    listens, the pod network resets the connection)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if processes.request(pod.ip, port, "/health", timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        processes.check()
+        assert time.monotonic() < deadline, f"{pod.name} did not serve on {pod.ip}:{port} within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("dev_applied", ["vllm"], indirect=True)
+def test_dev_vllm_a_request_is_answered_by_prefill_and_decode_through_the_nixl_side_channel(dev_applied):
+    """The rendered vLLM pods at their addresses; the prefill's kv_transfer_params name its pod IP
+    (the render's VLLM_NIXL_SIDE_CHANNEL_HOST) and the decode answers after its handshake there."""
+    import json
+
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    started_at = time.monotonic()
+    processes = pods.start_processes(namespace)
+    try:
+        by_role = {p.role: p for p in processes.started}
+        assert {"prefill", "decode"} <= set(by_role) and "router" not in by_role, by_role  # no epp built
+        prefill, decode = by_role["prefill"], by_role["decode"]
+        _served(processes, prefill, 8000)
+        _served(processes, decode, 8200)
+        status, text = processes.request(prefill.ip, 8000, "/v1/completions", {
+            "model": spec.model.name, "prompt": "Say hello from the twin.", "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+        assert status == 200, text
+        params = json.loads(text)["kv_transfer_params"]
+        assert params["remote_host"] == prefill.ip, params
+        status, text = processes.request(decode.ip, 8200, "/v1/chat/completions", {
+            "model": spec.model.name, "messages": [{"role": "user", "content": "Say hello from the twin."}],
+            "max_tokens": 8, "kv_transfer_params": params})
+        assert status == 200, text
+        answer = json.loads(text)
+        assert answer["model"] == spec.model.name
+        assert f"prefill {params['remote_engine_id']} at {prefill.ip}:" in answer["choices"][0]["message"]["content"]
+
+        def succeeded(pod: pods.Started, port: int) -> float:
+            status, text = processes.request(pod.ip, port, "/metrics")
+            assert status == 200, text
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("vllm:request_success_total{"))
+
+        served = {"prefill": succeeded(prefill, 8000), "decode": succeeded(decode, 8200)}
+        assert served == {"prefill": 1.0, "decode": 1.0}, served
+        processes.check()
+        FIGURES.append(f"dev-vllm requests: {sum(p.role in ('prefill', 'decode') for p in processes.started)} engine "
+                       f"stand-ins started at their pod addresses (no picker: no epp built); 1 request answered by "
+                       f"prefill {prefill.ip} and decode {decode.ip} after the NIXL side-channel handshake, in "
+                       f"{time.monotonic() - started_at:.0f} s")
+    finally:
+        processes.stop()
