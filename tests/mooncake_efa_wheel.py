@@ -7,15 +7,22 @@ tests/test_kv_handoff.py):
 - libcudart.so.12 from PyPI's nvidia-cuda-runtime-cu12 at the specs' hardware.cuda_version (12.8);
 - libcuda.so.1, which a GPU node's NVIDIA driver supplies: a stand-in compiled here (cc) in which
   every driver function the wheel's libraries import (their ELF imports, `nm -D`, so a new wheel's
-  needs follow) answers CUDA_ERROR_NO_DEVICE (100), as the driver does where there is no GPU;
-- libfabric.so.1 (EFA provider), libibverbs, libmlx5 and libefa from the system (Debian's libfabric1
-  and ibverbs-providers: scripts/install-system-deps). The image has AWS's libfabric instead.
+  needs follow) answers CUDA_ERROR_NO_DEVICE (100), as the driver does where there is no GPU; only
+  Mooncake's libraries find it;
+- libfabric.so.1 (EFA provider) and libmlx5.so.1, which the wheel links and the image has (AWS's
+  libfabric, rdma-core): Debian's libfabric1 and ibverbs-providers (with what libfabric links),
+  fetched once with `apt-get download` into the machine's cache and unpacked beside the wheel's
+  own libraries. Not installed on the system: there NIXL's LIBFABRIC plugin would load (its tests
+  expect it not to, tests/test_engine_image.py) and UCX with the rdma-core providers crashes NIXL
+  1.5.0 at exit.
+libibverbs.so.1 is the system's (scripts/install-system-deps).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -30,6 +37,8 @@ DIST = "mooncake-transfer-engine-efa"
 SHA256 = {"0.3.13.post1": "4addb0a2857ac3ed0bd5abf5e494e553682efbbed6eac746b777e00bb5022db9"}
 CUDART = ("nvidia-cuda-runtime-cu12", "12.8.90")
 CUDA_ERROR_NO_DEVICE = 100
+# libfabric.so.1 and libmlx5.so.1 for the wheel, and what libfabric links (librdmacm, libefa, psm).
+DEBIAN_PACKAGES = ("libfabric1", "ibverbs-providers", "librdmacm1", "libpsm2-2", "libpsm-infinipath1")
 
 
 def stack_release() -> str:
@@ -66,6 +75,29 @@ def driver_standin(libraries: list[Path], folder: Path) -> Path:
     return folder
 
 
+def debian_libraries(folder: Path) -> None:
+    """The shared libraries of DEBIAN_PACKAGES, copied into `folder` (a Mooncake RPATH folder)."""
+    (machine_cache,) = script_modules("machine_cache")
+    debs = machine_cache.cache_folder("upstream", "PDSTACK_UPSTREAM_CACHE") / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    for package in DEBIAN_PACKAGES:
+        if not list(debs.glob(f"{package}_*.deb")):
+            done = subprocess.run([require_binary("apt-get"), "download", package], cwd=debs, capture_output=True,
+                                  text=True)
+            assert done.returncode == 0, f"apt-get download {package}: {done.stderr.strip()}. Fix: apt-get update"
+    unpacked = folder.parent / "debs"
+    for deb in sorted(debs.glob("*.deb")):
+        if deb.name.split("_", 1)[0] in DEBIAN_PACKAGES:
+            subprocess.run([require_binary("dpkg-deb"), "-x", str(deb), str(unpacked)], check=True)
+    readelf = require_binary("readelf")
+    for library in unpacked.rglob("lib*.so.*"):  # each under its SONAME (psm's .so.1 is an alternatives link)
+        if library.is_symlink() or library.parent.name == "libibverbs":  # rdma-core's providers: no device here
+            continue
+        dynamic = subprocess.run([readelf, "-d", str(library)], capture_output=True, text=True, check=True).stdout
+        soname = re.search(r"Library soname: \[(.+?)\]", dynamic)
+        shutil.copy2(library, folder / (soname.group(1) if soname else library.name))
+
+
 def unpack(folder: Path) -> dict[str, str]:
     """The EFA wheel and libcudart unpacked into `folder` as pip installs them, and the environment
     (PYTHONPATH, LD_LIBRARY_PATH) a Python process imports `mooncake` with."""
@@ -73,6 +105,10 @@ def unpack(folder: Path) -> dict[str, str]:
     for wheel in (efa_wheel(), pinned_wheels.pinned_wheel(*CUDART)):
         with zipfile.ZipFile(wheel) as z:
             z.extractall(folder)
-    driver = driver_standin([folder / "mooncake" / "engine.so", folder / "mooncake" / "store.so"], folder / "driver")
-    return {"PYTHONPATH": str(folder),
-            "LD_LIBRARY_PATH": f"{driver}:{folder / 'nvidia' / 'cuda_runtime' / 'lib'}"}
+    # The driver stand-in goes beside the wheel's bundled libraries, which engine.so and store.so
+    # find by their RPATH ($ORIGIN/../<dist>.libs), not on LD_LIBRARY_PATH: a process that loads no
+    # Mooncake (NIXL's, whose CUDA backend would dlopen it) does not see it.
+    libs = folder / f"{DIST.replace('-', '_')}.libs"
+    driver_standin([folder / "mooncake" / "engine.so", folder / "mooncake" / "store.so"], libs)
+    debian_libraries(libs)
+    return {"PYTHONPATH": str(folder), "LD_LIBRARY_PATH": str(folder / "nvidia" / "cuda_runtime" / "lib")}

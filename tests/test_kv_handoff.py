@@ -2,12 +2,12 @@
 the pinned wheels, configured from dev's and prod's rendered engine pods (issue #40, "The KV hand-off
 moves real bytes"): twin/kv_handoff.py.
 
-Libraries: `mooncake-transfer-engine` 0.3.8.post1 (the version the specs' master image is tagged
-with; its engine.so links libcudart.so.12, which the engine image's CUDA has and this machine lacks:
-PyPI's `nvidia-cuda-runtime-cu12` wheel at the specs' CUDA version supplies it, no GPU is touched on
-the tcp transport) and `nixl` 1.5.0 with its `nixl-cu12`/`nixl-cu13` wheels (the recipe's
-NIXL_VERSION, tests/test_engine_image.py), unpacked into a scratch folder on the path of the engines'
-CPU virtualenv (torch, which nixl._api imports). Every wheel from scripts/pinned_wheels.py.
+Libraries: Mooncake's EFA build, `mooncake-transfer-engine-efa` at the release the specs' master
+image is tagged with, as the engine image installs it (tests/mooncake_efa_wheel.py: with
+libcudart.so.12 from PyPI and a stand-in for the CUDA driver; no GPU is touched on the tcp
+transport), and `nixl` 1.5.0 with its `nixl-cu12`/`nixl-cu13` wheels (the recipe's NIXL_VERSION,
+tests/test_engine_image.py), unpacked into a scratch folder on the path of the engines' CPU
+virtualenv (torch, which nixl._api imports). Every wheel from scripts/pinned_wheels.py.
 
 Network: two pod network namespaces on twin/pods.py's PodNetwork (a hub bridge, a veth and a pod IP
 each, nothing on the machine's interfaces), so "localhost" in one pod is not the other, as on a
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import json
 import subprocess
 import zipfile
@@ -35,6 +34,7 @@ import pytest
 from infra import naming
 from infra.render.engine_args import all_launches
 from infra.render.engine_check import MODEL_CONFIGS, MODELS, launch_argv, variant_spec
+from tests import mooncake_efa_wheel
 from tests.conftest import script_modules
 from tests.servers import require_binary
 from twin import kv_handoff
@@ -43,15 +43,8 @@ from twin.kv_handoff import BOOTSTRAP_ANNOTATION, container_env, on_cpu, setting
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 64  # one request's prompt
 PREFILL_IP, DECODE_IP = "10.244.40.2", "10.244.40.3"
-MOONCAKE = ("mooncake-transfer-engine", "0.3.8.post1")
 NIXL_DISTS = ("nixl", "nixl-cu12", "nixl-cu13")
 NIXL_VERSION = "1.5.0"
-# libcudart.so.12 for Mooncake's engine.so, at the specs' hardware.cuda_version (12.8).
-CUDART = ("nvidia-cuda-runtime-cu12", "12.8.90")
-# PyPI's sha256 of each wheel (mooncake's as tests/test_kvcache_master.py records it).
-WHEEL_SHA256 = {
-    "mooncake-transfer-engine": "49eba9348de1acebec104e77ec65ae5f02e94ead50890839dddf351cd8dc6278",
-}
 
 
 def _scripts():
@@ -93,18 +86,13 @@ def libraries(tmp_path_factory) -> dict:
     """The pinned wheels unpacked as pip would install them, and the interpreter and env to run them."""
     pinned_wheels, engine_flags = _scripts()
     folder = tmp_path_factory.mktemp("kv-libraries")
-    wheels = [pinned_wheels.pinned_wheel(*MOONCAKE), pinned_wheels.pinned_wheel(*CUDART),
-              *(pinned_wheels.pinned_wheel(d, NIXL_VERSION) for d in NIXL_DISTS)]
-    digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-    assert digest == WHEEL_SHA256[MOONCAKE[0]], f"{wheels[0]} is not the pinned wheel"
-    for wheel in wheels:
+    for wheel in (pinned_wheels.pinned_wheel(d, NIXL_VERSION) for d in NIXL_DISTS):
         with zipfile.ZipFile(wheel) as z:
             z.extractall(folder)
     python = engine_flags.engine_venv() / "bin" / "python"
     # UCX over TCP only: two pods on a cluster share no memory, so neither do the twin's (UCX would
     # otherwise pick shared memory between two processes of one machine).
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(folder), "UCX_TLS": "tcp",
-           "LD_LIBRARY_PATH": str(folder / "nvidia" / "cuda_runtime" / "lib")}
+    env = {"PATH": "/usr/bin:/bin", "UCX_TLS": "tcp", **mooncake_efa_wheel.unpack(folder)}
     return {"python": str(python), "env": env}
 
 
@@ -276,21 +264,36 @@ def test_a_broken_render_fails_the_handoff(name, pair):
     assert f"kv_handoff receive: {FAILS_WITH[name]}" in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("protocol", ["rdma", "efa", "no-such-protocol"])
-def test_mooncake_without_rdma_devices_moves_kv_over_tcp_whatever_the_protocol(protocol, pair):
-    """Why a CPU cannot fail a wrong MOONCAKE_PROTOCOL: the pinned wheel's Python TransferEngine
-    ignores it. kvcache-ai/Mooncake v0.3.8.post1, mooncake-integration/transfer_engine/
-    transfer_engine_py.cpp, initializeExt: `(void)(protocol);`, then TransferEngine(auto_discover=
-    true, device filter); mooncake-transfer-engine/src/transfer_engine_impl.cpp installs the RDMA
-    transport when discovery finds an HCA and TCP when it finds none ("Found 0 HCAs"). So any
-    protocol, even one Mooncake does not know, moves the KV over TCP here. (The Python binding
-    honours "efa", with an efa transport, from v0.3.10 on.)"""
+def test_the_rendered_efa_protocol_fails_here_with_efas_own_error(pair):
+    """Why the CPU hand-off changes efa to tcp (on_cpu), and that the change is not a no-op: dev's
+    rendered prefill, run as rendered (MOONCAKE_PROTOCOL=efa on its EFA devices), installs Mooncake's
+    EfaTransport, which finds no EFA device on this machine and fails initialize with its own error.
+    kvcache-ai/Mooncake v0.3.13.post1, mooncake-integration/transfer_engine/transfer_engine_py.cpp;
+    0.3.8.post1's binding ignored the protocol (`(void)(protocol);`) and moved the KV over TCP."""
+    prefill = settings(rendered_pods("dev", "sglang"), "prefill", "sglang", PREFILL_IP)
+    assert prefill.mooncake_protocol == "efa"
+    done = subprocess.run(pair._argv(PREFILL_IP, "serve", "--settings", json.dumps(asdict(prefill)), "--room", "r1",
+                                     "--bytes", "4096", "--ready", str(pair.tmp / "ready.json")),
+                          env=pair.libraries["env"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"Mooncake TransferEngine.initialize({PREFILL_IP!r}, 'P2PHANDSHAKE', 'efa', " in done.stderr
+    assert "Installing EFA transport as requested by protocol parameter" in done.stderr
+    assert "Failed to install EFA transport" in done.stderr and "TcpTransport" not in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["rdma", "no-such-protocol"])
+def test_mooncakes_efa_build_moves_kv_over_tcp_for_any_other_protocol(protocol, pair):
+    """Why a CPU cannot fail a MOONCAKE_PROTOCOL other than efa: the EFA build installs TCP for any
+    other protocol, known or not ("Installing TCP transport (auto_discover disabled in EFA build)",
+    transfer_engine_py.cpp v0.3.13.post1). On a node that is KV over TCP instead of EFA, which is
+    why infra/render/fabric.py renders efa wherever the image has the EFA build (and the spec check
+    refuses mooncake_efa for a Mooncake before 0.3.10)."""
     pods = _broken(_broken(rendered_pods("dev", "sglang"), "prefill", env={"MOONCAKE_PROTOCOL": protocol}),
                    "decode", env={"MOONCAKE_PROTOCOL": protocol})
     prefill = settings(pods, "prefill", "sglang", PREFILL_IP)
-    assert on_cpu(prefill)[0].mooncake_protocol == ("tcp" if protocol == "efa" else protocol)
+    assert on_cpu(prefill)[0].mooncake_protocol == protocol
     nbytes = kv_bytes("dev", "sglang")
     served, done = handoff(pair, pods, "sglang", nbytes)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["sha256"] == served["sha256"]
-    assert "Found 0 HCAs" in done.stderr and "TcpTransport: listen" in done.stderr
+    assert "auto_discover disabled in EFA build" in done.stderr and "TcpTransport: listen" in done.stderr

@@ -65,9 +65,9 @@ SGLANG_BOOTSTRAP_PORT = 8998  # sglang 0.5.23 --disaggregation-bootstrap-port's 
 VLLM_SIDE_CHANNEL = ("localhost", 5600)  # vllm 0.33.0 envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT defaults
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"  # where sglang-router reads a prefill's bootstrap port
 # What the twin's CPU nodes stand for (the fabric's transport -> the one a CPU has). Only these
-# differ from the render: nothing else is changed, so a wrong value elsewhere still fails. (The
-# pinned Mooncake wheel's Python binding ignores the protocol and picks RDMA or TCP by the devices
-# it finds: tests/test_kv_handoff.py; the change is made so the settings say what runs.)
+# differ from the render: nothing else is changed, so a wrong value elsewhere still fails. (Mooncake's
+# EFA build, which dev's image installs, honours "efa" and fails without an EFA device; it installs
+# TCP for any other protocol: tests/test_kv_handoff.py.)
 CPU_TRANSPORT = {"mooncake_protocol": {"efa": "tcp"}, "nixl_backend": {"LIBFABRIC": "UCX"}}
 XFER_POLL_SECONDS = 0.005
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
