@@ -84,6 +84,7 @@ MODULES = {
     "helm": GoModule("helm"),  # renders Karpenter's chart for its RBAC (twin/identities.py)
     "prometheus-operator": GoModule("prometheus-operator"),
     "envoy-gateway": GoModule("envoy-gateway"),
+    "keda": GoModule("keda"),
 }
 # Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
 # not by `twin up`, which needs none of them.
@@ -105,6 +106,7 @@ PROGRAMS = {
     "helm-template": ("helm", "helm"),  # pdstack.dev/twin/helm, on helm.sh/helm/v3's library
     "prometheus-operator": ("prometheus-operator", "operator"),  # .../prometheus-operator/cmd/operator
     "envoy-gateway": ("envoy-gateway", "envoy-gateway"),  # github.com/envoyproxy/gateway/cmd/envoy-gateway
+    "keda-operator": ("keda", "operator"),  # github.com/kedacore/keda/v2/cmd/operator
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 

@@ -92,6 +92,9 @@ class Ports:
     lws_metrics: int
     lws_health: int
     prometheus_operator: int
+    keda_metrics: int
+    keda_health: int
+    keda_metrics_service: int
 
     @classmethod
     def held(cls) -> tuple["Ports", list[socket.socket]]:

@@ -103,6 +103,10 @@ CRD_FILES = (
     *(CRDFile("crds", "github.com/prometheus-operator/prometheus-operator",
               f"example/prometheus-operator-crd/monitoring.coreos.com_{name}.yaml", rendered=False)
       for name in ("prometheuses", "probes")),
+    # every kind KEDA's operator runs a controller for (cmd/operator/main.go): without one it exits
+    *(CRDFile("crds", "github.com/kedacore/keda/v2", f"config/crd/bases/{name}.yaml", rendered=False)
+      for name in ("keda.sh_scaledjobs", "keda.sh_clustertriggerauthentications", "eventing.keda.sh_cloudeventsources",
+                   "eventing.keda.sh_clustercloudeventsources")),
 )
 # Not served by the Go module proxy (see the module docstring): the recorded copy.
 UNSERVED_CRD_FILES = (ROOT / "infra" / "render" / "crds" / "sources" / "nvidia_computedomains.yaml",)

@@ -17,6 +17,11 @@ version (twin/identities.py), listening on 127.0.0.1 only.
                                 Secret: so it runs in a network and mount namespace of its own
                                 (twin/netns.py), /certs holding that Secret's files. No Envoy proxy
                                 runs: its verdict is the status it writes.
+  KEDA's operator      v2.20.2  cmd/operator, with the args and environment of its config/manager
+                                Deployment, its listeners moved to 127.0.0.1 and its certificate
+                                folder to the twin's; its ServiceAccount and RBAC from its
+                                config/service_account and config/rbac. Its metrics API server
+                                (cmd/adapter) is not run: README says why.
 
 Each controller's RBAC objects are the platform stack's own (infra/platform_stack/components/
 controllers.py moves them into the catalog row's namespace), renamed with TWIN_PREFIX and put in
@@ -29,6 +34,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -166,8 +172,6 @@ def make_envoy_gateway_certificates(admin_kubeconfig: Path) -> Path:
     ServiceAccount and Role (infra/platform_stack/catalog.py envoy_gateway_certgen) and its Job's
     command, run here; then the `envoy-gateway` Secret's keys written where the controller's pod
     mounts it (a private folder here, mounted at /certs in its namespace)."""
-    import subprocess
-
     from infra.platform_stack.catalog import envoy_gateway_certgen
     _, row = _eg_chart()
     hook = twin_copy(envoy_gateway_certgen(row, _platform_context()))
@@ -209,7 +213,65 @@ def start_envoy_gateway(supervisor, admin_kubeconfig: Path) -> None:
     supervisor.wait_until("envoy-gateway", lambda: "Starting workers" in log.read_text(errors="replace"))
 
 
+# --- KEDA ------------------------------------------------------------------------------------
+
+KEDA = "github.com/kedacore/keda/v2"
+KEDA_RBAC_FILES = ("config/service_account/service_account.yaml", "config/rbac/role.yaml",
+                   "config/rbac/role_binding.yaml")
+
+
+def _keda_documents(relative: str) -> list[dict]:
+    from twin import crds
+    return [d for d in yaml.safe_load_all(crds.module("crds", KEDA).file(relative).read_text()) if d]
+
+
+def keda_rbac() -> tuple[list[dict], list[dict]]:
+    """KEDA's operator account, roles and bindings as its config/ declares them (the twin's copy)."""
+    from twin import crds
+    mod = crds.module("crds", KEDA)
+    return twin_copy([d for f in KEDA_RBAC_FILES for d in _keda_documents(f)]), [mod.origin(f) for f in KEDA_RBAC_FILES]
+
+
+def keda_operator_container() -> dict:
+    (deployment,) = [d for d in _keda_documents("config/manager/manager.yaml") if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def start_keda_operator(supervisor, admin_kubeconfig: Path) -> None:
+    kubeconfig = identities.start_as_own(keda_rbac(), admin_kubeconfig)
+    container, ports = keda_operator_container(), supervisor.ports
+    env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
+    argv = [str(build.program("keda-operator")), *container["args"],
+            f"--cert-dir={private_folder(RUN_DIR / 'pki' / 'keda-certs')}",
+            f"--metrics-bind-address=127.0.0.1:{ports.keda_metrics}",
+            f"--health-probe-bind-address=127.0.0.1:{ports.keda_health}",
+            f"--metrics-service-bind-address=127.0.0.1:{ports.keda_metrics_service}"]
+    # what the pod's projected token volume says (/var/run/secrets/kubernetes.io/serviceaccount/
+    # namespace), which it reads unless told (pkg/util/env_resolver.go GetClusterObjectNamespace)
+    env = {**env, "KEDA_CLUSTER_OBJECT_NAMESPACE": NAMESPACE, "KUBECONFIG": str(kubeconfig)}
+    # Its certificate rotator makes the kedaorg-certs Secret, then exits 0 "so pod can be restarted"
+    # (github.com/open-policy-agent/cert-controller, RestartOnSecretRefresh, which cmd/operator sets);
+    # the kubelet restarts it (restartPolicy Always), and so does the twin, once.
+    first = supervisor.spawn("keda-operator-first-start", argv, env=env)
+    supervisor.children.pop("keda-operator-first-start")  # its exit is expected: not a failure
+    try:
+        first.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        first.kill()
+        raise RuntimeError(f"keda-operator did not restart itself after making its certificates "
+                           f"({supervisor.logs / 'keda-operator-first-start.log'})") from None
+    refreshed = "exiting so pod can be restarted" in (supervisor.logs / "keda-operator-first-start.log").read_text(
+        errors="replace")
+    if first.returncode or not refreshed:
+        raise RuntimeError(f"keda-operator exited with {first.returncode} before it served "
+                           f"({supervisor.logs / 'keda-operator-first-start.log'})")
+    supervisor.spawn("keda-operator", argv, env=env)
+    supervisor.wait_until("keda-operator", lambda: _http_ok(ports.keda_health, "/readyz"))
+
+
 def start(supervisor, admin_kubeconfig: Path) -> None:
     """Every data-path controller, after the CRDs (called by twin/cluster.py's Supervisor)."""
     start_prometheus_operator(supervisor, admin_kubeconfig)
     start_envoy_gateway(supervisor, admin_kubeconfig)
+    start_keda_operator(supervisor, admin_kubeconfig)

@@ -21,6 +21,7 @@ import base64
 import copy
 import gzip
 import json
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import yaml
@@ -250,3 +251,85 @@ def test_envoy_gateway_rejects_a_route_to_a_listener_the_gateway_lacks(gatewayed
                           timeout=120)
     assert said and "Accepted False NoMatchingParent" in said[0], said
 
+
+# --- KEDA ----------------------------------------------------------------------------------------
+# KEDA's operator v2.20.2 (cmd/operator, github.com/kedacore/keda/v2, built from twin/keda/go.mod,
+# run with its config/manager args as its config/rbac account; twin/dataplane.py). Its verdict on
+# a ScaledObject: the HPA it makes (pkg/scaling/resolver, controllers/keda/hpa.go: named by
+# advanced.horizontalPodAutoscalerConfig.name, else keda-hpa-<name>; the ScaledObject's replica
+# bounds and target; one External metric per trigger) and the ScaledObject's Ready and Active
+# conditions (Active: some trigger's value above its activation threshold, read from the trigger's
+# Prometheus at each polling interval).
+
+
+def _metrics_handler(text: str):
+    """Answers /metrics with `text` (Prometheus exposition format)."""
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):  # Prometheus scrapes it every second
+            pass
+
+    return Metrics
+
+
+def _keda_verdict(scaled: dict) -> tuple[dict | None, dict]:
+    meta = scaled["metadata"]
+    hpa_name = scaled["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get(
+        "name", f"keda-hpa-{meta['name']}")
+    hpas = fleet.get("hpa", "-n", meta["namespace"], f"--field-selector=metadata.name={hpa_name}")
+    return (hpas[0] if hpas else None), {"status": _status_of(scaled)}
+
+
+def test_keda_makes_each_scaled_objects_hpa_and_reads_its_prometheus(applied_dev, tmp_path):
+    """The real KEDA operator takes dev's ScaledObjects: each gets its HPA (the LeaderWorkerSet as
+    target, the ScaledObject's replica bounds, an External metric per trigger) and Ready=True;
+    with the triggers' Prometheus (a real one on 127.0.0.1, scraping the series the decode pool's
+    first trigger reads above its threshold; the rendered address, the platform's in-cluster
+    Service, resolves nowhere on the twin) the decode ScaledObject reads Active=True. Fails with
+    no KEDA running (no HPA, no conditions)."""
+    from tests.servers import prometheus_server, serving
+
+    _, _, rendered = applied_dev
+    scaled = [copy.deepcopy(o) for o in rendered if o["kind"] == "ScaledObject"]
+    decode = next(o for o in scaled if o["metadata"]["labels"].get("pdstack.io/role") == "decode")
+    first = decode["spec"]["triggers"][0]["metadata"]
+    namespace = decode["metadata"]["namespace"]
+    series = first["query"].split("(", 1)[1].rsplit(")", 1)[0]  # avg(<series>): the series itself
+    above = float(first["threshold"]) + 0.1
+    with serving(_metrics_handler(f"{series} {above}\n")) as engine, \
+            prometheus_server(tmp_path, [{"job_name": "engines", "static_configs": [
+                {"targets": [engine.removeprefix("http://")]}]}]) as url:
+        for obj in scaled:
+            for trigger in obj["spec"]["triggers"]:
+                trigger["metadata"]["serverAddress"] = url
+        assert fleet.apply_each_pass(scaled).rejected == {}
+
+        def judged():
+            verdicts = {o["metadata"]["name"]: _keda_verdict(o) for o in scaled}
+            ready = all(hpa and (_condition(status, "Ready") or {}).get("status") == "True"
+                        for hpa, status in verdicts.values())
+            active = (_condition(verdicts[decode["metadata"]["name"]][1], "Active") or {}).get("status") == "True"
+            return verdicts if ready and active else None
+
+        verdicts = fleet.wait_for("KEDA's verdict", judged, timeout=180) or {
+            o["metadata"]["name"]: _keda_verdict(o) for o in scaled}
+    for obj in scaled:
+        hpa, status = verdicts[obj["metadata"]["name"]]
+        assert hpa, f"no HPA for ScaledObject {namespace}/{obj['metadata']['name']}: {status}"
+        assert hpa["spec"]["scaleTargetRef"]["kind"] == obj["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+        assert hpa["spec"]["scaleTargetRef"]["name"] == obj["spec"]["scaleTargetRef"]["name"]
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (
+            obj["spec"]["minReplicaCount"], obj["spec"]["maxReplicaCount"])
+        assert len([m for m in hpa["spec"]["metrics"] if m["type"] == "External"]) == len(obj["spec"]["triggers"])
+        assert (_condition(status, "Ready") or {}).get("status") == "True", status
+    active = _condition(verdicts[decode["metadata"]["name"]][1], "Active")
+    assert active and active["status"] == "True", active
+    FIGURES.append(f"KEDA operator v2.20.2 (real) on dev's {len(scaled)} ScaledObjects: an HPA each, Ready; decode "
+                   f"Active ({active['reason']}) from a real Prometheus on 127.0.0.1; metrics API server: not run")
