@@ -62,15 +62,16 @@ def rendered_command() -> list[str]:
 
 
 def test_every_rendered_flag_is_a_current_flag_of_the_pinned_master(master_binary):
-    """Each flag the master is started with exists and is not deprecated (0.3.8.post1: `--port` is
-    "deprecated, use rpc_port"); and HA, which the master runs without, needs etcd."""
+    """Each flag the master is started with exists and is not deprecated (`--port` is "deprecated,
+    use rpc_port" since 0.3.8.post1); and HA, which the master runs without, needs a backend (etcd...)."""
     known = flags(*master_binary)
     assert "rpc_port" in known and "metrics_port" in known
     for arg in rendered_command()[1:]:
         name = arg.removeprefix("--").split("=", 1)[0]
         assert name in known, f"{arg}: not a flag of mooncake_master"
         assert "deprecated" not in known[name].lower(), f"{arg}: {known[name]}"
-    assert "etcd" in known["enable_ha"] and "etcd_endpoints" in known  # HA needs an etcd pdstack does not run
+    # HA needs a leader-election backend pdstack does not run (0.3.13.post1: --ha_backend_type, etcd by default)
+    assert "ha_backend_type" in known and "etcd" in known["ha_backend_type"] and "etcd_endpoints" in known
 
 
 def test_the_rendered_master_starts_and_serves_its_ports(master_binary, tmp_path):
