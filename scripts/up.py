@@ -16,9 +16,7 @@ them; elsewhere `--inventory` names the cluster's own GPU nodes.
 State: a file backend beside what it describes. On the twin, in its run folder, which a fresh
 start of the twin empties with its cluster, so state and cluster never disagree; checkpoints
 are skipped there (PULUMI_SKIP_CHECKPOINTS: the platform's CRD schemas made each step's
-checkpoint two thirds of the run); after a run killed there, the next `up` or
-`down` first runs an `up` that takes over, by forced server-side apply, the objects the lost
-state forgot (change), and a twin stopped by `down` takes every object with it. On another cluster, under .pdstack/up/clusters/<context>/,
+checkpoint two thirds of the run). On another cluster, under .pdstack/up/clusters/<context>/,
 checkpoints on. The stacks' secrets are encrypted with a passphrase: the caller's
 PULUMI_CONFIG_PASSPHRASE(_FILE) if set, else a random one in a 0600 file beside the state,
 handed to the CLI as PULUMI_CONFIG_PASSPHRASE_FILE (never in argv, a log or the output).
@@ -28,8 +26,12 @@ Pulumi lock found while holding it is a killed run's; it is dropped (`pulumi can
 file backend deletes the stack's lock files: pkg/backend/diy/backend.go CancelCurrentUpdate at
 v3.274.1), and a state with pending operations is refreshed with `--clear-pending-creates`
 before the next change (pulumi v3.274.1 keeps a pending create across `up`s:
-pkg/backend/journal.go "we don't want to clear pending CREATE operations"). Then the run goes on
-from where the state says.
+pkg/backend/journal.go "we don't want to clear pending CREATE operations"). On the twin a killed
+run's state is the one before it (no checkpoints), so the next `up` or `down` first runs one
+`up` that takes over, by forced server-side apply, the objects that run made (change); a twin
+stopped by `down` takes every object with it anyway. A run that fails, rather than being killed,
+leaves its state as it ended. A SIGKILL of `up`'s process group leaves Pulumi's provider
+plugins running (each is a process group of its own): they hold nothing the next run needs.
 
 What stands in: pulumi-random's provider is tests/engine_plugins' (its module is not served;
 README, "The real Pulumi engine"); kwok runs the pods; the platform's rows the twin cannot
