@@ -5,7 +5,6 @@ serving stacks read through a StackReference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pulumi
 
@@ -130,10 +129,6 @@ def platform_objects(spec: PlatformSpec, hosted: list[Hosted] | None = None) -> 
 def unique_names(objects: list[dict]) -> bool:
     names = [logical_name(o) for o in objects]
     return len(names) == len(set(names))
-
-
-def platform_spec_path(stack: str) -> Path:
-    return REPO_ROOT / "stacks" / f"{stack}.yaml"
 
 
 def expected_outputs(spec: PlatformSpec) -> dict:

@@ -25,7 +25,7 @@ from infra.platform_stack.cloud.outputs import CloudOutputs
 from infra.platform_stack.components.base import PlatformLayer
 from infra.platform_stack.spec import NodeClassSpec, PlatformSpec
 from infra.platform_stack.weight_cache import INSTANCE_STORE_GB
-from infra.spec import StackSpec
+from infra.spec import REPO_ROOT, StackSpec, stack_spec_path
 from infra.tracks import namespace_globs
 
 KARPENTER_NAMESPACE, KARPENTER_SA = "kube-system", "karpenter"
@@ -316,10 +316,7 @@ class AwsCloud(pulumi.ComponentResource):
             kubeconfig = pulumi.Output.all(found.endpoint, found.certificate_authorities[0].data).apply(
                 lambda a: self.kubeconfig(a[0], a[1]))
             cluster_arn = found.arn
-            from infra.platform_stack.program import platform_spec_path
-            from infra.spec import REPO_ROOT
-
-            spec_file = str(platform_spec_path(spec.name).relative_to(REPO_ROOT))
+            spec_file = str(stack_spec_path(spec.name).relative_to(REPO_ROOT))
             # What an access entry names the cluster by: its name, once its mode takes entries.
             self.entries_cluster = found.access_configs.apply(
                 functools.partial(entries_accepted, c.cluster.name, spec_file=spec_file))
