@@ -1,7 +1,8 @@
-// Upstream projects whose CRDs pdstack renders custom resources for but whose controllers the
-// twin does not run: pinned here only so that scripts/derive_crds.py can read each project's CRD
-// files from its module zip at a version go.sum fixes. tools.go imports one small API package of
-// each (nothing is built from this module).
+// Upstream projects whose CRDs pdstack renders custom resources for: pinned here so that
+// scripts/derive_crds.py can read each project's CRD files from its module zip at a version
+// go.sum fixes. The controllers the twin runs of them are built in their own folders at the same
+// versions (twin/prometheus-operator, twin/envoy-gateway, twin/keda: one pin per module).
+// tools.go imports one small API package of each (nothing is built from this module).
 module pdstack.dev/twin/crds
 
 go 1.26.6
