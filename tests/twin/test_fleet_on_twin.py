@@ -24,7 +24,7 @@ from infra.planning.capacity import pool_capacity
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import (LWS_NAME_LABEL, assert_every_pod_bound, assert_runnable_pods_run, one_group_per_role,
+from tests.twin.placement import (LWS_NAME_LABEL, assert_every_pod_bound, assert_runnable_pods_run, one_of_each_shape,
                                   remove_fleet, remove_render, users_objects)
 from twin import dra, fleet, pods
 from twin.cluster import kubectl
@@ -87,14 +87,14 @@ def test_every_runnable_pod_runs_as_a_process_and_is_ready_by_its_own_probes(app
     """What a CPU can run, started as a kubelet would (twin/pods.py): the router, each engine pod's
     launch script with the stand-in behind the engine's own parser, the Mooncake master from the
     pinned wheel; each Ready by its rendered probes. A pod the twin does not run (the picker until
-    the twin builds it, a container with no command) is named with why. dev runs whole; prod one
-    group per role and one replica of each Deployment (its 32 engine pods at once would be 32
-    stand-ins on this 2-core machine)."""
+    the twin builds it, a container with no command) is named with why. dev runs whole; prod the
+    leader and first worker of group 0 of each pool and one replica of each Deployment
+    (placement.one_of_each_shape)."""
     spec, objects, result, label = applied_fleet
     namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "LeaderWorkerSet"}
     try:
         assert_runnable_pods_run(pod_processes, namespaces, label,
-                                 select=(lambda pod: True) if spec.environment.name == "dev" else one_group_per_role)
+                                 select=(lambda pod: True) if spec.environment.name == "dev" else one_of_each_shape)
     finally:
         pod_processes.stop_pods()
 
