@@ -1,5 +1,6 @@
 # Two entry points for a newcomer (see README.md):
-#   make preview   set everything up, then run the offline preview of the dev stack
+#   make up        set everything up, deploy dev onto the cluster twin, answer one request
+#   (make preview: the offline preview of the dev stack, the quick path)
 #   make test      set everything up, then run the whole test suite (what CI runs)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -52,7 +53,7 @@ twin-down:
 # the running one) or, with UP_ARGS="--kubeconfig F --context C --inventory I", a cluster of
 # your own; then every pod Ready and one request. `down` destroys both and stops the twin
 # (scripts/up.py; a killed `make up` is run again, or followed by `make down`).
-up: setup engine
+up: setup system-deps engine
 	$(PY) -m scripts.up up $(UP_ARGS)
 
 down: setup

@@ -33,7 +33,7 @@ stopped by `down` takes every object with it anyway. A run that fails, rather th
 leaves its state as it ended. A SIGKILL of `up`'s process group leaves Pulumi's provider
 plugins running (each is a process group of its own): they hold nothing the next run needs.
 
-What stands in: pulumi-random's provider is tests/engine_plugins' (its module is not served;
+What stands in: pulumi-random's provider is engine/provider-standins' (its module is not served;
 README, "The real Pulumi engine"); kwok runs the pods; the platform's rows the twin cannot
 install are `controllers.user_installed` (USER_INSTALLED).
 """
@@ -58,7 +58,7 @@ import yaml
 from infra.spec import REPO_ROOT, StackSpec, stack_spec_path
 
 ENGINE_PATH = REPO_ROOT / ".engine" / "path"
-RANDOM_STAND_IN = REPO_ROOT / "tests" / "engine_plugins"  # pulumi-resource-random (see the docstring)
+RANDOM_STAND_IN = REPO_ROOT / "engine" / "provider-standins"  # pulumi-resource-random (see the docstring)
 SPECS_DIR = Path(".pdstack") / "up"  # relative to the project: a serving spec names its platform spec so
 PLATFORM_STACK = "platform-onprem"
 # Rows of the catalog the twin provides or that no pinned module carries (tests/test_platform.py

@@ -9,7 +9,7 @@ What is real and what stands in (README, "The real Pulumi engine"):
   not served by the module proxy;
 - the policy pack: pulumi-policy's analyzer, started as an executable pack (policy/run-pack),
   which the CLI runs without the language plugin;
-- pulumi-random: tests/engine_plugins' stand-in (its module is not served either).
+- pulumi-random: engine/provider-standins' stand-in (its module is not served either).
 
 The cluster: a kubeconfig whose `pdstack-<env>` context (what Pulumi.<env>.yaml names) points at
 the cluster twin (tests/twin, which start it) or else at a closed port on 127.0.0.1, where the
@@ -30,7 +30,7 @@ import yaml
 from infra.spec import REPO_ROOT, stack_spec_path
 
 ENGINE_PATH = REPO_ROOT / ".engine" / "path"
-STANDINS = Path(__file__).parent / "engine_plugins"
+STANDINS = Path(__file__).resolve().parent.parent / "engine" / "provider-standins"
 # Encrypts the secrets of the tests' throwaway stacks (file backend in a temp folder); not a real secret.
 TEST_PASSPHRASE = "pdstack-tests-throwaway-passphrase"
 BINARIES = ("pulumi", "pulumi-resource-kubernetes")

@@ -35,6 +35,11 @@ class Expect:
 # that what runs them in its place is there.
 RUN_ELSEWHERE = {
     "make test": "the command that runs this test (.ci/run calls it)",
+    "make up": "tests/twin/test_platform_on_twin.py runs its function (scripts/up.py up) on the session's twin",
+    "make down": "tests/twin/test_platform_on_twin.py runs its function (scripts/up.py down) after make up's",
+    'make up UP_ARGS="--kubeconfig ~/.kube/config --context kind-kind --inventory my-inventory.yaml"':
+        "it needs a kind or real cluster; tests/test_up.py runs the same options against the twin",
+    'make down UP_ARGS="--kubeconfig ~/.kube/config --context kind-kind"': "likewise",
     "make twin-up": "tests/twin start the twin (or reuse one make twin-up started)",
     "make twin-down": "it would stop a twin the developer started; tests/twin stop theirs",
     "make twin-build": "make test runs it before the tests",
@@ -144,6 +149,8 @@ def test_what_runs_the_commands_not_run_here():
     for verb in ("up", "down", "build"):
         assert re.search(rf"^twin-{verb}:.*\n\t\$\(PY\) -m twin {verb}$", makefile, re.M), verb
     assert re.search(r"^test:.*\btwin-build\b.*\n\t\$\(PY\) scripts/run_tests.py$", makefile, re.M)
+    for verb in ("up", "down"):
+        assert re.search(rf"^{verb}:.*\n\t\$\(PY\) -m scripts.up {verb} \$\(UP_ARGS\)$", makefile, re.M), verb
     assert re.search(r"^test:.*\bregistry-build\b", makefile, re.M)
     runner = runpy.run_path(str(REPO_ROOT / "scripts/run_tests.py"))
     groups = runner["TWIN_GROUPS"]

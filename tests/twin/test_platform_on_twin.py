@@ -20,7 +20,7 @@ What stands in:
   - lws: the twin runs the real controller, its webhooks on loopback;
   - keda, the DRA driver and the EFA plugin: their charts are in no module the proxy serves,
     and the kwok nodes carry the GPU and EFA capacity the plugins would publish.
-- pulumi-random's provider is tests/engine_plugins' (its module is not served).
+- pulumi-random's provider is engine/provider-standins' (its module is not served).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the Pod Identity webhook gives credentials to a pod when it is admitted (EKS use
 Identity": pods created before the association must be restarted), so no engine pod may exist in a
 namespace when its association is created.
 
-What stands in: pulumi-aws's provider (its module is not served: tests/engine_plugins/aws_standin.py,
+What stands in: pulumi-aws's provider (its module is not served: engine/provider-standins/aws_standin.py,
 which records each association and the engine pods already in its namespace); kwok runs the pods;
 tests/twin/standins.py writes the status Envoy Gateway, Karpenter's AWS provider and NVIDIA's DRA
 driver would; Prometheus is tests/servers.py's healthy stand-in; the platform stack is

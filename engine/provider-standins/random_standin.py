@@ -5,7 +5,7 @@ the engine loads the `random` resource plugin. Its Go module
 (github.com/pulumi/pulumi-random/provider/v4) is not served by the module proxy (403 at every
 version), and it could not be built from the module anyway: its go.mod replaces
 terraform-provider-random/shim with a local folder, which a dependency's build ignores. So
-the tests put this on PATH instead, only in the tests (never in .engine/path): the engine,
+the tests put this on PATH instead, only in the tests and `make up` (never in .engine/path): the engine,
 the language runtime, the Kubernetes provider and the policy pack stay the real ones.
 
 It speaks the provider protocol of the pinned SDK (pulumi/runtime/proto/provider.proto) for
