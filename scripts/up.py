@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     from pulumi import automation as auto
 
     from infra.inputs import InputError
-    from twin.cluster import TwinError
+    from twin.api import TwinError
 
     progress = Progress()
     try:

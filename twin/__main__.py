@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from twin import build, cluster
+from twin.api import TwinError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"twin: {' '.join(map(str, exc.cmd[:3]))} failed with {exc.returncode}; its output is above",
               file=sys.stderr)
         return 1
-    except (cluster.TwinError, RuntimeError, OSError) as exc:
+    except (TwinError, RuntimeError, OSError) as exc:
         print(f"twin: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -44,19 +44,14 @@ from pathlib import Path
 import yaml
 
 from twin import build, crds, dataplane, identities, kubelet, netns
+from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
 from twin.process import die_with_parent, has_open, identity
 
 STATE = RUN_DIR / "state.json"
 START_TIMEOUT = float(os.environ.get("PDSTACK_TWIN_START_TIMEOUT", 600))
-SERVICE_CIDR = "10.96.0.0/16"  # virtual service addresses inside the API server; nothing is routed
-POD_CIDR = "10.244.0.1/16"  # the addresses kwok writes into pod status; nothing is routed
 ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-
-class TwinError(RuntimeError):
-    pass
 
 
 def _hold_port() -> socket.socket:
@@ -108,16 +103,6 @@ def kubeconfig(server: str, ca: Path, cert: Path, key: Path, context: str = CONT
             "clusters": [{"name": context, "cluster": {"server": server, "certificate-authority": str(ca)}}],
             "users": [{"name": context, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": context, "context": {"cluster": context, "user": context}}]}
-
-
-def kubectl(*args: str, kubeconfig_path: Path = KUBECONFIG, input: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """kubectl built from the same k8s.io/kubernetes module as the API server."""
-    result = subprocess.run([str(build.program("kubectl")), f"--kubeconfig={kubeconfig_path}", *args],
-                            input=input, capture_output=True, text=True)
-    if check and result.returncode:
-        raise TwinError(f"kubectl {' '.join(args)}: {result.stderr.strip() or result.stdout.strip()}")
-    return result
 
 
 class Supervisor:

@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from twin import build, identities, netns
+from twin.api import kubectl
 from twin.paths import RUN_DIR, private_folder
 
 TWIN_PREFIX = "twin-"
@@ -186,7 +187,6 @@ def make_envoy_gateway_certificates(admin_kubeconfig: Path) -> Path:
                           env={**build.go_env(), **env, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"envoy-gateway certgen failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    from twin.cluster import kubectl
     secret = json.loads(kubectl("get", "secret", "envoy-gateway", "-n", NAMESPACE, "-o", "json",
                                 kubeconfig_path=admin_kubeconfig).stdout)
     folder = private_folder(RUN_DIR / "pki" / "envoy-gateway-certs")

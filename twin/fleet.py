@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from infra.recording import SECRET_PLACEHOLDER
-from twin.cluster import TwinError, kubectl
+from twin.api import TwinError, kubectl
 from twin.paths import KUBECONFIG
 
 FIELD_MANAGER = "pdstack"

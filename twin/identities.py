@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from twin import crds
+from twin.api import TwinError, kubectl
 from twin.paths import KUBECONFIG, RUN_DIR, private_folder
 
 TOKEN_LIFETIME = "48h"  # the twin's certificates' life (twin/pki.py _VALID)
@@ -47,7 +48,6 @@ class IdentityError(RuntimeError):
 
 
 def _admin_kubectl(*args: str, kubeconfig_path: Path, input: str | None = None) -> str:
-    from twin.cluster import TwinError, kubectl  # cluster.py starts the controllers through this module
     try:
         return kubectl(*args, kubeconfig_path=kubeconfig_path, input=input).stdout
     except TwinError as exc:

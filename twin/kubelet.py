@@ -54,6 +54,7 @@ from pathlib import Path
 import yaml
 
 from twin import netns
+from twin.api import POD_CIDR
 from twin.paths import RUN_DIR
 
 CONDITION = "twin.pdstack.io/start-checks"  # a pod condition: the twin's kubelet's start checks passed
@@ -323,7 +324,6 @@ def dial(host: str, port: int, timeout: float) -> socket.socket:
     """A TCP connection to host:port. A pod address is reached through the pod network's hub when
     processes run there (twin/pods.py: its pods live in network namespaces of their own; the hub's
     client socket takes "<ip>:<port>\\n" and then pipes the stream); any other address directly."""
-    from twin.cluster import POD_CIDR  # not at the top: twin.cluster imports this module through twin.crds
     if POD_NETWORK_SOCKET.exists() and ipaddress.ip_address(host) in ipaddress.ip_network(POD_CIDR, strict=False):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)

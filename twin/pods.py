@@ -5,9 +5,9 @@ does not (the picker until the twin builds it, a container with no command), is 
 
 Network: a pod network of its own, never the machine's. A hub network namespace (`unshare --net`)
 holds a bridge; each started pod gets a network namespace of its own with a veth on that bridge and
-its pod IP (the address kwok wrote into its status, from cluster.POD_CIDR) on it, so two pods may
+its pod IP (the address kwok wrote into its status, from twin/api.py POD_CIDR) on it, so two pods may
 both bind 0.0.0.0:30000 as they do on a cluster, and nothing they bind is on the machine's
-interfaces. The hub carries the `kubernetes` Service's address (the first of cluster.SERVICE_CIDR),
+interfaces. The hub carries the `kubernetes` Service's address (the first of twin/api.py SERVICE_CIDR),
 forwarded to the API server through a Unix socket (twin/netns.py), so in-cluster clients reach the
 twin's API server as in a pod; and a Unix socket (`pod-network.sock`) through which a caller on
 the machine opens a TCP connection to any pod address (send_request).
@@ -53,7 +53,7 @@ import yaml
 
 from twin import build, netns
 from infra import naming
-from twin.cluster import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
+from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
 from twin.process import die_with_parent
 

@@ -11,6 +11,7 @@ import pytest
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
 from twin import cluster
+from twin.api import kubectl
 
 FIGURES: list[str] = []  # one line per stack, printed at the end of the run
 
@@ -35,7 +36,7 @@ def dev_nodes(twin):
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))  # deployable: the policy pack refuses placeholders
     assert fleet.apply_each_pass(stack_nodes(spec)).rejected == {}
     yield spec
-    cluster.kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
+    kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
 def pytest_terminal_summary(terminalreporter):

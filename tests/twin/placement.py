@@ -14,7 +14,7 @@ from infra import naming
 from infra.planning.capacity import domain_placement
 from tests.twin.conftest import FIGURES
 from twin import fleet, kubelet
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.nodes import TWIN_LABEL
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"

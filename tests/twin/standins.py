@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from twin import dra
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.fleet import apply_each_pass, get
 from twin.nodes import TWIN_LABEL
 

@@ -19,7 +19,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-from twin import cluster, crds, fleet
+from twin import crds, fleet
+from twin.api import kubectl
 from twin.paths import RUN_DIR
 from twin.pki import Authority
 
@@ -61,7 +62,7 @@ def test_a_node_may_not_change_another_nodes_labels(twin, tmp_path):
         labels = fleet.get("nodes", f"--field-selector=metadata.name={other}")[0]["metadata"]["labels"]
         assert "example.com/probe" not in labels
     finally:
-        cluster.kubectl("delete", "node", own, other, "--wait=false")
+        kubectl("delete", "node", own, other, "--wait=false")
 
 
 def test_api_priority_and_fairness_classifies_every_request(twin):

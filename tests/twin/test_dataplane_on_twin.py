@@ -31,7 +31,7 @@ from infra.platform_stack.spec import load_platform_spec
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import delete_namespaces
 from twin import fleet
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.paths import ROOT
 
 MONITORING_KINDS = ("PodMonitor", "ServiceMonitor", "PrometheusRule")

@@ -27,7 +27,7 @@ from tests.twin.conftest import FIGURES
 from tests.twin.placement import (LWS_NAME_LABEL, assert_every_pod_bound, assert_runnable_pods_run, one_of_each_shape,
                                   remove_fleet, remove_render, users_objects)
 from twin import dra, fleet, pods
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.nodes import stack_nodes
 
 RENDERS = [("dev", None), ("dev", "vllm"), ("prod", None), ("prod", "vllm")]

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from twin import cluster, fleet, identities
+from twin.api import kubectl
 from twin.paths import RUN_DIR
 
 ACCOUNTS = {  # component (as the supervisor names it) -> its ServiceAccount
@@ -35,7 +36,7 @@ MODULE_OF = {"kwok": "sigs.k8s.io/kwok", "lws-controller-manager": "sigs.k8s.io/
 
 
 def _whoami(kubeconfig: str) -> str:
-    done = cluster.kubectl("auth", "whoami", "-o", "json", kubeconfig_path=Path(kubeconfig))
+    done = kubectl("auth", "whoami", "-o", "json", kubeconfig_path=Path(kubeconfig))
     return json.loads(done.stdout)["status"]["userInfo"]["username"]
 
 
@@ -113,7 +114,7 @@ def test_kwok_without_its_node_status_rule_cannot_make_a_node_ready(broken_rbac)
         conditions = fleet.get("nodes", f"--field-selector=metadata.name={name}")[0]["status"].get("conditions", [])
         assert not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions), conditions
     finally:
-        cluster.kubectl("delete", "node", name, "--wait=false")
+        kubectl("delete", "node", name, "--wait=false")
 
 
 def test_lws_without_its_statefulset_rule_cannot_form_a_group(broken_rbac):
@@ -133,13 +134,13 @@ def test_lws_without_its_statefulset_rule_cannot_form_a_group(broken_rbac):
         assert said, _log_since("lws-controller-manager", offset)[-3000:]
         assert fleet.get("statefulsets", "-n", "default", f"--field-selector=metadata.name={name}") == []
     finally:
-        cluster.kubectl("delete", "leaderworkerset", name, "-n", "default", "--wait=false")
+        kubectl("delete", "leaderworkerset", name, "-n", "default", "--wait=false")
 
 
 def _can(account: str, verb: str, resource: str) -> bool:
     """The real RBAC authorizer's answer (SubjectAccessReview, kubectl auth can-i --as)."""
     namespace, name = account.split("/")
-    done = cluster.kubectl("auth", "can-i", verb, resource, f"--as=system:serviceaccount:{namespace}:{name}",
+    done = kubectl("auth", "can-i", verb, resource, f"--as=system:serviceaccount:{namespace}:{name}",
                            check=False)
     return done.stdout.strip() == "yes"
 

@@ -24,7 +24,7 @@ from infra.spec_checks import load_spec
 from tests.twin.conftest import FIGURES
 from tests.twin.test_fleet_on_twin import LWS_NAME_LABEL, remove_fleet
 from twin import fleet
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.karpenter import KWOK_NODE_CLASS, on_kwok_node_class
 from twin.nodes import TWIN_LABEL, system_nodes
 

@@ -24,7 +24,7 @@ from infra.spec_checks import switch_engine
 from tests.twin.placement import (assert_every_pod_bound, namespace_for_pods, remove_render, started_pods,
                                   users_objects)
 from twin import dra, fleet, kubelet
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.nodes import stack_nodes
 
 CREDENTIALS = "weights-s3-credentials"

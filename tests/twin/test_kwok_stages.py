@@ -16,7 +16,7 @@ import json
 
 from tests.twin.placement import namespace_for_pods
 from twin import fleet
-from twin.cluster import kubectl
+from twin.api import kubectl
 
 NAMESPACE = "twin-kwok-stages"
 HOLD = "twin.pdstack.io/hold"

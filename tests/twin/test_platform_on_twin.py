@@ -42,7 +42,7 @@ from tests.engine import require_engine
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import delete_namespaces
 from twin import fleet
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.onprem import as_the_operator_has_them
 

@@ -38,7 +38,7 @@ from tests.twin.standins import controllers_status
 from tests.twin.test_tracks_on_twin import pods_on
 from twin import fleet
 from twin.build import program
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.paths import KUBECONFIG
 

@@ -29,7 +29,7 @@ from tests.engine import engine_project, program_stack, serving_program
 from tests.twin.placement import delete_namespaces, users_objects
 from twin import fleet
 from twin.build import program
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.paths import KUBECONFIG
 
 # Waits the twin cannot answer: "open access" needs a gateway controller; "split pools" waits for

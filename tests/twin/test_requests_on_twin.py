@@ -31,7 +31,7 @@ from infra import naming
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import assert_every_pod_bound, remove_render, users_objects
 from twin import dra, fleet, pods
-from twin.cluster import TwinError
+from twin.api import TwinError
 from twin.nodes import stack_nodes
 
 @pytest.fixture(scope="module")

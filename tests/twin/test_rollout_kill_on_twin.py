@@ -31,7 +31,7 @@ from tests.servers import healthy_prometheus
 from tests.twin.placement import delete_namespaces, users_objects
 from tests.twin.standins import controllers_status
 from twin.build import program
-from twin.cluster import kubectl
+from twin.api import kubectl
 from twin.paths import KUBECONFIG
 
 
