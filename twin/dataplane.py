@@ -187,9 +187,14 @@ def make_envoy_gateway_certificates(admin_kubeconfig: Path) -> Path:
                           env={**build.go_env(), **env, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"envoy-gateway certgen failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    secret = json.loads(kubectl("get", "secret", "envoy-gateway", "-n", NAMESPACE, "-o", "json",
+    return mount_secret("envoy-gateway", private_folder(RUN_DIR / "pki" / "envoy-gateway-certs"), admin_kubeconfig)
+
+
+def mount_secret(name: str, folder: Path, admin_kubeconfig: Path) -> Path:
+    """What the kubelet does for a pod's secret volume: the Secret's keys as files in the folder
+    (0600 here: only the twin's own processes read them)."""
+    secret = json.loads(kubectl("get", "secret", name, "-n", NAMESPACE, "-o", "json",
                                 kubeconfig_path=admin_kubeconfig).stdout)
-    folder = private_folder(RUN_DIR / "pki" / "envoy-gateway-certs")
     for key, value in secret["data"].items():
         identities.write_private(folder / key, base64.b64decode(value).decode())
     return folder
@@ -242,8 +247,9 @@ def start_keda_operator(supervisor, admin_kubeconfig: Path) -> None:
     kubeconfig = identities.start_as_own(keda_rbac(), admin_kubeconfig)
     container, ports = keda_operator_container(), supervisor.ports
     env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
+    cert_dir = private_folder(RUN_DIR / "pki" / "keda-certs")
     argv = [str(build.program("keda-operator")), *container["args"],
-            f"--cert-dir={private_folder(RUN_DIR / 'pki' / 'keda-certs')}",
+            f"--cert-dir={cert_dir}",
             f"--metrics-bind-address=127.0.0.1:{ports.keda_metrics}",
             f"--health-probe-bind-address=127.0.0.1:{ports.keda_health}",
             f"--metrics-service-bind-address=127.0.0.1:{ports.keda_metrics_service}"]
@@ -266,6 +272,11 @@ def start_keda_operator(supervisor, admin_kubeconfig: Path) -> None:
     if first.returncode or not refreshed:
         raise RuntimeError(f"keda-operator exited with {first.returncode} before it served "
                            f"({supervisor.logs / 'keda-operator-first-start.log'})")
+    # The pod mounts that Secret at --cert-dir (config/manager/manager.yaml, volume `certificates`),
+    # and the restarted rotator waits for its files there: without them it gives up after its
+    # backoff (cert-controller rotator.go ensureCertsMounted, about 12 minutes) and the operator
+    # exits with "could not mount certs".
+    mount_secret("kedaorg-certs", cert_dir, admin_kubeconfig)
     supervisor.spawn("keda-operator", argv, env=env)
     supervisor.wait_until("keda-operator", lambda: _http_ok(ports.keda_health, "/readyz"))
 

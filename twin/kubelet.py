@@ -511,7 +511,8 @@ class Api:
         cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
         url = urllib.parse.urlsplit(cluster["server"])
         self.host, self.port = url.hostname, url.port
-        self.context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.server, self.cafile = cluster["server"], cluster["certificate-authority"]
+        self.context = ssl.create_default_context(cafile=self.cafile)
         self.auth = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
         if not self.auth:
             self.context.load_cert_chain(user["client-certificate"], user["client-key"])
@@ -549,6 +550,30 @@ class Api:
             "type": kind, "reason": reason, "message": message, "count": 1,
             "firstTimestamp": now, "lastTimestamp": now,
             "source": {"component": "kubelet", "host": pod["spec"].get("nodeName", "")}})
+
+
+# Job pods the twin runs to completion, as a kubelet runs their container: the program the
+# container's command names, built by the twin from the module the image is built from
+# (twin/build.py PROGRAMS). Today the platform's Envoy Gateway certgen hook (its Job's command
+# `envoy-gateway certgen`, infra/platform_stack/catalog.py envoy_gateway_certgen), whose Secret
+# the controller's pod mounts: without it that pod never starts.
+RUN_TO_COMPLETION = {"envoy-gateway": "envoy-gateway"}
+
+
+def job_container(pod: dict) -> dict | None:
+    """The container of a Job's pod the twin can run to completion, or None."""
+    if not any(o.get("kind") == "Job" for o in pod["metadata"].get("ownerReferences") or ()):
+        return None
+    containers = pod["spec"]["containers"]
+    command = (containers[0].get("command") or []) if len(containers) == 1 else []
+    return containers[0] if command and command[0] in RUN_TO_COMPLETION else None
+
+
+def _env(container: dict, pod: dict) -> dict[str, str]:
+    fields = {"metadata.namespace": pod["metadata"]["namespace"], "metadata.name": pod["metadata"]["name"]}
+    return {e["name"]: e["value"] if "value" in e else fields.get(e.get("valueFrom", {}).get("fieldRef", {})
+                                                                  .get("fieldPath"), "")
+            for e in container.get("env") or ()}
 
 
 def _now() -> str:
@@ -614,6 +639,10 @@ class Kubelet:
         if self.said.get(uid) == line and not verdict.passed:
             return  # written once per change, its events with it (the kubelet's recorder aggregates repeats)
         self.said[uid] = line
+        container = job_container(pod) if verdict.passed else None
+        if container is not None:
+            self.run_to_completion(pod, container)
+            return
         self.api.patch_status(pod, passed_status(now) if verdict.passed else failed_status(pod, verdict, now))
         for reason, message in verdict.warnings:
             self.api.event(pod, "Warning", reason, message, now)
@@ -621,6 +650,44 @@ class Kubelet:
             self.api.event(pod, "Warning", "FailedMount", message, now)
         for failure in verdict.containers:
             self.api.event(pod, "Warning", "Failed", f"Error: {failure.message}", now)
+
+    def run_to_completion(self, pod: dict, container: dict) -> None:
+        """Run a Job pod's container as its ServiceAccount (a TokenRequest token bound to the pod, as
+        the kubelet's projected token is), then write the phase the exit code gives."""
+        import subprocess
+        import tempfile
+
+        from twin import build
+
+        meta = pod["metadata"]
+        token = self.api.call("POST", f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/"
+                                      f"{pod['spec'].get('serviceAccountName', 'default')}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}})
+        with tempfile.TemporaryDirectory(prefix="twin-job-") as folder:
+            kubeconfig = Path(folder) / "kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+                "clusters": [{"name": "pod", "cluster": {"server": self.api.server,
+                                                         "certificate-authority": self.api.cafile}}],
+                "users": [{"name": "pod", "user": {"token": token["status"]["token"]}}],
+                "contexts": [{"name": "pod", "context": {"cluster": "pod", "user": "pod",
+                                                         "namespace": meta["namespace"]}}]}))
+            kubeconfig.chmod(0o600)
+            program = build.program(RUN_TO_COMPLETION[container["command"][0]])
+            done = subprocess.run([str(program), *container["command"][1:], *container.get("args", [])],
+                                  env={**build.go_env(), **_env(container, pod), "KUBECONFIG": str(kubeconfig)},
+                                  capture_output=True, text=True, timeout=300)
+        now, ok = _now(), done.returncode == 0
+        self.api.patch_status(pod, {"status": {
+            "phase": "Succeeded" if ok else "Failed",
+            "containerStatuses": [{"name": container["name"], "ready": False, "restartCount": 0,
+                                   "image": container.get("image", ""), "imageID": "",
+                                   "state": {"terminated": {"exitCode": done.returncode, "startedAt": now,
+                                                            "finishedAt": now,
+                                                            "reason": "Completed" if ok else "Error",
+                                                            "message": done.stderr[-500:]}}}]}})
 
     def probe(self, pod: dict) -> None:
         uid, host = pod["metadata"]["uid"], pod["status"].get("podIP")
