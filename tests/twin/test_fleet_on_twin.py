@@ -13,6 +13,8 @@ for the pools' instances (twin/nodes.py derives them from the spec and the NodeP
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import json
 
@@ -143,6 +145,28 @@ def _lws_pods(lws: dict) -> list[dict]:
             if "deletionTimestamp" not in p["metadata"]]
 
 
+@contextlib.contextmanager
+def autoscaler_set_aside(objects: list[dict], lws: dict):
+    """The pool's ScaledObject, and the HPA KEDA's operator made of it, deleted while a test sets
+    the pool's count by hand, and applied again after. The real operator runs on the twin, and
+    the HPA controller scales a target above the HPA's maxReplicas down to it (k8s.io/kubernetes
+    v1.34.4 pkg/controller/podautoscaler/horizontal.go, "Current number of replicas above
+    Spec.MaxReplicas"), which the pool's maximum plus the rollout's surge is."""
+    namespace, name = lws["metadata"]["namespace"], lws["metadata"]["name"]
+    scalers = [o for o in objects if o["kind"] == "ScaledObject" and o["metadata"]["namespace"] == namespace
+               and o["spec"]["scaleTargetRef"]["name"] == name]
+    for scaler in scalers:
+        kubectl("delete", "scaledobject", scaler["metadata"]["name"], "-n", namespace, "--ignore-not-found")
+    for hpa in fleet.get("horizontalpodautoscalers", "-n", namespace):
+        if hpa["spec"]["scaleTargetRef"]["name"] == name:
+            kubectl("delete", "horizontalpodautoscaler", hpa["metadata"]["name"], "-n", namespace, "--ignore-not-found")
+    try:
+        yield
+    finally:
+        if scalers:
+            assert fleet.apply_each_pass(scalers).rejected == {}
+
+
 def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_fleet):
     """Scaled to its maximum plus the rollout surge (what infra/planning/capacity.py reserves), every
     group of a pool is bound; one group more stays Pending, and the scheduler says why."""
@@ -152,27 +176,32 @@ def test_each_pool_scales_to_its_reserve_and_one_group_more_is_refused(applied_f
         capacity = pool_capacity(spec, role)
         size = lws["spec"]["leaderWorkerTemplate"].get("size", 1)
         reserve = capacity.max_instances + capacity.surge_instances
-        try:
-            _scale(lws, reserve)
-            pods = fleet.wait_for(f"{role} at {reserve} groups", lambda: (
-                lambda ps: ps if len(ps) == reserve * size and all(p["spec"].get("nodeName") for p in ps) else None
-            )(_lws_pods(lws)), timeout=300) or _lws_pods(lws)
-            unbound = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
-            assert len(pods) == reserve * size and not unbound, (
-                f"{label} {role} at {reserve} groups: {len(pods)} pods, unbound {unbound}: " + "; ".join(
-                    e for name in unbound[:2] for e in fleet.scheduler_events(lws["metadata"]["namespace"], name)))
-            _scale(lws, reserve + 1)
+        with autoscaler_set_aside(objects, lws):
+            _scale_to_reserve_and_one_more(lws, role, size, reserve, label)
 
-            def refused():
-                pending = [p for p in _lws_pods(lws) if not p["spec"].get("nodeName")]
-                said = [e for p in pending for e in fleet.scheduler_events(p["metadata"]["namespace"],
-                                                                           p["metadata"]["name"])]
-                return [e for e in said if e.startswith("FailedScheduling")]
-            said = fleet.wait_for(f"{role} group {reserve + 1} refused", refused, timeout=180)
-            assert said, f"{label} {role}: group {reserve + 1} did not stay Pending with a scheduler event"
-            FIGURES.append(f"{label} {role}: {reserve} groups bound; group {reserve + 1} refused: {said[0][:160]}")
-        finally:
-            _scale(lws, lws["spec"].get("replicas", 1))
+
+def _scale_to_reserve_and_one_more(lws: dict, role: str, size: int, reserve: int, label: str) -> None:
+    try:
+        _scale(lws, reserve)
+        pods = fleet.wait_for(f"{role} at {reserve} groups", lambda: (
+            lambda ps: ps if len(ps) == reserve * size and all(p["spec"].get("nodeName") for p in ps) else None
+        )(_lws_pods(lws)), timeout=300) or _lws_pods(lws)
+        unbound = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+        assert len(pods) == reserve * size and not unbound, (
+            f"{label} {role} at {reserve} groups: {len(pods)} pods, unbound {unbound}: " + "; ".join(
+                e for name in unbound[:2] for e in fleet.scheduler_events(lws["metadata"]["namespace"], name)))
+        _scale(lws, reserve + 1)
+
+        def refused():
+            pending = [p for p in _lws_pods(lws) if not p["spec"].get("nodeName")]
+            said = [e for p in pending for e in fleet.scheduler_events(p["metadata"]["namespace"],
+                                                                       p["metadata"]["name"])]
+            return [e for e in said if e.startswith("FailedScheduling")]
+        said = fleet.wait_for(f"{role} group {reserve + 1} refused", refused, timeout=180)
+        assert said, f"{label} {role}: group {reserve + 1} did not stay Pending with a scheduler event"
+        FIGURES.append(f"{label} {role}: {reserve} groups bound; group {reserve + 1} refused: {said[0][:160]}")
+    finally:
+        _scale(lws, lws["spec"].get("replicas", 1))
 
 
 def _can_i(verb: str, resource: str, group: str, account: str, namespace: str, subresource: str = "",
