@@ -44,7 +44,6 @@ RUN_ELSEWHERE = {
     "make twin-down": "it would stop a twin the developer started; tests/twin stop theirs",
     "make twin-build": "make test runs it before the tests",
     "make registry-build": "make test runs it before the tests",
-    ".venv/bin/python -m pytest tests/twin": "make test runs tests/twin",
     ".venv/bin/python -m pytest -s tests/test_fault_matrix.py": "make test runs it",
 }
 
