@@ -338,16 +338,21 @@ def operators_nodes(target: Target, spec: StackSpec) -> list:
     return hosts
 
 
-def users_objects(target: Target, spec: StackSpec) -> None:
+def user_objects(spec: StackSpec) -> dict:
     """What the user makes before the first `up` (README, "Objects that stay the user's"): the
-    weights credentials Secret (`access: secret`), here with the twin's values, no real key."""
+    environment's namespace and the weights credentials Secret (`access: secret`), here with the
+    twin's values, no real key. A List, as `kubectl apply -f -` reads it."""
     namespace = spec.environment.namespace
-    kubectl(target, "apply", "--server-side", "--field-manager=pdstack-user", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
-                                                                "namespace": namespace},
-             "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}))
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
+                                                            "namespace": namespace},
+         "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}
+
+
+def users_objects(target: Target, spec: StackSpec) -> None:
+    kubectl(target, "apply", "--server-side", "--field-manager=pdstack-user", "-f", "-",
+            input=json.dumps(user_objects(spec)))
 
 
 def _ready(pod: dict) -> bool:

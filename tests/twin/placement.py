@@ -196,12 +196,9 @@ def users_objects(spec) -> None:
     """What the user makes before the first rollout (README, "Objects that stay the user's"): dev's
     weights credentials Secret (`access: secret`) in the environment's namespace, which each
     release track's Storage reads to copy into its own (the values are the twin's, no real key)."""
-    namespace = spec.environment.namespace
-    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.model.weights.credentials_secret,
-                                                            "namespace": namespace},
-         "stringData": {"AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin"}}]}))
+    from scripts.up import user_objects
+
+    kubectl("apply", "-f", "-", input=json.dumps(user_objects(spec)))
 
 
 def one_of_each_shape(pod: dict) -> bool:
