@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -73,6 +74,26 @@ def test_the_forecast_never_plans_for_less_than_the_load_there_is_now():
     load there is now."""
     assert forecast([40.0] * 23 + [120.0], 3) >= 120.0
     assert forecast([120.0] * 23 + [40.0], 3) >= 40.0
+
+
+def test_a_step_in_the_load_is_a_new_level_not_a_trend():
+    """A step from 40 to 120 req/s, one to seven 5-minute points old, with the Poisson noise of a
+    5-minute count: Holt's damped trend (statsmodels 0.15.0 ExponentialSmoothing) fitted on the
+    series as it is took the jump for a slope and forecast about 145 req/s for as long as the step
+    stayed in the window (204 the round after a noiseless one); with the level shift taken out
+    (control.without_level_shifts, the level-shift outlier of Chen and Liu 1993) it forecasts the
+    new level and its noise margin."""
+    rng = random.Random(3)
+    for after in range(1, 8):
+        loads = [40.0] * (24 - after) + [120.0] * after
+        counted = [r + rng.gauss(0, math.sqrt(r * 300)) / 300 for r in loads]  # a 5-minute Poisson count
+        assert 120.0 <= forecast(loads, 3) <= 120.0 + 1e-6
+        assert max(counted[-after:]) <= forecast(counted, 3) <= 125.0
+    # A ramp's changes are alike and stay a trend; one point's spike is two jumps and comes out.
+    ramp = [10 + 2.0 * m for m in range(24)]
+    assert control.without_level_shifts(ramp) == pytest.approx(ramp)
+    spike = [50.0] * 12 + [90.0] + [50.0] * 11
+    assert control.without_level_shifts(spike) == pytest.approx([50.0] * 24)
 
 
 def test_forecast_follows_a_ramp_and_adds_its_safety_quantile():
