@@ -8,7 +8,7 @@ judged by simulating Poisson arrivals on that fleet, against the fewest instance
 finds meet the SLO.
 
     .venv/bin/python scripts/bench_planner_sim.py [--quick]
-    .venv/bin/python scripts/bench_planner_sim.py --days
+    .venv/bin/python scripts/bench_planner_sim.py --days [--only TEXT]
 
 With --days, simulated days instead (issue #41's day targets): `pdctl plan --watch`'s own round
 (infra/planning/control.py replan: its forecaster over the last 2 h of 5-minute rates, its
@@ -187,7 +187,7 @@ def simulate_day(measured: dict, fleet: Engine, trace: list[float], fewest_memo:
     return day
 
 
-def days(engine: Engine, measured: dict) -> None:
+def days(engine: Engine, measured: dict, only: str = "") -> None:
     traces = {"step 40->120 req/s at 08:00": [40.0] * 480 + [120.0] * 960,
               "diurnal 20..150 req/s, peak 14:00": day_curve(150, 20, 14)}
     fleets = {"as profiled": engine, "30% slower": Engine(slowdown=(1.3, 1.3)),
@@ -199,6 +199,8 @@ def days(engine: Engine, measured: dict) -> None:
     for fleet_name, fleet in fleets.items():
         memo: dict = {}  # the fewest counts at a rate, on this fleet
         for trace_name, trace in traces.items():
+            if only not in f"{trace_name} {fleet_name}":
+                continue
             d = simulate_day(measured, fleet, trace, memo)
             print(f"{trace_name:34s} {fleet_name:28s} {d['gpu_h']:6.0f} {d['fewest_gpu_h']:7.0f} "
                   f"{d['gpu_h'] / d['fewest_gpu_h']:5.2f}x {d['missed']:15d} {d['reversals']:18d} "
@@ -209,12 +211,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="three rates, not four")
     parser.add_argument("--days", action="store_true", help="simulated days of plan --watch's loop instead")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="with --days: only the days whose trace and fleet names contain TEXT, e.g. 'step 40->120 "
+                             "req/s at 08:00 30% slower' (a day takes minutes)")
     args = parser.parse_args()
     started = time.monotonic()
     engine = Engine()
     shared = profile(engine, 3000, 400)
     if args.days:
-        days(engine, shared)
+        days(engine, shared, args.only)
         print(f"\n({time.monotonic() - started:.0f} s)")
         return 0
     print(f"one default sweep at 3000/400 on {MEASURING[0]} prefill + {MEASURING[1]} decode instance(s): "
