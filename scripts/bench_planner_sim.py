@@ -15,8 +15,8 @@ With --days, simulated days instead (issue #41's day targets): `pdctl plan --wat
 correction from the p99s the fleet showed, at the horizon plan --watch gives it) every 5 minutes,
 on this simulated fleet as profiled, 30% slower and 25% faster, from the one default sweep's
 profile. A larger count is asked for at once and serves 10 minutes later (GPU-hours count it from
-the ask); a smaller one only when no plan of the last 15 minutes asked for more (the HPA's
-scale-down window). Each 5 minutes is judged by simulating 3000 Poisson arrivals a pool at that
+the ask); a smaller one only when no plan of the last 30 minutes asked for more (the HPA's
+scale-down window, as long as the reversal target's). Each 5 minutes is judged by simulating 3000 Poisson arrivals a pool at that
 interval's rate with the counts serving (SLO-minutes missed: 5 per interval missed); the fewest
 GPU-hours are those of the fewest counts the simulation finds meet the SLO at each interval's
 rate (an oracle that knows the rate and starts instances at once); a reversal is a pool's count
@@ -129,7 +129,12 @@ def workload_at(measured: dict, rate: float, inputs: Mix, outputs: Mix) -> Workl
                                     "output_tokens": {"mean": outputs.mean, "p99": outputs.p99()}})
 
 
-INTERVAL, STARTUP, STABILIZATION, REVERSAL_WINDOW = 5, 10, 15, 30  # minutes
+INTERVAL, STARTUP, REVERSAL_WINDOW = 5, 10, 30  # minutes
+# The scale-down window (deployment.autoscaling.scale_down_stabilization_seconds) is the reversal
+# target's window: a pool may only come down once no plan of the last 30 minutes asked for more,
+# so one round's plan a count higher (a p99 drawn from a few thousand requests, a forecast's
+# noise) is never taken back within 30 minutes. With 15, every such round was a reversal.
+STABILIZATION = REVERSAL_WINDOW
 DAY_INPUTS, DAY_OUTPUTS = Mix.of(3000, 7000), Mix.of(400, 940)
 
 

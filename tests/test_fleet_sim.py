@@ -69,3 +69,26 @@ def test_the_batch_a_run_held_is_its_steady_batch_not_a_mean_with_the_drain():
     run = aiperf_run(Engine(), 64, 3000, 400, 128, prefill_n=8)
     assert 0.9 * 64 <= run.held_batch <= 64
     assert "quantile_over_time(0.5" in held_batch_query("sglang", "pdstack", "decode", 60)
+
+
+def test_one_round_asking_for_more_is_not_a_reversal_in_the_bench_days():
+    """Issue #41's day target: no pool's count turns within 30 minutes of its last change the other
+    way. A count comes down only once no plan of the scale-down window asked for more (the HPA's
+    behavior.scaleDown.stabilizationWindowSeconds, Kubernetes autoscaling/v2); with a window of
+    15 minutes, one round's plan a count higher at a steady load (a p99 drawn from a few thousand
+    requests) came down 15 minutes later: a reversal each time (5-31 a step day)."""
+    import sys
+
+    from infra.spec import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import bench_planner_sim as bench
+
+    plans = [(10, 4)] * 6 + [(11, 5)] + [(10, 4)] * 12
+    scaling = bench.Scaling(bench.INTERVAL, bench.STARTUP, bench.STABILIZATION)
+    asked = []
+    for k, counts in enumerate(plans):
+        scaling.ask(k * bench.INTERVAL, counts)
+        asked.append(scaling.asked)
+    assert asked[-1] == (10, 4) and max(asked) == (11, 5)  # it did come down
+    assert bench.reversals(asked, bench.REVERSAL_WINDOW) == 0
