@@ -3,10 +3,10 @@ the pinned wheels, configured from dev's and prod's rendered engine pods (issue 
 moves real bytes"): twin/kv_handoff.py.
 
 Libraries: Mooncake's EFA build, `mooncake-transfer-engine-efa` at the release the specs' master
-image is tagged with, as the engine image installs it (tests/mooncake_efa_wheel.py: with
+image is tagged with, as the engine image installs it (twin/kv_libraries.py: with
 libcudart.so.12 from PyPI and a stand-in for the CUDA driver; no GPU is touched on the tcp
 transport), and `nixl` 1.5.0 with its `nixl-cu12`/`nixl-cu13` wheels (the recipe's NIXL_VERSION,
-tests/test_engine_image.py), unpacked into a scratch folder on the path of the engines' CPU
+tests/test_engine_image.py), unpacked once into the machine's cache, on the path of the engines' CPU
 virtualenv (torch, which nixl._api imports). Every wheel from scripts/pinned_wheels.py.
 
 Network: two pod network namespaces on twin/pods.py's PodNetwork (a hub bridge, a veth and a pod IP
@@ -25,7 +25,6 @@ import copy
 import functools
 import json
 import subprocess
-import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,17 +33,14 @@ import pytest
 from infra import naming
 from infra.render.engine_args import all_launches
 from infra.render.engine_check import MODEL_CONFIGS, MODELS, launch_argv, variant_spec
-from tests import mooncake_efa_wheel
 from tests.conftest import script_modules
 from tests.servers import require_binary
-from twin import kv_handoff
+from twin import kv_handoff, kv_libraries
 from twin.kv_handoff import BOOTSTRAP_ANNOTATION, container_env, on_cpu, settings_from_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 64  # one request's prompt
 PREFILL_IP, DECODE_IP = "10.244.40.2", "10.244.40.3"
-NIXL_DISTS = ("nixl", "nixl-cu12", "nixl-cu13")
-NIXL_VERSION = "1.5.0"
 
 
 def _scripts():
@@ -82,18 +78,12 @@ def kv_bytes(stack: str, engine: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def libraries(tmp_path_factory) -> dict:
-    """The pinned wheels unpacked as pip would install them, and the interpreter and env to run them."""
-    pinned_wheels, engine_flags = _scripts()
-    folder = tmp_path_factory.mktemp("kv-libraries")
-    for wheel in (pinned_wheels.pinned_wheel(d, NIXL_VERSION) for d in NIXL_DISTS):
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(folder)
+def libraries() -> dict:
+    """The pinned wheels unpacked as pip would install them (twin/kv_libraries.py, once per pin
+    into the machine's cache), and the interpreter and env to run them."""
+    _, engine_flags = _scripts()
     python = engine_flags.engine_venv() / "bin" / "python"
-    # UCX over TCP only: two pods on a cluster share no memory, so neither do the twin's (UCX would
-    # otherwise pick shared memory between two processes of one machine).
-    env = {"PATH": "/usr/bin:/bin", "UCX_TLS": "tcp", **mooncake_efa_wheel.unpack(folder)}
-    return {"python": str(python), "env": env}
+    return {"python": str(python), "env": {"PATH": "/usr/bin:/bin", **kv_libraries.environment()}}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ v0.3.8.post1, mooncake-integration/transfer_engine/transfer_engine_py.cpp, `(voi
 picks RDMA or TCP by the devices it finds. The efa transport and a binding that honours "efa" appear
 in v0.3.10; PyPI publishes the build as `mooncake-transfer-engine-efa` (x86_64, CUDA 12). The recipe
 now installs that wheel at the stack's release, and these tests run the same wheel
-(tests/mooncake_efa_wheel.py) in the engines' CPU virtualenv (scripts/extract_engine_flags.py).
+(twin/kv_libraries.py) in the engines' CPU virtualenv (scripts/extract_engine_flags.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from infra.render.engine_check import variant_spec
 from infra.spec import ENGINE_IMAGE_RECIPE, REPO_ROOT, mooncake_release
-from tests import mooncake_efa_wheel
+from twin import kv_libraries as mooncake_efa_wheel
 from tests.conftest import script_modules
 from tests.servers import require_binary
 from tests.test_engine_image import engine_wheel, recipe_args

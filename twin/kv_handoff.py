@@ -60,6 +60,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 SGLANG_BOOTSTRAP_PORT = 8998  # sglang 0.5.23 --disaggregation-bootstrap-port's default
 VLLM_SIDE_CHANNEL = ("localhost", 5600)  # vllm 0.33.0 envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT defaults
@@ -185,6 +186,9 @@ class _Mooncake:
         if ret != 0:
             raise HandoffError(f"Mooncake register_memory returned {ret}")
 
+    def deregister(self, buffer) -> None:
+        self.engine.unregister_memory(ctypes.addressof(buffer))
+
     def write(self, buffer, peer: dict) -> None:
         ret = self.engine.transfer_sync_write(peer["session_id"], ctypes.addressof(buffer), peer["ptr"], len(buffer))
         if ret < 0:
@@ -197,6 +201,7 @@ class _Nixl:
 
         backends = s.nixl_backend.split(",")
         self.name = str(uuid.uuid4())
+        self.registered = {}  # buffer address -> its registration descriptors
         try:
             if s.engine == "sglang":
                 (backend,) = backends
@@ -218,7 +223,11 @@ class _Nixl:
             raise HandoffError(f"NIXL agent has no backend (asked {s.nixl_backend!r})")
 
     def register(self, buffer) -> None:
-        self.agent.register_memory([(ctypes.addressof(buffer), len(buffer), 0, "")], "DRAM")
+        self.registered[ctypes.addressof(buffer)] = self.agent.register_memory(
+            [(ctypes.addressof(buffer), len(buffer), 0, "")], "DRAM")
+
+    def deregister(self, buffer) -> None:
+        self.agent.deregister_memory(self.registered.pop(ctypes.addressof(buffer)))
 
     def metadata(self) -> str:
         return base64.b64encode(self.agent.get_agent_metadata()).decode()
@@ -235,6 +244,8 @@ class _Nixl:
                 time.sleep(XFER_POLL_SECONDS)
                 state = self.agent.check_xfer_state(handle)
             self.agent.release_xfer_handle(handle)
+            # a peer registers a buffer per request, so its metadata is loaded afresh each time
+            self.agent.remove_remote_agent(name)
         except Exception as exc:  # noqa: BLE001
             raise HandoffError(f"NIXL {op} with agent at {peer.get('host')}: {type(exc).__name__}: {exc}") from None
         if state != "DONE":
@@ -254,75 +265,103 @@ def pushes(settings: HandoffSettings) -> bool:
     return settings.engine == "sglang"
 
 
-# ---- prefill: the hand-off server ----
+# ---- prefill: the rooms and the hand-off server ----
 
-class KVServer:
-    """The prefill side: its library made and its buffers registered, the exchange served on
-    (settings.host, settings.port). POST /kv/<room> with the decode's session or agent (SGLang:
-    the prefill writes, then answers); GET /kv/<room> for the prefill's agent and buffer (vLLM: the
-    decode reads, then POSTs /kv/<room>/done)."""
+class KVRooms:
+    """The prefill side: its library (made once), each room's KV in a registered buffer until the
+    decode has it, and the exchange's answers. POST /kv/<room> with the decode's session or agent
+    (SGLang: the prefill writes, then answers); GET /kv/<room> for the prefill's agent and buffer
+    (vLLM: the decode reads, then POSTs /kv/<room>/done). A room is freed once its KV has moved."""
 
-    def __init__(self, settings: HandoffSettings, rooms: dict[str, bytes]):
+    def __init__(self, settings: HandoffSettings):
         self.settings = settings
         self.library = _library(settings)
-        self.buffers = {}
+        self.buffers: dict[str, ctypes.Array] = {}
+        self.lock = threading.Lock()
+        self.timed = lambda seconds: None  # told each write's time (the pushing side times it)
+
+    def add(self, room: str, data: bytes) -> None:
+        buffer = ctypes.create_string_buffer(data, len(data))
+        with self.lock:
+            self.library.register(buffer)
+            self.buffers[room] = buffer
+
+    def _moved(self, room: str) -> None:
+        """The room's buffer freed (its KV moved, or the decode gave up on it)."""
+        with self.lock:
+            buffer = self.buffers.pop(room, None)
+            if buffer is not None:
+                self.library.deregister(buffer)
+
+    def answer(self, method: str, path: str, body: dict) -> tuple[int, dict]:
+        """(status, JSON body) for one request of the exchange."""
+        room = path.removeprefix("/kv/")
+        if method == "POST" and room.endswith("/done"):
+            self._moved(room.removesuffix("/done"))
+            return 200, {}
+        buffer = self.buffers.get(room)
+        if buffer is None or pushes(self.settings) != (method == "POST"):
+            return 404, {"error": f"no KV for room {room}"}
+        if method == "GET":
+            return 200, {"metadata": self.library.metadata(), "ptr": ctypes.addressof(buffer),
+                         "length": len(buffer), "host": self.settings.host, "sha256": sha256(buffer.raw)}
+        if len(buffer) != body.get("length"):
+            return 409, {"error": f"room {room}: {len(buffer)} bytes, decode has {body.get('length')}"}
+        started = time.monotonic()
+        try:
+            with self.lock:
+                if isinstance(self.library, _Mooncake):
+                    self.library.write(buffer, body)
+                else:
+                    self.library.move("WRITE", buffer, body, room.encode())
+        except HandoffError as exc:
+            self._moved(room)  # the decode aborts the request: its room is not asked again
+            return 502, {"error": str(exc)}
+        self.timed(time.monotonic() - started)
+        digest = sha256(buffer.raw)
+        self._moved(room)
+        return 200, {"sha256": digest}
+
+
+class KVServer(KVRooms):
+    """KVRooms with the exchange served on (settings.host, settings.port) by a server of its own."""
+
+    def __init__(self, settings: HandoffSettings, rooms: dict[str, bytes]):
+        super().__init__(settings)
         for room, data in rooms.items():
-            self.buffers[room] = ctypes.create_string_buffer(data, len(data))
-            self.library.register(self.buffers[room])
-        self.done: set[str] = set()
-        self.httpd = ThreadingHTTPServer((settings.host, settings.port), self._handler())
+            self.add(room, data)
+        self.httpd = ThreadingHTTPServer((settings.host, settings.port), exchange_handler(lambda: self))
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
-
-    def _handler(self):
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                room = self.path.removeprefix("/kv/")
-                buffer = server.buffers.get(room)
-                if buffer is None or pushes(server.settings):
-                    return self._answer(404, {"error": f"no KV for room {room}"})
-                self._answer(200, {"metadata": server.library.metadata(), "ptr": ctypes.addressof(buffer),
-                                   "length": len(buffer), "host": server.settings.host})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                room = self.path.removeprefix("/kv/")
-                if room.endswith("/done"):
-                    server.done.add(room.removesuffix("/done"))
-                    return self._answer(200, {})
-                buffer = server.buffers.get(room)
-                if buffer is None or not pushes(server.settings):
-                    return self._answer(404, {"error": f"no KV for room {room}"})
-                if len(buffer) != body.get("length"):
-                    return self._answer(409, {"error": f"room {room}: {len(buffer)} bytes, decode has {body.get('length')}"})
-                try:
-                    if isinstance(server.library, _Mooncake):
-                        server.library.write(buffer, body)
-                    else:
-                        server.library.move("WRITE", buffer, body, room.encode())
-                except HandoffError as exc:
-                    return self._answer(502, {"error": str(exc)})
-                server.done.add(room)
-                self._answer(200, {"sha256": sha256(buffer.raw)})
-
-        return Handler
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def exchange_handler(rooms):
+    """An HTTP handler class answering the exchange from `rooms()` (a KVRooms)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self, answered: tuple[int, dict]) -> None:
+            data = json.dumps(answered[1]).encode()
+            self.send_response(answered[0])
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._answer(rooms().answer("GET", self.path, {}))
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            self._answer(rooms().answer("POST", self.path, body))
+
+    return Handler
 
 
 def serve_kv(settings: HandoffSettings, rooms: dict[str, bytes]) -> KVServer:
@@ -343,27 +382,110 @@ def _call(url: str, body: dict | None, timeout: float) -> dict:
         raise HandoffError(f"{url}: {exc}") from None
 
 
+class KVReceiver:
+    """The decode side: its library (made once), and each request's KV received into a buffer
+    registered for it."""
+
+    def __init__(self, settings: HandoffSettings):
+        self.settings = settings
+        self.library = _library(settings)
+        self.lock = threading.Lock()
+
+    def receive(self, peer_host: str, peer_port: int, room: str, nbytes: int, timeout: float = 60,
+                call=None) -> bytes:
+        """`nbytes` of KV for `room` from the prefill at peer_host:peer_port (the address the router
+        names for SGLang, the one the prefill advertised for vLLM); HandoffError when it fails or
+        what arrived is not what the prefill holds. `call(path, body or None) -> answer` carries the
+        exchange (HTTP to the peer by default; vLLM's stand-in carries it on its ZMQ side channel)."""
+        call = call or (lambda path, body: _call(f"http://{peer_host}:{peer_port}{path}", body, timeout))
+        buffer = ctypes.create_string_buffer(nbytes)
+        with self.lock:
+            self.library.register(buffer)
+        try:
+            path = f"/kv/{room}"
+            if pushes(self.settings):
+                me = {"ptr": ctypes.addressof(buffer), "length": nbytes, "host": self.settings.host}
+                me.update({"session_id": self.library.session_id} if isinstance(self.library, _Mooncake)
+                          else {"metadata": self.library.metadata()})
+                said = call(path, me)
+                if said.get("sha256") != sha256(buffer.raw):
+                    raise HandoffError(f"room {room}: the KV that arrived differs from the prefill's")
+            else:
+                peer = call(path, None)
+                if peer["length"] != nbytes:
+                    raise HandoffError(f"room {room}: prefill holds {peer['length']} bytes, decode expects {nbytes}")
+                with self.lock:
+                    self.library.move("READ", buffer, peer, room.encode())
+                call(f"{path}/done", {})
+                if peer["sha256"] != sha256(buffer.raw):
+                    raise HandoffError(f"room {room}: the KV that arrived differs from the prefill's")
+            return buffer.raw
+        finally:
+            with self.lock:
+                self.library.deregister(buffer)
+
+
 def receive_kv(settings: HandoffSettings, peer_host: str, peer_port: int, room: str, nbytes: int,
                timeout: float = 60) -> bytes:
-    """The decode side: `nbytes` of KV for `room` from the prefill at peer_host:peer_port (the
-    address the router names for SGLang, the one the prefill advertised for vLLM)."""
-    library = _library(settings)
-    buffer = ctypes.create_string_buffer(nbytes)
-    library.register(buffer)
-    url = f"http://{peer_host}:{peer_port}/kv/{room}"
-    if pushes(settings):
-        me = {"ptr": ctypes.addressof(buffer), "length": nbytes, "host": settings.host}
-        me.update({"session_id": library.session_id} if isinstance(library, _Mooncake) else {"metadata": library.metadata()})
-        said = _call(url, me, timeout)
-        if said.get("sha256") != sha256(buffer.raw):
-            raise HandoffError(f"room {room}: the KV that arrived differs from the prefill's")
-    else:
-        peer = _call(url, None, timeout)
-        if peer["length"] != nbytes:
-            raise HandoffError(f"room {room}: prefill holds {peer['length']} bytes, decode expects {nbytes}")
-        library.move("READ", buffer, peer, room.encode())
-        _call(f"{url}/done", {}, timeout)
-    return buffer.raw
+    """One room's KV with a receiver of its own (see KVReceiver.receive)."""
+    return KVReceiver(settings).receive(peer_host, peer_port, room, nbytes, timeout)
+
+
+# ---- an engine process's part (the engine stand-in's, twin/engine_standin.py) ----
+
+MODELS = Path(__file__).resolve().parent.parent / "infra" / "render" / "engine_check" / "models"
+DEFAULT_KV_BYTES_PER_TOKEN = 4096  # a model whose config the twin does not hold
+
+
+def model_kv_bytes_per_token(model: str) -> int:
+    """kv_bytes_per_token of a served model's pinned config (infra/render/engine_check/models, by the
+    name's last part: Qwen/Qwen3-30B-A3B -> qwen3-30b-a3b.json)."""
+    config = MODELS / f"{model.rsplit('/', 1)[-1].lower()}.json"
+    return kv_bytes_per_token(json.loads(config.read_text())) if config.is_file() else DEFAULT_KV_BYTES_PER_TOKEN
+
+
+class EngineKV:
+    """One engine process's part in the hand-off, as its KV manager holds it: the library made at
+    start from the process's own env and argv (settings_from_pod, then on_cpu: a backend or protocol
+    the library refuses raises HandoffError there, as the engine fails to start), each request's KV
+    (random bytes, the model's KV for its prompt tokens) offered by the prefill under its room and
+    taken by the decode, checked by digest. `failed` counts the transfers that failed, and
+    `timed(seconds)` is told each one's time where the engine times it (the pushing prefill, the
+    pulling decode): what the engines' own metrics count, served by the stand-in's /metrics."""
+
+    def __init__(self, engine: str, roles: tuple[str, ...], env: dict[str, str], argv: list[str], pod_ip: str,
+                 model: str):
+        self.settings, self.changed = on_cpu(settings_from_pod(engine, roles[0], env, argv, pod_ip))
+        try:
+            self.rooms = KVRooms(replace(self.settings, role="prefill")) if "prefill" in roles else None
+            self.receiver = KVReceiver(replace(self.settings, role="decode")) if "decode" in roles else None
+        except ImportError as exc:
+            raise HandoffError(f"the {self.settings.backend} library is not importable ({exc}): the twin's "
+                               "pods run with twin/kv_libraries.py environment()") from None
+        self.per_token = model_kv_bytes_per_token(model)
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.timed = lambda seconds: None
+        if self.rooms:
+            self.rooms.timed = lambda seconds: self.timed(seconds)
+
+    def offer(self, room: str, prompt_tokens: int) -> None:
+        """Prefill: this request's KV, registered under its room until the decode has it."""
+        self.rooms.add(room, os.urandom(max(1, prompt_tokens) * self.per_token))
+
+    def take(self, peer_host: str, peer_port: int, room: str, prompt_tokens: int, call=None) -> str:
+        """Decode: the room's KV from the prefill; what moved, or HandoffError (counted as failed)."""
+        nbytes = max(1, prompt_tokens) * self.per_token
+        started = time.monotonic()
+        try:
+            data = self.receiver.receive(peer_host, peer_port, room, nbytes, call=call)
+        except HandoffError:
+            with self.lock:
+                self.failed += 1
+            raise
+        if not pushes(self.settings):
+            self.timed(time.monotonic() - started)
+        return f"{len(data)} bytes of KV over {self.settings.backend}, sha256 {sha256(data)[:12]}"
 
 
 # ---- processes: python kv_handoff.py serve|receive (what a test or a stand-in runs) ----
