@@ -519,6 +519,10 @@ class PodProcesses:
             (self.bin / name).chmod(0o755)
         self.started: list[Started] = []
         self.not_runnable: dict[str, str] = {}  # "namespace/name" -> why no process was started (not_runnable)
+        # The fleet model per engine build: image -> the token timing its stand-ins start with
+        # ({"TWIN_STANDIN_TTFT_MS": "2500"}, engine_standin.py reads it), so a revision whose render
+        # names another image (a slow build) is slow by what its pods carry.
+        self.token_timing: dict[str, dict[str, str]] = {}
 
     def start(self, namespace: str, select=lambda pod: True, timeout: float = 300) -> list[Started]:
         """Start every pod of `namespace` the twin runs (runs_as) that `select(pod)` also picks, once
@@ -563,7 +567,7 @@ class PodProcesses:
         spec_file.write_text(json.dumps({
             "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
             "workdir": container.get("workingDir", "/"), "argv": [*container["command"], *container.get("args", [])],
-            "env": _env(pod, container, self.kubeconfig, path)}))
+            "env": {**_env(pod, container, self.kubeconfig, path), **self.token_timing.get(container["image"], {})}}))
         spec_file.chmod(0o600)
         process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
                           "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
@@ -597,14 +601,18 @@ class PodProcesses:
     def request(self, ip: str, port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
         return request(self.network.client_socket, ip, port, path, body, timeout)
 
+    def stop_pod(self, pod: Started) -> None:
+        """End one started pod's process (its pod deleted, say)."""
+        _stop(pod.process)
+        _stop(pod.holder)
+        kubectl("annotate", "pod", pod.name, "-n", pod.namespace, f"{PROCESS_ANNOTATION}-",
+                kubeconfig_path=self.kubeconfig, check=False)  # nothing serves it now
+        self.started.remove(pod)
+
     def stop_pods(self) -> None:
         """End the started pods' processes; the pod network and the engine checker stay for the next."""
-        for pod in reversed(self.started):
-            _stop(pod.process)
-            _stop(pod.holder)
-            kubectl("annotate", "pod", pod.name, "-n", pod.namespace, f"{PROCESS_ANNOTATION}-",
-                    kubeconfig_path=self.kubeconfig, check=False)  # nothing serves it now
-        self.started.clear()
+        for pod in reversed(list(self.started)):
+            self.stop_pod(pod)
         self.not_runnable.clear()
 
     def stop(self) -> None:
