@@ -16,7 +16,6 @@ time_to_first_token histogram, both engines; a streamed answer is one event per 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ import pytest
 
 from tests.servers import free_port
 from twin.pods import STANDIN, _engines_venv
-from twin.process import die_with_parent
+from twin.process import dying_with_parent
 
 
 VLLM_PRODUCER = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
@@ -63,8 +62,8 @@ def engines(tmp_path_factory):
     # (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) on a free port of 127.0.0.1.
     env = {**os.environ, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side_channel"])}
-    procs = {name: subprocess.Popen([python, str(STANDIN), *argv], stdout=open(folder / f"{name}.log", "wb"), env=env,
-                                    stderr=subprocess.STDOUT, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    procs = {name: subprocess.Popen(dying_with_parent([python, str(STANDIN), *argv]), env=env,
+                                    stdout=open(folder / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
              for name, argv in argvs.items()}
     try:
         deadline = time.monotonic() + 300

@@ -26,7 +26,6 @@ sets it up; every folder is 0700 and every private key 0600 from its creation (t
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
 import os
 import select
@@ -47,7 +46,7 @@ from twin import build, crds, dataplane, identities, kubelet, netns
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
-from twin.process import die_with_parent, has_open, identity
+from twin.process import dying_with_parent, has_open, identity
 
 STATE = RUN_DIR / "state.json"
 START_TIMEOUT = float(os.environ.get("PDSTACK_TWIN_START_TIMEOUT", 600))
@@ -129,9 +128,8 @@ class Supervisor:
 
     def spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "wb")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=RUN_DIR, env={**os.environ, **(env or {})},
-                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        proc = subprocess.Popen(dying_with_parent(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=RUN_DIR, env={**os.environ, **(env or {})})
         self.children[name] = proc
         self.record("starting", step=f"started {name}")
         return proc

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import hashlib
 import http.client
 import importlib
@@ -55,7 +54,7 @@ from twin import build, netns
 from infra import naming
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
-from twin.process import die_with_parent
+from twin.process import dying_with_parent
 
 PROCESS_ANNOTATION = "twin.pdstack.dev/process"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -108,8 +107,8 @@ def _inside(pid: int, *command: str) -> None:
 
 def _spawn(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=cwd, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        return subprocess.Popen(dying_with_parent(argv), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=cwd)
 
 
 class PodNetwork:

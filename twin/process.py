@@ -1,7 +1,7 @@
 """Processes the twin (and the tests' pdctl fork server) start: dying with their parent, and
 knowing a process again by more than its pid.
 
-Linux only, as the twin is: prctl(2) and /proc.
+Linux only, as the twin is: prctl(2), setpriv(1) (util-linux, as nsenter and unshare) and /proc.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import signal
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# Loaded here, in the parent: a preexec_fn runs between fork and exec, where loading a library
-# (dlopen takes a lock another thread of the parent may have held at the fork) is not safe.
+# Loaded here, in the parent: in a child between fork and exec, loading a library (dlopen takes a
+# lock another thread of the parent may have held at the fork) is not safe.
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
@@ -22,13 +22,29 @@ def die_with_parent(parent_pid: int) -> None:
 
     The signal is sent only for a death after the call, so prctl(2) (PR_SET_PDEATHSIG) advises
     checking the parent's pid right after it: a parent that died just before is no longer the
-    parent (the process has been reparented). Call it first thing in the child, e.g. as
-    Popen(preexec_fn=functools.partial(die_with_parent, os.getpid()))."""
+    parent (the process has been reparented). Call it first thing in a forked child that runs
+    no thread (tests/forked_pdctl.py); a program is started with dying_with_parent instead."""
     if _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dying_with_parent(argv: list[str], parent_pid: int | None = None) -> list[str]:
+    """`argv` as a command whose process the kernel SIGKILLs when its parent (this process, or
+    `parent_pid`) dies: die_with_parent's rule, applied after the exec by setpriv(1) --pdeathsig
+    (the signal outlives exec(2) but for a set-user-ID program) and a shell comparing $PPID.
+
+    Never Popen(preexec_fn=die_with_parent): CPython forks with fork(2) when there is a preexec_fn
+    (Modules/_posixsubprocess.c), which runs every at-fork handler of the parent in the child.
+    gRPC's (grpcio, loaded by Pulumi's automation API) restarts its poller thread there; the child
+    then closes its fds above 2 before the exec, the poller's epoll fd with them, and the poller
+    aborts (SIGABRT, "epoll_wait error: Bad file descriptor") if it polls before the exec ends it.
+    With no preexec_fn CPython uses vfork(2), which runs no handler (tests/test_twin_process.py)."""
+    parent = os.getpid() if parent_pid is None else parent_pid
+    return ["setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", '[ "$PPID" = "$0" ] || kill -KILL $$; exec "$@"',
+            str(parent), *argv]
 
 
 def identity(pid: int) -> str | None:
