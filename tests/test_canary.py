@@ -37,6 +37,31 @@ def test_each_gate_fails_on_its_own():
     assert failed(judge(worse(kv_transfer_errors=3), GOOD, SLO)) == {"KV transfer errors"}
 
 
+def test_a_slow_kv_handoff_fails_against_the_serving_revision_only():
+    """A canary whose KV transfers' p99 is more than the latency regression above the serving
+    revision's fails; within it, or with nothing to compare (a first release: the spec sets no SLO
+    for a transfer's time; no transfer timed: NaN), the gate is not there."""
+    timed = Observation(**{**GOOD.__dict__, "kv_transfer_p99_s": 0.010})
+    worse = lambda seconds: Observation(**{**GOOD.__dict__, "kv_transfer_p99_s": seconds})  # noqa: E731
+    assert failed(judge(worse(0.013), timed, SLO)) == {"KV transfer p99 vs serving"}
+    assert "13.0 ms, serving 10.0 ms" in judge(worse(0.013), timed, SLO).reasons()
+    assert judge(worse(0.011), timed, SLO).passed
+    assert "KV transfer p99 vs serving" not in {g.name for g in judge(worse(0.5), None, SLO).gates}
+    assert "KV transfer p99 vs serving" not in {g.name for g in judge(GOOD, timed, SLO).gates}
+
+
+def test_the_kv_transfer_time_is_read_in_seconds_where_each_engine_times_it():
+    """SGLang 0.5.23 times a transfer on the prefill in ms (sglang:kv_transfer_latency_ms,
+    srt/observability/metrics_collector.py, observed by disaggregation/prefill.py); vLLM 0.33.0 on
+    the decode in s (vllm:nixl_xfer_time_seconds, kv_connector/v1/nixl/stats.py)."""
+    for engine, name, scale in (("sglang", "sglang:kv_transfer_latency_ms_bucket", "0.001"),
+                                ("vllm", "vllm:nixl_xfer_time_seconds_bucket", "1")):
+        data = stack_data("dev")
+        spec = parse_spec(vllm_with_epp(data) if engine == "vllm" else data)
+        query = gate_queries(spec, 3, "5m")["kv_transfer_p99_s"]
+        assert name in query and query.endswith(f" * {scale}"), query
+
+
 def test_no_data_fails_rather_than_passes():
     blind = Observation(math.nan, math.nan, math.nan, math.nan)
     assert not judge(blind, GOOD, SLO).passed

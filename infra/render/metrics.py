@@ -116,6 +116,10 @@ class EngineMetrics:
     prefix_hit_tokens: str
     prefix_lookup_tokens: str
     kv_transfer_failures: str  # counter
+    # Histogram of one KV transfer's time, and its unit in seconds (SGLang's is in ms, timed on the
+    # prefill, which pushes; vLLM's in s, on the decode, which pulls)
+    kv_transfer_time_bucket: str
+    kv_transfer_time_unit_s: float
     requests_total: str  # counter of finished requests
     requests_started: str  # counter of requests received (the error-rate denominator)
     requests_failed: str  # counter of requests aborted or failed (the error-rate numerator)
@@ -149,6 +153,8 @@ ENGINE_METRICS = {
         prefix_hit_tokens='sglang:prefill_effective_tokens_total{mode=~".+_hit"}',
         prefix_lookup_tokens="sglang:prefill_effective_tokens_total",
         kv_transfer_failures="sglang:num_transfer_failed_reqs_total",
+        kv_transfer_time_bucket="sglang:kv_transfer_latency_ms_bucket",  # disaggregation/prefill.py
+        kv_transfer_time_unit_s=0.001,
         requests_total="sglang:e2e_request_latency_seconds_count",
         requests_started="sglang:num_requests_total",
         requests_failed="sglang:num_aborted_requests_total",
@@ -169,6 +175,8 @@ ENGINE_METRICS = {
         prefix_hit_tokens="vllm:prefix_cache_hits_total",
         prefix_lookup_tokens="vllm:prefix_cache_queries_total",
         kv_transfer_failures="vllm:nixl_num_failed_transfers_total",
+        kv_transfer_time_bucket="vllm:nixl_xfer_time_seconds_bucket",  # kv_connector/v1/nixl/stats.py
+        kv_transfer_time_unit_s=1.0,
         requests_total="vllm:e2e_request_latency_seconds_count",
         requests_started="vllm:request_success_total",
         requests_failed='vllm:request_success_total{finished_reason="abort"}',

@@ -10,6 +10,12 @@ TTFT is judged per role, read from the pools where the engine times it (`ttft_po
 the alerts and scalers read): vLLM times it on prefill and on decode, each its own part, and a
 histogram summed over both hides one role's slow tail in the other's samples; an SGLang PD
 prefill times none. The gate reads the slowest role's p99: any role's above the SLO fails it.
+
+KV hand-offs: a failed one (each engine's own counter, ENGINE_METRICS kv_transfer_failures) fails
+the canary; a slow one, its p99 transfer time above the serving revision's by more than the latency
+regression allows (ENGINE_METRICS kv_transfer_time_bucket, timed where each engine times it). The
+spec sets no SLO for a transfer's time, so a first release is not judged on it, nor a revision
+whose engines report no transfer (no PD pair, or no traffic yet).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Observation:
     tpot_p99_s: float
     error_rate: float
     kv_transfer_errors: float
+    kv_transfer_p99_s: float = math.nan  # NaN: no transfer timed
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
         "error_rate": f"sum(rate({with_selector(m.requests_failed, sel)}[{window}])) / "
                       f"sum(rate({with_selector(m.requests_started, sel)}[{window}]))",
         "kv_transfer_errors": f"sum(increase({with_selector(m.kv_transfer_failures, sel)}[{window}])) or vector(0)",
+        "kv_transfer_p99_s": f"{p99(m.kv_transfer_time_bucket, sel, window)} * {m.kv_transfer_time_unit_s:g}",
     }
 
 
@@ -104,6 +112,11 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
             gates.append(Gate("error rate vs serving", err <= limit, f"{err:.2%}, serving {baseline.error_rate:.2%}"))
     kv = canary.kv_transfer_errors if math.isfinite(canary.kv_transfer_errors) else 0.0
     gates.append(Gate("KV transfer errors", kv <= policy.allowed_kv_transfer_errors, f"{kv:g} in the window"))
+    slow, base = canary.kv_transfer_p99_s, baseline.kv_transfer_p99_s if baseline else math.nan
+    if math.isfinite(slow) and math.isfinite(base) and base > 0:
+        limit = base * policy.latency_regression
+        gates.append(Gate("KV transfer p99 vs serving", slow <= limit,
+                          f"{slow * 1000:.1f} ms, serving {base * 1000:.1f} ms (limit x{policy.latency_regression:g})"))
     return Verdict(tuple(gates))
 
 
