@@ -3,6 +3,9 @@ decode answers only after the prefill the router named (bootstrap_host, bootstra
 bootstrap_room, as sglang-router 0.3.2 routers/http/pd_router.rs adds them) has taken the room;
 a bootstrap port where no prefill listens, or a prefill with another page size (SGLang 0.5.23
 disaggregation/common/conn.py try_ensure_parallel_info: "Page size mismatch"), fails the request.
+The room's KV moves with the pinned Mooncake (twin/kv_handoff.py), its sha256 checked on the
+decode; NIXL's READ likewise for vLLM; each engine's failed-transfer counter stays 0 and its
+transfer-time histogram counts the transfer where the engine times it.
 Each stand-in's argv goes through SGLang 0.5.23's own parser first (one checker process).
 
 vLLM 0.33.0 mode (the same checker runs `vllm serve`'s parser and validation,
@@ -26,6 +29,7 @@ import urllib.request
 import pytest
 
 from tests.servers import free_port
+from twin import kv_libraries
 from twin.pods import STANDIN, _engines_venv
 from twin.process import dying_with_parent
 
@@ -60,8 +64,11 @@ def engines(tmp_path_factory):
     # how long a decode waits for its prefill to take the room (SGLang's own knob): short, for the case
     # where no prefill ever gets the request; the router sends both at once. vLLM's side channel
     # (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) on a free port of 127.0.0.1.
+    # The KV moves between them with the pinned transfer libraries (twin/kv_libraries.py), each side
+    # registered at 127.0.0.1 (SGLang's SGLANG_HOST_IP, vLLM's side-channel host).
     env = {**os.environ, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side_channel"])}
+           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side_channel"]), "SGLANG_HOST_IP": "127.0.0.1",
+           **kv_libraries.environment()}
     procs = {name: subprocess.Popen(dying_with_parent([python, str(STANDIN), *argv]), env=env,
                                     stdout=open(folder / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
              for name, argv in argvs.items()}
@@ -81,6 +88,13 @@ def engines(tmp_path_factory):
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def _sample(port: int, name: str) -> float:
+    """The sum of one metric's samples on an engine's /metrics."""
+    status, text = _get(port, "/metrics")
+    assert status == 200, text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -113,7 +127,12 @@ def test_the_decode_answers_after_the_named_prefill_took_the_room(engines):
         prefill = pool.submit(_chat, engines["prefill"], engines["bootstrap"], 7)
         (status, text), (prefill_status, _) = decode.result(), prefill.result()
     assert (status, prefill_status) == (200, 200), text
-    assert f"prefill 127.0.0.1:{engines['bootstrap']} room 7" in json.loads(text)["choices"][0]["message"]["content"]
+    content = json.loads(text)["choices"][0]["message"]["content"]
+    assert f"prefill 127.0.0.1:{engines['bootstrap']} room 7" in content
+    # the room's KV crossed with Mooncake (the decode checked its sha256 against the prefill's)
+    assert "bytes of KV over mooncake, sha256 " in content, content
+    assert _sample(engines["decode"], "sglang:num_transfer_failed_reqs_total") == 0
+    assert _sample(engines["prefill"], "sglang:kv_transfer_latency_ms_count") >= 1  # timed where it pushes
     loads = json.loads(_get(engines["decode"], "/v1/loads")[1])["loads"][0]
     assert loads["disaggregation"]["mode"] == "decode" and loads["num_running_reqs"] == 0
 
@@ -163,8 +182,11 @@ def test_vllm_decode_answers_after_the_nixl_handshake_with_the_prefill(engines):
     status, text = _post(engines["vllm_decode"], "/v1/chat/completions", {
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": params})
     assert status == 200, text
-    assert f"prefill {params['remote_engine_id']} at 127.0.0.1:{engines['side_channel']}" in \
-        json.loads(text)["choices"][0]["message"]["content"]
+    content = json.loads(text)["choices"][0]["message"]["content"]
+    assert f"prefill {params['remote_engine_id']} at 127.0.0.1:{engines['side_channel']}" in content
+    assert "bytes of KV over nixl, sha256 " in content, content  # READ from the prefill's agent, digest checked
+    assert _sample(engines["vllm_decode"], "vllm:nixl_num_failed_transfers_total") == 0
+    assert _sample(engines["vllm_decode"], "vllm:nixl_xfer_time_seconds_count") == 1  # timed where it pulls
     status, text = _post(engines["vllm_decode"], "/v1/chat/completions", {
         "model": "m", "messages": [{"role": "user", "content": "hi"}],
         "kv_transfer_params": {**params, "remote_port": free_port()}})  # a side channel where nothing listens

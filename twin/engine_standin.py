@@ -30,8 +30,7 @@ POST /register_dp_rank, /query_dp_ranks), registers its ranks there with PUT /ro
 for each request records the room (POST /register_dp_rank). The decode asks the prefill named in
 the request for its parallel layout (GET /route with every rank -1, as the decode's
 `try_ensure_parallel_info` does; a page size other than its own fails the request, as there) and
-waits until that prefill has taken the room before it answers. No KV moves: the hand-off is the
-bootstrap exchange only (no Mooncake or NIXL transfer, no tensors).
+waits until that prefill has taken the room before it answers; then the room's KV moves (below).
 
 vLLM 0.33.0 mode: the argv goes through `vllm serve`'s own parser and validation
 (vllm/entrypoints/cli/serve.py ServeSubcommand: subparser_init -> make_arg_parser, then validate;
@@ -52,8 +51,20 @@ channel VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT + DP index); the
 channel is vLLM's ZMQ ROUTER (base_scheduler.py _nixl_handshake_listener: msgpack
 (GET_META_MSG, pp_rank, tp_rank) in, the handshake payload and its clock out); a decode given
 do_remote_prefill does the decode's handshake there (base_worker.py _nixl_handshake: REQ socket,
-5 s receive timeout, "Remote NIXL agent engine ID mismatch") before it answers. No KV moves
-(twin/kv_handoff.py moves real bytes between pods; this stand-in does not call it yet).
+5 s receive timeout, "Remote NIXL agent engine ID mismatch") before it answers; then it READs the
+request's KV (below).
+
+The KV hand-off (twin/kv_handoff.py EngineKV, the pinned libraries from twin/kv_libraries.py):
+a PD engine makes its transfer library at start from its own env and argv (a backend the library
+refuses ends it, as it ends the engine); per request the prefill registers the request's KV (the
+served model's bytes per prompt token) under its room, and the decode takes it with the real
+library, its sha256 checked: SGLang's prefill writes it (Mooncake or NIXL), the exchange on the
+bootstrap port the router names; vLLM's decode READs it with NIXL, the exchange on the prefill's
+ZMQ side channel. A failed transfer aborts the request with a 500, as the engines do (SGLang
+disaggregation/decode.py pop_transferred; vLLM kv_load_failure_policy "fail"), and counts in the
+engine's own metric (sglang:num_transfer_failed_reqs_total, vllm:nixl_num_failed_transfers_total);
+each transfer's time goes to sglang:kv_transfer_latency_ms (the prefill's, ms) or
+vllm:nixl_xfer_time_seconds (the decode's).
 
 Token timing (both engines), a fleet model a test can change per pod: the first token after
 TWIN_STANDIN_TTFT_MS, each next one after TWIN_STANDIN_ITL_MS (env, defaults below), or after
@@ -82,6 +93,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import kv_handoff  # twin/kv_handoff.py, beside this file
+
 PINNED = Path(__file__).resolve().parent.parent / "infra" / "render" / "pinned"
 VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
 ROOM_WAIT_SECONDS = float(os.environ.get("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300))
@@ -94,15 +107,18 @@ BUCKETS = {
     "sglang": {"ttft": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400),
                "itl": (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                        0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000),
-               "e2e": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)},
+               "e2e": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400),
+               "kv": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)},  # ms: SchedulerMetricsCollector
     "vllm": {"ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                       20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
              "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                      40.0, 80.0),
              "e2e": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                     480.0, 960.0, 1920.0, 7680.0)},
+                     480.0, 960.0, 1920.0, 7680.0),
+             "kv": (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)},  # nixl/stats.py
 }
 GET_META_MSG = b"get_meta_msg"  # vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py
+KV_MSG = b"twin_kv"  # twin/kv_handoff.py's exchange on the side channel (vLLM's handshake payload carries its agent)
 
 
 def check(engine: str, argv: list[str]) -> dict:
@@ -206,6 +222,10 @@ class Histogram:
                    f"{name}_sum{{{labels}}} {self.sum}", f"{name}_count{{{labels}}} {float(self.count)}"])
 
 
+def _prompt_tokens(body: dict) -> int:
+    return len(json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "").split())
+
+
 def _token_count(body: dict) -> int:
     """How many tokens an answer has: what the request allows, at most 16 (a short answer is enough)."""
     return max(1, min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 8), 16))
@@ -214,7 +234,8 @@ def _token_count(body: dict) -> int:
 class Engine:
     """What both engines share: counts, token timing and its histograms, the OpenAI answers."""
     kind = ""
-    HISTOGRAMS: dict = {}  # metric name -> "ttft" | "itl" | "e2e"
+    HISTOGRAMS: dict = {}  # metric name -> "ttft" | "itl" | "e2e" | "kv"
+    KV_TIME_UNIT = 1  # its KV transfer histogram's unit, per second
 
     def __init__(self, args):
         self.args = args
@@ -224,6 +245,28 @@ class Engine:
         self.timing = {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}
         self.histograms = {name: Histogram(BUCKETS[self.kind][which]) for name, which in self.HISTOGRAMS.items()}
         self.catalogue = json.loads((PINNED / f"{self.kind}-{VERSIONS[self.kind]}-metrics.json").read_text())["metrics"]
+        self.kv: kv_handoff.EngineKV | None = None  # its part in the KV hand-off (start_kv), if it has one
+
+    def start_kv(self, argv: list[str]) -> None:
+        """The KV transfer library made from this process's env and argv, as the engine's KV manager
+        makes it at start: one the library refuses ends the process, as it ends the engine."""
+        roles = self.kv_roles()
+        if not roles:
+            return
+        try:
+            self.kv = kv_handoff.EngineKV(self.kind, roles, dict(os.environ), argv, _local_ip(), self.model)
+        except kv_handoff.HandoffError as exc:
+            sys.exit(f"engine stand-in: the KV transfer engine did not start: {exc}")
+        self.kv.timed = lambda seconds: self.observe("kv", seconds * self.KV_TIME_UNIT)
+        print(f"engine stand-in: KV hand-off as {'+'.join(roles)} over {self.kv.settings.backend} at "
+              f"{self.kv.settings.host}:{self.kv.settings.port} (the CPU's in place of the render's: "
+              f"{self.kv.changed or 'nothing'})", file=sys.stderr, flush=True)
+
+    def kv_roles(self) -> tuple[str, ...]:
+        return ()
+
+    def transfers_failed(self) -> int:
+        return self.kv.failed if self.kv else 0
 
     def observe(self, which: str, seconds: float) -> None:
         with self.lock:
@@ -254,9 +297,10 @@ class Engine:
         except (ValueError, TimeoutError, OSError, RuntimeError) as exc:
             with self.lock:
                 self.running -= 1
-            return (400 if isinstance(exc, ValueError) else 500), {"object": "error", "message": str(exc), "code": 400}
+            status = 400 if isinstance(exc, ValueError) else 500
+            return status, {"object": "error", "message": str(exc), "code": status}
         ident, created = uuid.uuid4().hex, int(time.time())
-        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("text") or "").split())
+        prompt = _prompt_tokens(body)
         chat = route == "/v1/chat/completions"
 
         def finish(generated: int) -> dict:
@@ -332,7 +376,8 @@ class Engine:
 class SGLang(Engine):
     kind = "sglang"
     HISTOGRAMS = {"sglang:time_to_first_token_seconds": "ttft", "sglang:inter_token_latency_seconds": "itl",
-                  "sglang:e2e_request_latency_seconds": "e2e"}
+                  "sglang:e2e_request_latency_seconds": "e2e", "sglang:kv_transfer_latency_ms": "kv"}
+    KV_TIME_UNIT = 1000  # its KV transfer histogram counts ms
 
     def __init__(self, args):
         super().__init__(args)
@@ -358,13 +403,18 @@ class SGLang(Engine):
         if self.mode == "prefill":
             serve_bootstrap(self)
 
+    def kv_roles(self) -> tuple[str, ...]:
+        """A PD group's first node: the others' ranks hand off their shards beside it (not run here)."""
+        return (self.mode,) if self.mode in ("prefill", "decode") and not self.args.node_rank else ()
+
     def metric_values(self):
         values = {"engine_type": {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified"),
                   "model_name": self.model, "is_streaming": "false", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         numbers = {"sglang:num_requests_total": self.counts["requests"],
                    "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
                    "sglang:generation_tokens_total": self.counts["generation_tokens"],
-                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
+                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0,
+                   "sglang:num_transfer_failed_reqs_total": self.transfers_failed()}
         return values, numbers
 
     def model_info(self) -> dict:
@@ -408,6 +458,8 @@ class SGLang(Engine):
         room = body.get("bootstrap_room")
         if room is None:
             raise ValueError("a prefill request without bootstrap_room (the router adds it in PD mode)")
+        if self.kv:
+            self.kv.offer(str(int(room)), _prompt_tokens(body))
         _call(f"http://127.0.0.1:{self.args.disaggregation_bootstrap_port}/register_dp_rank",
               {"bootstrap_room": int(room), "dp_rank": 0})
 
@@ -425,13 +477,21 @@ class SGLang(Engine):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"prefill {address} never took bootstrap room {room}")
             time.sleep(0.05)
-        return f"prefill {address} room {room}"
+        if not self.kv:
+            return f"prefill {address} room {room}"
+        try:  # the KV at the address the router named (the bootstrap server carries the exchange)
+            moved = self.kv.take(host, int(port or self.args.disaggregation_bootstrap_port), str(int(room)),
+                                 _prompt_tokens(body))
+        except kv_handoff.HandoffError as exc:  # disaggregation/decode.py pop_transferred, KVPoll.Failed
+            raise kv_handoff.HandoffError(f"Decode transfer failed for request rank=0 bootstrap_room={room} "
+                                          f"with exception {exc}") from None
+        return f"prefill {address} room {room}: {moved}"
 
 
 class VLLM(Engine):
     kind = "vllm"
     HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:inter_token_latency_seconds": "itl",
-                  "vllm:e2e_request_latency_seconds": "e2e"}
+                  "vllm:e2e_request_latency_seconds": "e2e", "vllm:nixl_xfer_time_seconds": "kv"}
     health = ("/health", "/ping")
     posts = ("/v1/completions", "/v1/chat/completions", "/ping")
 
@@ -469,8 +529,13 @@ class VLLM(Engine):
         numbers = {"vllm:num_requests_running": self.running, "vllm:num_requests_waiting": 0,
                    "vllm:prompt_tokens": self.counts["prompt_tokens"],
                    "vllm:generation_tokens": self.counts["generation_tokens"],
-                   "vllm:request_success": self.counts["requests"]}
+                   "vllm:request_success": self.counts["requests"],
+                   "vllm:nixl_num_failed_transfers": self.transfers_failed()}
         return values, numbers
+
+    def kv_roles(self) -> tuple[str, ...]:
+        return {"kv_producer": ("prefill",), "kv_consumer": ("decode",),
+                "kv_both": ("prefill", "decode")}.get(self.nixl_role, ())
 
     def start(self) -> None:
         if self.nixl_role in ("kv_producer", "kv_both"):
@@ -486,7 +551,11 @@ class VLLM(Engine):
         payload = msgspec.msgpack.encode({"engine_id": self.engine_id, "block_size": self.block_size})
         while True:
             identity, _, msg = sock.recv_multipart()
-            message, _pp, _tp = msgspec.msgpack.decode(msg)
+            message, *rest = msgspec.msgpack.decode(msg)
+            if message == KV_MSG and self.kv:  # (KV_MSG, method, path, body as JSON)
+                answered = self.kv.rooms.answer(rest[0], rest[1], json.loads(rest[2]))
+                sock.send_multipart((identity, b"", json.dumps(answered).encode()))
+                continue
             if message != GET_META_MSG:
                 print(f"Connection listener got unexpected message {message}", file=sys.stderr)
             sock.send_multipart((identity, b"", payload, msgspec.msgpack.encode(time.perf_counter())))
@@ -497,42 +566,73 @@ class VLLM(Engine):
             if self.nixl_role not in ("kv_producer", "kv_both"):
                 raise ValueError("kv_transfer_params ask for a remote decode, but this engine's NixlConnector "
                                  f"is {self.nixl_role or 'not configured'}")
-            return {"kv_transfer_params": {
+            params = {
                 "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[0]],
                 "remote_engine_id": self.engine_id, "remote_request_id": uuid.uuid4().hex,
                 "remote_host": self.side_channel[0], "remote_port": self.side_channel[1],
-                "tp_size": self.args.tensor_parallel_size, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": 0,
-                "remote_blocks_expiry_time": None, "remote_registration_generation": 0, "transfer_mode": "pull"}}
+                "tp_size": self.args.tensor_parallel_size, "dcp_size": 1, "pp_size": 1,
+                "remote_num_tokens": _prompt_tokens(body),
+                "remote_blocks_expiry_time": None, "remote_registration_generation": 0, "transfer_mode": "pull"}
+            if self.kv:
+                self.kv.offer(params["remote_request_id"], params["remote_num_tokens"])
+            return {"kv_transfer_params": params}
         if params.get("do_remote_prefill"):
             return {"note": self._handshake(params)}
         return {}
 
     def _handshake(self, params: dict) -> str:
-        """base_worker.py _nixl_handshake: REQ to the prefill's side channel, 5 s receive timeout."""
+        """base_worker.py _nixl_handshake: REQ to the prefill's side channel, 5 s receive timeout;
+        then the request's KV READ from the prefill's agent (twin/kv_handoff.py, its exchange on the
+        same side channel)."""
         import msgspec
-        import zmq
 
         if self.nixl_role not in ("kv_consumer", "kv_both"):
             raise ValueError("kv_transfer_params ask for a remote prefill, but this engine's NixlConnector "
                              f"is {self.nixl_role or 'not configured'}")
         host, port = params["remote_host"], int(params["remote_port"])
-        sock = zmq.Context.instance().socket(zmq.REQ)
-        sock.setsockopt(zmq.RCVTIMEO, 5000)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(f"tcp://{host}:{port}")
-            sock.send(msgspec.msgpack.encode((GET_META_MSG, 0, 0)))
-            try:
-                payload, _clock = sock.recv_multipart()
-            except zmq.Again:
-                raise TimeoutError(f"NIXL handshake with tcp://{host}:{port}: no answer within 5 s") from None
-        finally:
-            sock.close()
+        payload, _clock = _side_channel(host, port, (GET_META_MSG, 0, 0), "NIXL handshake")
         metadata = msgspec.msgpack.decode(payload)
         if metadata["engine_id"] != params["remote_engine_id"]:
             raise RuntimeError(f"Remote NIXL agent engine ID mismatch. Expected {params['remote_engine_id']},"
                                f"received {metadata['engine_id']}.")
-        return f"prefill {metadata['engine_id']} at {host}:{port} request {params.get('remote_request_id')}"
+        said = f"prefill {metadata['engine_id']} at {host}:{port} request {params.get('remote_request_id')}"
+        if not self.kv:
+            return said
+
+        def exchange(path: str, body: dict | None) -> dict:
+            method = "GET" if body is None else "POST"
+            try:
+                (answer,) = _side_channel(host, port, (KV_MSG, method, path, json.dumps(body or {})), "KV exchange")
+            except TimeoutError as exc:
+                raise kv_handoff.HandoffError(str(exc)) from None
+            status, answered = json.loads(answer)
+            if status != 200:
+                raise kv_handoff.HandoffError(f"tcp://{host}:{port} {path}: {status} {answered.get('error', '')}")
+            return answered
+
+        # a failed READ finishes the request with an error (kv_load_failure_policy "fail", vLLM's default)
+        moved = self.kv.take(host, port, params["remote_request_id"], int(params.get("remote_num_tokens") or 1),
+                             call=exchange)
+        return f"{said}: {moved}"
+
+
+def _side_channel(host: str, port: int, message: tuple, what: str, timeout_ms: int = 5000) -> list[bytes]:
+    """One request on a vLLM prefill's side channel (a ZMQ REQ socket, as base_worker.py's); its frames."""
+    import msgspec
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://{host}:{port}")
+        sock.send(msgspec.msgpack.encode(message))
+        try:
+            return sock.recv_multipart()
+        except zmq.Again:
+            raise TimeoutError(f"{what} with tcp://{host}:{port}: no answer within {timeout_ms / 1000:g} s") from None
+    finally:
+        sock.close()
 
 
 def _call(url: str, payload: dict | None = None, method: str | None = None) -> dict:
@@ -600,7 +700,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _BootstrapHandler(BaseHTTPRequestHandler):
-    """SGLang's CommonKVBootstrapServer, the routes the exchange uses."""
+    """SGLang's CommonKVBootstrapServer, the routes the exchange uses; and /kv/ (twin/kv_handoff.py's
+    exchange, in place of the rank's own ZMQ port)."""
+    kv: kv_handoff.EngineKV | None = None
     ranks: dict = {}
     layout: dict = {}
     rooms: dict = {}
@@ -624,6 +726,8 @@ class _BootstrapHandler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         if path == "/health":
             self.reply(200, text="OK")
+        elif path.startswith("/kv/") and self.kv:
+            self.reply(*self.kv.rooms.answer("GET", path, {}))
         elif path == "/route":
             asked = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
             keys = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
@@ -656,7 +760,9 @@ class _BootstrapHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         path = self.path.partition("?")[0]
         data = self.body()
-        if path == "/register_dp_rank":
+        if path.startswith("/kv/") and self.kv:
+            self.reply(*self.kv.rooms.answer("POST", path, data))
+        elif path == "/register_dp_rank":
             self.rooms[int(data["bootstrap_room"])] = int(data["dp_rank"])
             self.reply(200, text="OK")
         elif path == "/query_dp_ranks":
@@ -677,6 +783,7 @@ def _local_ip() -> str:
 
 def serve_bootstrap(engine: Engine) -> None:
     args = engine.args
+    _BootstrapHandler.kv = engine.kv
     server = ThreadingHTTPServer((args.host, args.disaggregation_bootstrap_port), _BootstrapHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     ip = _local_ip()
@@ -701,6 +808,7 @@ def main(argv: list[str]) -> int:
     print(f"engine stand-in: {kind} {VERSIONS[kind]} argv accepted by its parser; "
           f"{getattr(engine, 'mode', None) or engine.__dict__.get('nixl_role')}, serving {engine.model} on "
           f"{engine.args.host or '0.0.0.0'}:{engine.args.port}", file=sys.stderr, flush=True)
+    engine.start_kv(argv[3:])
     engine.start()
     _Handler.engine = engine
     ThreadingHTTPServer((engine.args.host or "0.0.0.0", engine.args.port), _Handler).serve_forever()

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import yaml
 
-from twin import build, netns
+from twin import build, kv_libraries, netns
 from infra import naming
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
@@ -506,13 +506,15 @@ class PodProcesses:
         self.checker: subprocess.Popen | None = None  # started with the first engine pod (engine_standin.py)
         self.start_checker = lambda: _spawn([str(self.venv / "bin" / "python"), str(STANDIN), "--serve-checks",
                                              str(checker)], self.folder / "engine-checker.log")
+        # the stand-in runs with the KV transfer libraries (written with the checker: twin/kv_libraries.py)
+        self.kv_env = self.folder / "kv-libraries.env"
         standin = f"{self.venv}/bin/python {STANDIN} --checker {checker}"
         shim = (f"#!/bin/sh\n# the engine's entry point runs the twin's stand-in; any other python3 is the engines' "
                 f"virtualenv's (sglang-router's)\nif [ \"${{1:-}}\" = -m ] && [ \"${{2:-}}\" = sglang.launch_server ]; "
-                f"then shift 2; exec {standin} sglang \"$@\"; fi\n"
+                f"then shift 2; . {self.kv_env}; exec {standin} sglang \"$@\"; fi\n"
                 f"exec {self.venv}/bin/python3 \"$@\"\n")
         vllm = (f"#!/bin/sh\n# `vllm serve` runs the twin's stand-in\nif [ \"${{1:-}}\" = serve ]; then shift; "
-                f"exec {standin} vllm \"$@\"; fi\nexec {self.venv}/bin/vllm \"$@\"\n")
+                f". {self.kv_env}; exec {standin} vllm \"$@\"; fi\nexec {self.venv}/bin/vllm \"$@\"\n")
         for name, text in (("python3", shim), ("python", shim), ("vllm", vllm)):
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
@@ -559,6 +561,7 @@ class PodProcesses:
             path = f"{self.mooncake_bin(container['image'])}:{path}"
         elif runs_as(pod) != naming.ROUTER and self.checker is None:
             self.checker = self.start_checker()
+            kv_libraries.write_env(self.kv_env)
         ip = pod["status"]["podIP"]
         log = folder / f"{container['name']}.log"
         holder = self.network.attach(ip, folder / "netns.log")
