@@ -23,6 +23,7 @@ cluster (llm-d-inference-scheduler's /app/epp) is not run: the twin builds no ep
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
@@ -87,8 +88,10 @@ def test_a_request_is_answered_through_the_router_by_prefill_and_decode(dev_appl
         assert answer["object"] == "chat.completion" and answer["model"] == spec.model.name
         content = answer["choices"][0]["message"]["content"]
         prefill, decode = by_role["prefill"], by_role["decode"]
-        # the decode answered after the prefill named in the router's bootstrap fields took the room
+        # the decode answered after the prefill named in the router's bootstrap fields took the room,
+        # and its KV crossed from that prefill's pod with Mooncake (twin/kv_handoff.py, sha256 checked)
         assert f"prefill {prefill.ip}:" in content, content
+        assert "bytes of KV over mooncake, sha256 " in content, content
 
         def requests_served(pod: pods.Started) -> float:
             status, text = processes.request(pod.ip, 30000, "/metrics")
@@ -159,6 +162,93 @@ def test_a_flag_the_mooncake_master_refuses_ends_its_pod(dev_applied):
         assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
 
 
+def _samples(processes: pods.PodProcesses, ip: str, port: int, name: str) -> dict[str, float]:
+    """One metric's samples on a pod's /metrics: {labels: value}."""
+    status, text = processes.request(ip, port, "/metrics")
+    assert status == 200, text
+    return {line.split("{", 1)[1].rsplit("}", 1)[0]: float(line.split()[-1])
+            for line in text.splitlines() if line.startswith(name + "{")}
+
+
+def test_a_decode_whose_kv_handoffs_fail_is_taken_out_with_its_prefill_and_refused_by_the_gate(dev_applied):
+    """dev's one decode group rendered with a wrong hostname for its transfer engine (its launch
+    script exports SGLANG_HOST_IP=127.0.0.1, so it registers its Mooncake session at its own
+    loopback): each request's KV write from the prefill fails in Mooncake, and the decode aborts it
+    with a 500 as SGLang 0.5.23 does (disaggregation/decode.py pop_transferred: "Decode transfer
+    failed ...", prepare_abort INTERNAL_SERVER_ERROR) and counts it in its own
+    sglang:num_transfer_failed_reqs_total (the counter the canary gate and PdstackKVTransferErrors
+    read: infra/render/metrics.py ENGINE_METRICS). Taken out of rotation by what the rendered fleet
+    does: sglang-router 0.3.2's circuit breaker, which the router's render leaves on at its defaults
+    (router_args.py: cb_failure_threshold 10, cb_timeout_duration_secs 60) and which records each
+    PD request's outcome on both the prefill and the decode (routers/http/pd_router.rs
+    execute_dual_dispatch: record_outcome): after enough failures both circuits open and the router
+    answers 503 with no worker to pick. The rollout's verdict (infra/rollout/canary.py judge) on
+    the decode's counter refuses it on "KV transfer errors" alone."""
+    from infra.render.metrics import ENGINE_METRICS
+    from infra.render.router_config import ROUTER_METRICS_PORT, ROUTER_PORT
+    from infra.rollout.canary import Observation, gate_queries, judge
+
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    original = _launch_script(objects, "engine-decode-launch")
+    broken = copy.deepcopy(original)
+    script = broken["data"]["launch.sh"]
+    assert "\nexec python3 -m sglang.launch_server" in script
+    broken["data"]["launch.sh"] = script.replace("\nexec python3", "\nexport SGLANG_HOST_IP=127.0.0.1\nexec python3", 1)
+    assert fleet.apply_each_pass([broken]).rejected == {}
+    started_at = time.monotonic()
+    processes = pods.start_processes(namespace)
+    try:
+        by_role = {p.role: p for p in processes.started}
+        router, prefill, decode = by_role["router"], by_role["prefill"], by_role["decode"]
+        _served(processes, decode, 30000)
+        answers: list[tuple[int, str]] = []
+        model = None
+        deadline = time.monotonic() + 600  # the router finds its workers first (a busy machine: minutes)
+        while time.monotonic() < deadline and not (answers and answers[-1][0] in (200, 503)):
+            processes.check()
+            try:
+                if model is None:  # as pods.send_request: until the router lists the model
+                    status, said = processes.request(router.ip, ROUTER_PORT, "/v1/models")
+                    model = json.loads(said)["data"][0]["id"] if status == 200 and json.loads(said).get("data") else None
+                if model is not None:
+                    answer = processes.request(router.ip, ROUTER_PORT, "/v1/chat/completions",
+                                               {**pods.CHAT, "model": model})
+                    if answer[0] != 503 or answers:  # before any answer, a 503 is the router still finding the pair
+                        answers.append(answer)
+                        continue
+            except (OSError, ValueError):
+                pass  # the router does not listen yet (the pod network resets the connection)
+            time.sleep(1)
+        failed = [text for status, text in answers if status == 500]
+        assert failed and answers[-1][0] == 503, [(s, t[:200]) for s, t in answers]
+        assert all(status in (500, 503) for status, _ in answers), [(s, t[:200]) for s, t in answers]
+        # the library's own error reaches the client through the decode's abort and the router
+        assert "Decode transfer failed" in failed[0] and "Mooncake transfer_sync_write to 127.0.0.1:" in failed[0], failed[0]
+        assert "No available" in answers[-1][1], answers[-1][1]
+
+        counter = ENGINE_METRICS["sglang"].kv_transfer_failures
+        transfers_failed = sum(_samples(processes, decode.ip, 30000, counter).values())
+        assert transfers_failed >= len(failed), (transfers_failed, len(failed))
+        circuits = _samples(processes, router.ip, ROUTER_METRICS_PORT, "smg_worker_cb_state")
+        print(f"router circuit breakers: {circuits}", flush=True)
+        opened = {labels for labels, value in circuits.items() if value != 0}
+        assert any(decode.ip in labels for labels in opened) and any(prefill.ip in labels for labels in opened), circuits
+
+        # the canary gate reads this very counter, and refuses the revision on it alone
+        assert counter in gate_queries(spec, 2, "5m")["kv_transfer_errors"]
+        serving = Observation(ttft_p99_s=0.2, tpot_p99_s=0.02, error_rate=0.0, kv_transfer_errors=0.0)
+        verdict = judge(Observation(**{**serving.__dict__, "kv_transfer_errors": transfers_failed}), serving, spec.slo)
+        assert not verdict.passed and [g.name for g in verdict.gates if not g.passed] == ["KV transfer errors"], verdict
+        FIGURES.append(f"dev-sglang KV hand-off broken on its decode (SGLANG_HOST_IP=127.0.0.1): {len(failed)} requests "
+                       f"failed with Mooncake's error, {transfers_failed:.0f} counted by the decode, then the router's "
+                       f"circuits open (503) after {len(answers)} requests; gate: {verdict.reasons()}; "
+                       f"{time.monotonic() - started_at:.0f} s")
+    finally:
+        processes.stop()
+        assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
+
+
 def _served(processes: pods.PodProcesses, pod: pods.Started, port: int, timeout: float = 300) -> None:
     """Until the pod's engine answers /health at its address (its argv is checked first; until it
     listens, the pod network resets the connection)."""
@@ -202,7 +292,9 @@ def test_dev_vllm_a_request_is_answered_by_prefill_and_decode_through_the_nixl_s
         assert status == 200, text
         answer = json.loads(text)
         assert answer["model"] == spec.model.name
-        assert f"prefill {params['remote_engine_id']} at {prefill.ip}:" in answer["choices"][0]["message"]["content"]
+        content = answer["choices"][0]["message"]["content"]
+        assert f"prefill {params['remote_engine_id']} at {prefill.ip}:" in content
+        assert "bytes of KV over nixl, sha256 " in content, content  # READ from the prefill's agent
 
         def succeeded(pod: pods.Started, port: int) -> float:
             status, text = processes.request(pod.ip, port, "/metrics")
