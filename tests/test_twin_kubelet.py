@@ -20,6 +20,7 @@ import threading
 import pytest
 import yaml
 
+from tests.servers import free_port
 from twin import kubelet
 
 NS = "pdstack-dev-r1"
@@ -246,7 +247,7 @@ def test_a_grpc_probe_asks_the_health_service():
 
 def test_a_pod_address_is_probed_through_the_pod_networks_hub(health, tmp_path, monkeypatch):
     """Where twin/pods.py runs a pod's process, the pod's address lives in a network namespace of
-    its own, reached through its hub's client socket ("<ip>:<port>\\n", then the stream). A stand-in
+    its own, reached through its hub's client socket ("?<ip>:<port>\\n", its word, then the stream). A stand-in
     hub here takes the pod address to a server on 127.0.0.1: an HTTP probe of the pod address
     reaches it, and a port the hub cannot connect (it closes the stream) fails a TCP probe."""
     import socket
@@ -274,20 +275,61 @@ def test_a_pod_address_is_probed_through_the_pod_networks_hub(health, tmp_path, 
             except OSError:
                 client.close()
                 continue
+            if line.startswith(b"?"):  # asked to say the connection opened
+                client.sendall(kubelet.CONNECTED)
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=netns._pipe, args=(a, b), daemon=True).start()
 
     threading.Thread(target=hub, daemon=True).start()
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    closed_port = closed.getsockname()[1]
-    closed.close()
+    closed_port = free_port()  # nothing listens there
     try:
         Health.answers[:] = []
         assert kubelet.run_probe({"httpGet": {"path": "/health", "port": health}}, "10.244.0.5", {}) == (
             True, f"HTTP probe http://10.244.0.5:{health}/health: 200")
         ok, said = kubelet.run_probe({"tcpSocket": {"port": closed_port}}, "10.244.0.5", {})
         assert not ok and "connection refused" in said, said
-        assert asked == [f"10.244.0.5:{health}", f"10.244.0.5:{closed_port}"]
+        assert asked == [f"?10.244.0.5:{health}", f"?10.244.0.5:{closed_port}"]
     finally:
         listener.close()
+
+
+def test_a_tcp_probe_of_a_pod_address_waits_for_the_hubs_word_on_the_connection(tmp_path, monkeypatch):
+    """pkg/probe/tcp/tcp.go: a TCP probe succeeds when the connection opens, and only then. Through
+    the pod network's hub (twin/pods.py _serve_clients, run here with the pod network taken as
+    127.0.0.0/8) the probe cannot see the pod's port itself: it must wait for the hub to say the
+    connection opened, however long the hub takes. Here the hub's connect is held back (a refusal
+    that comes late, as on a loaded machine) past the probe's own timeout: the probe fails, where
+    it used to take a hub silent for 0.2 s as connected."""
+    import contextlib
+    import ipaddress
+    import socket
+
+    from twin import pods
+    hub_socket = tmp_path / "pod-network.sock"
+    monkeypatch.setattr(kubelet, "POD_NETWORK_SOCKET", hub_socket)
+    monkeypatch.setattr(kubelet, "POD_CIDR", "127.0.0.0/8")
+    monkeypatch.setattr(pods, "POD_NETWORK", ipaddress.ip_network("127.0.0.0/8"))
+    released = threading.Event()
+    refuse = socket.create_connection
+
+    def late_refusal(address, timeout=None):
+        released.wait(30)
+        return refuse(address, timeout)
+    monkeypatch.setattr(pods.socket, "create_connection", late_refusal)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(hub_socket))
+    listener.listen(8)
+
+    def hub():
+        with contextlib.suppress(OSError):  # its listener closed at the end
+            pods._serve_clients(listener)
+    threading.Thread(target=hub, daemon=True).start()
+    closed_port = free_port()  # nothing listens there
+    try:
+        ok, said = kubelet.run_probe({"tcpSocket": {"port": closed_port}, "timeoutSeconds": 1}, "127.0.0.2", {})
+        assert not ok, said
+    finally:
+        released.set()
+        listener.close()
+    ok, said = kubelet.run_probe({"tcpSocket": {"port": closed_port}}, "127.0.0.2", {})
+    assert (ok, said) == (False, f"probe failed: dial tcp 127.0.0.2:{closed_port}: connect: connection refused")

@@ -41,7 +41,6 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
-import select
 import socket
 import ssl
 import sys
@@ -318,21 +317,22 @@ def _port(value, container: dict) -> int:
 
 
 POD_NETWORK_SOCKET = RUN_DIR / "pods" / "pod-network.sock"  # twin/pods.py's hub, where its pods run
+CONNECTED = b"+"  # the hub's word that the pod's port accepted a connection asked for with "?" (twin/pods.py)
 
 
 def dial(host: str, port: int, timeout: float) -> socket.socket:
     """A TCP connection to host:port. A pod address is reached through the pod network's hub when
     processes run there (twin/pods.py: its pods live in network namespaces of their own; the hub's
-    client socket takes "<ip>:<port>\\n" and then pipes the stream); any other address directly."""
+    client socket takes "?<ip>:<port>\\n", answers CONNECTED once the pod's port accepted the
+    connection or closes the stream when it refused, then pipes the stream); any other address
+    directly. The hub's word is awaited within `timeout`: how soon it comes says nothing."""
     if POD_NETWORK_SOCKET.exists() and ipaddress.ip_address(host) in ipaddress.ip_network(POD_CIDR, strict=False):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(str(POD_NETWORK_SOCKET))
-            sock.sendall(f"{host}:{port}\n".encode())
-            # the hub closes the stream when the pod's port refuses: seen as an end of stream at once
-            ready, _, _ = select.select([sock], [], [], min(timeout, 0.2))
-            if ready and not sock.recv(1, socket.MSG_PEEK):
+            sock.sendall(f"?{host}:{port}\n".encode())
+            if sock.recv(len(CONNECTED)) != CONNECTED:
                 raise ConnectionRefusedError(f"dial tcp {host}:{port}: connect: connection refused")
         except BaseException:
             sock.close()

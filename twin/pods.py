@@ -53,6 +53,7 @@ import yaml
 from twin import build, kv_libraries, netns
 from infra import naming
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
+from twin.kubelet import CONNECTED
 from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
 from twin.process import dying_with_parent
 
@@ -190,7 +191,9 @@ def _connect_client(client: socket.socket) -> None:
             client.close()
             return
         line += got
-    host, _, port = line.decode().strip().rpartition(":")
+    # "?<ip>:<port>": the caller (twin/kubelet.py dial, a TCP probe) is told the connection opened
+    asked, confirm = line.decode().strip(), line.startswith(b"?")
+    host, _, port = asked.removeprefix("?").rpartition(":")
     try:
         if ipaddress.ip_address(host) not in POD_NETWORK:
             raise ValueError(host)
@@ -199,6 +202,8 @@ def _connect_client(client: socket.socket) -> None:
     except (OSError, ValueError):
         client.close()
         return
+    if confirm:
+        client.sendall(CONNECTED)
     for a, b in ((client, upstream), (upstream, client)):
         threading.Thread(target=netns._pipe, args=(a, b), daemon=True).start()
 
