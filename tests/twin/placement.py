@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from infra import naming
 from infra.planning.capacity import domain_placement
 from tests.twin.conftest import FIGURES
-from twin import fleet, kubelet
+from twin import cluster, fleet, inventory, kubelet
 from twin.api import kubectl
 from twin.nodes import TWIN_LABEL
 
@@ -145,7 +145,7 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
                    f"pods bound {sum(bool(p['spec'].get('nodeName')) for p in pods)}, pending {len(pending)}; "
                    f"{started.summary() if started else 'not started'}; "
                    f"LeaderWorkerSet pods {sum(LWS_NAME_LABEL in p['metadata'].get('labels', {}) for p in pods)}"
-                   f"/{expected}")
+                   f"/{expected}; {inventory.summary(*inventory.running_controllers(cluster.running() or {}))}")
     assert not pending, "pods left Pending:\n" + "\n".join(
         f"{p['metadata']['namespace']}/{p['metadata']['name']}: {events_of(p)}" for p in pending)
     assert not started.failing and not started.unready, started.why()
@@ -230,20 +230,9 @@ def assert_runnable_pods_run(processes, namespaces: set[str], label: str, select
     def exited():
         return [p for p in processes.started if p.process.poll() is not None]
 
-    def ready_by_probes():
-        live = {p["metadata"]["name"]: p for p in pods_in(namespaces) if p["metadata"]["name"] in started}
-        unready = []
-        for name, pod in live.items():
-            container = pod["spec"]["containers"][0]
-            said = [kubelet.run_probe(container[kind], pod["status"]["podIP"], container)
-                    for kind in ("startupProbe", "readinessProbe") if container.get(kind)]
-            if not all(ok for ok, _ in said) or (kubelet.condition(pod, "Ready") or {}).get("status") != "True":
-                unready.append(f"{name}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
-                               f"{(kubelet.condition(pod, 'Ready') or {}).get('status')}")
-        return unready
     fleet.wait_for("every started pod Ready by its own probes, or one exited",
-                   lambda: exited() or not ready_by_probes(), timeout=timeout, interval=1)
-    left, failing = ready_by_probes(), exited()
+                   lambda: exited() or not unready_by_probes(processes, namespaces), timeout=timeout, interval=1)
+    left, failing = unready_by_probes(processes, namespaces), exited()
     roles = Counter(p.role for p in started.values())
     FIGURES.append(f"{label} processes: started {len(started)} ("
                    + ", ".join(f"{role} x{n}" if n > 1 else role for role, n in sorted(roles.items())) + "), "
@@ -252,3 +241,22 @@ def assert_runnable_pods_run(processes, namespaces: set[str], label: str, select
                    + f", failing {len(failing)}; Ready by their own probes {len(started) - len(left)}/{len(started)}")
     processes.check()  # a process that exited: its pod and the end of its program's log
     assert not left, "started pods not Ready by their own probes:\n" + "\n".join(left)
+
+
+def unready_by_probes(processes, namespaces: set[str]) -> list[str]:
+    """Each pod of `namespaces` with a started process that is not Ready by its own probes: its
+    name, what its rendered startupProbe and readinessProbe say run now against its address (as
+    the twin's kubelet runs them, kubelet.run_probe) and its Ready condition."""
+    started = {p.name for p in processes.started}
+    unready = []
+    for pod in pods_in(namespaces):
+        name = pod["metadata"]["name"]
+        if name not in started:
+            continue
+        container = pod["spec"]["containers"][0]
+        said = [kubelet.run_probe(container[kind], pod["status"]["podIP"], container)
+                for kind in ("startupProbe", "readinessProbe") if container.get(kind)]
+        if not all(ok for ok, _ in said) or (kubelet.condition(pod, "Ready") or {}).get("status") != "True":
+            unready.append(f"{name}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
+                           f"{(kubelet.condition(pod, 'Ready') or {}).get('status')}")
+    return unready

@@ -30,8 +30,8 @@ import pytest
 
 from infra import naming
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import assert_every_pod_bound, remove_render, users_objects
-from twin import dra, fleet, pods
+from tests.twin.placement import assert_every_pod_bound, remove_render, unready_by_probes, users_objects
+from twin import dra, fleet, kubelet, pods
 from twin.api import TwinError
 from twin.nodes import stack_nodes
 
@@ -247,6 +247,51 @@ def test_a_decode_whose_kv_handoffs_fail_is_taken_out_with_its_prefill_and_refus
     finally:
         processes.stop()
         assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
+
+
+UNSERVED_PORT = 1  # tcpmux: nothing in a router pod's network namespace listens there
+
+
+def test_a_readiness_probe_on_a_port_nothing_serves_keeps_the_pod_unready_and_the_fleet_check_names_it(dev_applied):
+    """The router's rendered readinessProbe (tcpSocket on the port it serves, infra/components/
+    balancers.py) pointed at a port nothing in its pod serves, nothing else changed: its process
+    starts and serves its own port, but the twin's kubelet's probe (k8s.io/kubernetes v1.34.4
+    pkg/probe/tcp/tcp.go: the connection must open) is refused every period, so the pod is never
+    Ready. The fleet check (placement.unready_by_probes, what assert_runnable_pods_run fails with)
+    names the pod and the probe's reason, and so does the kubelet's Unhealthy event."""
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    original = copy.deepcopy(next(o for o in objects if o["kind"] == "Deployment"
+                                  and o["metadata"]["name"] == naming.ROUTER))
+    broken = copy.deepcopy(original)
+    container = broken["spec"]["template"]["spec"]["containers"][0]
+    served = container["readinessProbe"]["tcpSocket"]["port"]
+    container["readinessProbe"]["tcpSocket"]["port"] = UNSERVED_PORT
+    assert fleet.apply_each_pass([broken]).rejected == {}
+
+    def is_broken(pod: dict) -> bool:
+        return (pods.runs_as(pod) == naming.ROUTER and
+                pod["spec"]["containers"][0]["readinessProbe"].get("tcpSocket", {}).get("port") == UNSERVED_PORT)
+    processes = pods.PodProcesses()
+    try:
+        [router] = processes.start(namespace, select=is_broken)
+        live = _pod(namespace, router.name)
+        serving = fleet.wait_for("the router serving its own port", lambda: processes.check() or kubelet.run_probe(
+            {"tcpSocket": {"port": served}}, router.ip, live["spec"]["containers"][0])[0], interval=1)
+        assert serving, f"{router.name} never served {router.ip}:{served}"
+        refused = f"dial tcp {router.ip}:{UNSERVED_PORT}: connect: connection refused"
+        events = fleet.wait_for("the kubelet's Unhealthy event", lambda: [
+            e for e in fleet.scheduler_events(namespace, router.name) if e.startswith("Unhealthy:")], interval=1)
+        assert f"Unhealthy: Readiness probe failed: probe failed: {refused}" in events, events
+        assert kubelet.condition(_pod(namespace, router.name), "Ready")["status"] == "False"
+        assert unready_by_probes(processes, {namespace}) == [f"{router.name}: probe failed: {refused}; Ready False"]
+    finally:
+        processes.stop()
+        assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
+
+
+def _pod(namespace: str, name: str) -> dict:
+    return fleet.get("pods", "-n", namespace, f"--field-selector=metadata.name={name}")[0]
 
 
 def _served(processes: pods.PodProcesses, pod: pods.Started, port: int, timeout: float = 300) -> None:
