@@ -137,6 +137,32 @@ def test_the_decode_answers_after_the_named_prefill_took_the_room(engines):
     assert loads["disaggregation"]["mode"] == "decode" and loads["num_running_reqs"] == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_kv_transfer_aborts_the_request_and_counts_in_the_engines_own_metric(engines, stream):
+    """The prefill holds the room's KV for its prompt, the decode expects another prompt's (a pair
+    that disagrees on the request): the transfer fails, and the decode aborts the request as SGLang
+    0.5.23 does (disaggregation/decode.py pop_transferred: "Decode transfer failed ... with
+    exception", prepare_abort INTERNAL_SERVER_ERROR; a stream gets it as an error event in a 200
+    answer, entrypoints/openai/serving_chat.py) and counts it in sglang:num_transfer_failed_reqs_total."""
+    import concurrent.futures
+
+    room = 20 + stream
+    before = _sample(engines["decode"], "sglang:num_transfer_failed_reqs_total")
+    decode_body = {"model": "m", "messages": [{"role": "user", "content": "a longer question than the prefill's"}],
+                   "bootstrap_host": "127.0.0.1", "bootstrap_port": engines["bootstrap"], "bootstrap_room": room,
+                   "stream": stream}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        decode = pool.submit(_post, engines["decode"], "/v1/chat/completions", decode_body)
+        prefill = pool.submit(_chat, engines["prefill"], engines["bootstrap"], room)
+        (status, text), _ = decode.result(), prefill.result()
+    assert "Decode transfer failed for request rank=0 bootstrap_room=" in text and "bytes, decode has" in text, text
+    if stream:
+        assert status == 200 and '"code": 500' in text and text.rstrip().endswith("data: [DONE]"), (status, text)
+    else:
+        assert status == 500, (status, text)
+    assert _sample(engines["decode"], "sglang:num_transfer_failed_reqs_total") == before + 1
+
+
 @pytest.mark.parametrize("decode, bootstrap, said", [
     ("decode", None, "Connection refused"),  # a bootstrap port where nothing listens
     ("decode", "bootstrap", "never took bootstrap room 8"),  # the prefill never got this request

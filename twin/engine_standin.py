@@ -298,6 +298,12 @@ class Engine:
             with self.lock:
                 self.running -= 1
             status = 400 if isinstance(exc, ValueError) else 500
+            if body.get("stream") and isinstance(exc, kv_handoff.HandoffError):
+                # an abort with a status is an error event in a 200 stream (sglang serving_chat.py
+                # create_streaming_error_response; vLLM's serving likewise), then [DONE]
+                kind = {"sglang": "INTERNAL_SERVER_ERROR", "vllm": "InternalServerError"}[self.kind]
+                error = {"error": {"object": "error", "message": str(exc), "type": kind, "param": None, "code": 500}}
+                return 200, iter((f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"))
             return status, {"object": "error", "message": str(exc), "code": status}
         ident, created = uuid.uuid4().hex, int(time.time())
         prompt = _prompt_tokens(body)
