@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from infra.prometheus import PrometheusAPI
-from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, with_selector
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, increase_from_zero, p99, with_selector
 from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, gate_queries, judge, observe
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
@@ -150,3 +150,85 @@ def test_a_vllm_canary_whose_prefill_tail_is_over_the_slo_fails_the_ttft_gate(tm
             canary = observe(api, spec, revision, window)
     assert canary.ttft_p99_s > SLO.ttft_p99_ms / 1000  # prefill's own p99, in its 4 s tail
     assert "TTFT p99 vs SLO" in failed(judge(canary, None, SLO))
+
+
+def test_kv_transfer_failures_that_first_appear_in_a_burst_fail_the_gate(tmp_path):
+    """SGLang 0.5.23 does not seed sglang:num_transfer_failed_reqs_total (a labelled
+    prometheus_client Counter, srt/observability/metrics_collector.py, incremented only on a
+    failure): a decode whose first ten transfers fail between two scrapes exports the series first
+    at 10, and after that (the router's circuit breaker has taken it out) it stays there. A real
+    Prometheus on 127.0.0.1 scraping such a stand-in: `increase()` alone gives 0 (it starts from
+    the first sample it has; Prometheus docs, querying/functions), so the gate passed the canary;
+    increase_from_zero counts the 10, per pool too (what an alert groups by)."""
+    import time
+
+    spec = parse_spec(stack_data("dev"))
+    namespace, revision, window = spec.environment.namespace, 2, "5m"  # nothing existed 5 min before the server
+    labels = 'engine_type="decode",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    failing = []  # set once Prometheus has scraped the decode without the series
+
+    def exposition(query: str):
+        lines = [f"sglang:num_requests_total{{{labels}}} 5.0"]
+        if failing:
+            lines.append(f"sglang:num_transfer_failed_reqs_total{{{labels}}} 10.0")
+        return 200, ("\n".join(lines) + "\n").encode()
+
+    def until(query: str, wanted: float) -> None:
+        deadline = time.monotonic() + 120
+        while not api.query(query) >= wanted:
+            assert time.monotonic() < deadline, f"Prometheus never had {query} >= {wanted}"
+            time.sleep(0.5)
+
+    with http_server(exposition) as decode:
+        target = (int(decode.rsplit(":", 1)[1]), {"namespace": namespace, RELEASE_SERIES_LABEL: str(revision),
+                                                   ROLE_SERIES_LABEL: "decode"})
+        with prometheus(tmp_path, [target]) as url:
+            api = PrometheusAPI(url)
+            until(f"count_over_time(sglang:num_requests_total[{window}])", 2)
+            failing.append(True)
+            counter = ENGINE_METRICS["sglang"].kv_transfer_failures
+            until(f"count_over_time({counter}[{window}])", 3)
+            assert api.query(f"sum(increase({counter}[{window}])) or vector(0)") == 0  # what the gate read
+            canary = observe(api, spec, revision, window)
+            by_pool = api.query(increase_from_zero(counter, window, by=("namespace", ROLE_SERIES_LABEL)))
+    assert canary.kv_transfer_errors == 10 and by_pool == 10
+    assert "KV transfer errors" in failed(judge(canary, None, SLO))
+
+
+
+def test_a_healthy_sglang_canary_that_aborted_nothing_passes_the_error_rate_gate(tmp_path):
+    """SGLang 0.5.23 exports sglang:num_aborted_requests_total (a labelled prometheus_client
+    Counter, srt/observability/metrics_collector.py, `.labels(...).inc(1)` on an abort, never
+    seeded) only from its first aborted request. A revision that aborted none has no such series,
+    so the gate's error rate was an empty vector over the started requests' rate, read as NaN: "no
+    finished requests for the canary", and every healthy SGLang canary failed (found on the twin,
+    tests/twin/test_live_rollout_on_twin.py). A real Prometheus on 127.0.0.1 scraping stand-ins:
+    a revision that served requests and aborted none reads 0%; one that served none in the window
+    still reads NaN (a canary must be seen to work)."""
+    import time
+
+    spec = parse_spec(stack_data("dev"))
+    namespace, window = spec.environment.namespace, "10s"
+    started = time.monotonic()
+    name = ENGINE_METRICS["sglang"].requests_started.removesuffix("_total")
+
+    def exporter(per_second: int):
+        def exposition(_query):
+            count = per_second * int(time.monotonic() - started) + 5
+            return 200, (f"# TYPE {name} counter\n{name}_total{{model_name=\"{spec.model.name}\"}} {count}\n").encode()
+        return http_server(exposition)
+
+    with exporter(10) as serving, exporter(0) as idle:
+        targets = [(int(url.rsplit(":", 1)[1]), {"namespace": f"{namespace}-r{revision}",
+                                                 RELEASE_SERIES_LABEL: str(revision)})
+                   for revision, url in ((2, serving), (3, idle))]
+        with prometheus(tmp_path, targets) as url:
+            api = PrometheusAPI(url)
+            deadline = time.monotonic() + 60
+            while not api.query(f"sum(rate({name}_total{{{RELEASE_SERIES_LABEL}=\"2\"}}[{window}]))") > 0:
+                assert time.monotonic() < deadline, "Prometheus has no request rate from the stand-in"
+                time.sleep(0.5)
+            healthy, idle_revision = observe(api, spec, 2, window), observe(api, spec, 3, window)
+    assert healthy.error_rate == 0.0
+    assert "error rate" not in failed(judge(healthy, None, SLO))
+    assert math.isnan(idle_revision.error_rate)

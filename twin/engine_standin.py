@@ -419,8 +419,9 @@ class SGLang(Engine):
         numbers = {"sglang:num_requests_total": self.counts["requests"],
                    "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
                    "sglang:generation_tokens_total": self.counts["generation_tokens"],
-                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0,
-                   "sglang:num_transfer_failed_reqs_total": self.transfers_failed()}
+                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
+        if self.transfers_failed():  # not seeded: exported from its first increment (metrics_collector.py)
+            numbers["sglang:num_transfer_failed_reqs_total"] = self.transfers_failed()
         return values, numbers
 
     def model_info(self) -> dict:

@@ -189,6 +189,24 @@ ENGINE_METRICS = {
 }
 
 
+def increase_from_zero(counter: str, window: str, by: tuple[str, ...] = ()) -> str:
+    """How much `counter` (narrowed already) rose in `window`, summed per `by` (none: one figure,
+    0 when nothing rose), counting a series that first appeared in the window from 0.
+
+    A labelled prometheus_client counter that is not seeded is exported only from its first
+    increment (SGLang 0.5.23's sglang:num_transfer_failed_reqs_total first appears at 1, or at
+    10 when ten requests failed between two scrapes), and `increase()` starts from a series'
+    first sample, so it alone misses what the series held when it appeared (Prometheus docs,
+    querying/functions: increase "extrapolates" between the samples it has). The minimum of a
+    series that did not exist one window ago is that part."""
+    total = f"sum by ({', '.join(by)})" if by else "sum"
+    rose = f"{total} (increase({counter}[{window}]))"
+    appeared = f"{total} (min_over_time({counter}[{window}]) unless {counter} offset {window})"
+    if by:
+        return f"({rose} or {appeared} * 0) + ({appeared} or {rose} * 0)"
+    return f"({rose} or vector(0)) + ({appeared} or vector(0))"
+
+
 def with_selector(metric: str, selector: str) -> str:
     """`metric` (possibly with its own `{...}`) narrowed by `selector` ('{a="b"}' or '')."""
     if not selector:
