@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from infra.prometheus import PrometheusAPI
-from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, with_selector
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, increase_from_zero, p99, with_selector
 from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, gate_queries, judge, observe
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
@@ -150,6 +150,50 @@ def test_a_vllm_canary_whose_prefill_tail_is_over_the_slo_fails_the_ttft_gate(tm
             canary = observe(api, spec, revision, window)
     assert canary.ttft_p99_s > SLO.ttft_p99_ms / 1000  # prefill's own p99, in its 4 s tail
     assert "TTFT p99 vs SLO" in failed(judge(canary, None, SLO))
+
+
+def test_kv_transfer_failures_that_first_appear_in_a_burst_fail_the_gate(tmp_path):
+    """SGLang 0.5.23 does not seed sglang:num_transfer_failed_reqs_total (a labelled
+    prometheus_client Counter, srt/observability/metrics_collector.py, incremented only on a
+    failure): a decode whose first ten transfers fail between two scrapes exports the series first
+    at 10, and after that (the router's circuit breaker has taken it out) it stays there. A real
+    Prometheus on 127.0.0.1 scraping such a stand-in: `increase()` alone gives 0 (it starts from
+    the first sample it has; Prometheus docs, querying/functions), so the gate passed the canary;
+    increase_from_zero counts the 10, per pool too (what an alert groups by)."""
+    import time
+
+    spec = parse_spec(stack_data("dev"))
+    namespace, revision, window = spec.environment.namespace, 2, "5m"  # nothing existed 5 min before the server
+    labels = 'engine_type="decode",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    failing = []  # set once Prometheus has scraped the decode without the series
+
+    def exposition(query: str):
+        lines = [f"sglang:num_requests_total{{{labels}}} 5.0"]
+        if failing:
+            lines.append(f"sglang:num_transfer_failed_reqs_total{{{labels}}} 10.0")
+        return 200, ("\n".join(lines) + "\n").encode()
+
+    def until(query: str, wanted: float) -> None:
+        deadline = time.monotonic() + 120
+        while not api.query(query) >= wanted:
+            assert time.monotonic() < deadline, f"Prometheus never had {query} >= {wanted}"
+            time.sleep(0.5)
+
+    with http_server(exposition) as decode:
+        target = (int(decode.rsplit(":", 1)[1]), {"namespace": namespace, RELEASE_SERIES_LABEL: str(revision),
+                                                   ROLE_SERIES_LABEL: "decode"})
+        with prometheus(tmp_path, [target]) as url:
+            api = PrometheusAPI(url)
+            until(f"count_over_time(sglang:num_requests_total[{window}])", 2)
+            failing.append(True)
+            counter = ENGINE_METRICS["sglang"].kv_transfer_failures
+            until(f"count_over_time({counter}[{window}])", 3)
+            assert api.query(f"sum(increase({counter}[{window}])) or vector(0)") == 0  # what the gate read
+            canary = observe(api, spec, revision, window)
+            by_pool = api.query(increase_from_zero(counter, window, by=("namespace", ROLE_SERIES_LABEL)))
+    assert canary.kv_transfer_errors == 10 and by_pool == 10
+    assert "KV transfer errors" in failed(judge(canary, None, SLO))
+
 
 
 def test_a_healthy_sglang_canary_that_aborted_nothing_passes_the_error_rate_gate(tmp_path):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.prometheus import PrometheusAPI
-from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, p99, ttft_pools, with_selector
+from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, increase_from_zero, p99, ttft_pools, with_selector
 from infra.tracks import namespaces_matcher
 from infra.spec import SLOSpec, StackSpec
 
@@ -83,7 +83,7 @@ def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
         # counted is 0: SGLang exports its aborted-requests counter only from the first abort.
         "error_rate": f"(sum(rate({with_selector(m.requests_failed, sel)}[{window}])) or vector(0)) / "
                       f"sum(rate({with_selector(m.requests_started, sel)}[{window}]))",
-        "kv_transfer_errors": f"sum(increase({with_selector(m.kv_transfer_failures, sel)}[{window}])) or vector(0)",
+        "kv_transfer_errors": increase_from_zero(with_selector(m.kv_transfer_failures, sel), window),
         "kv_transfer_p99_s": f"{p99(m.kv_transfer_time_bucket, sel, window)} * {m.kv_transfer_time_unit_s:g}",
     }
 
