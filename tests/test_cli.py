@@ -104,12 +104,13 @@ def test_version_names_the_installed_package(capsys):
 PDCTL = Path(sys.executable).with_name("pdctl")  # the console script pip made: `pdctl = infra.cli:main`
 
 
-def _ctrl_c_as_a_terminal_sends_it() -> None:
-    """SIGINT's default action in the child, as a terminal's foreground job has it. A test run
-    started in the background of a script (`make test &`, a job without job control) inherits
-    SIGINT ignored, and Python then leaves it ignored: pdctl would never see the Ctrl-C this
-    test sends (seen: every run exited 0)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# SIGINT's default action in the child, as a terminal's foreground job has it. A test run
+# started in the background of a script (`make test &`, a job without job control) inherits
+# SIGINT ignored, and Python then leaves it ignored: pdctl would never see the Ctrl-C this test
+# sends (seen: every run exited 0). Set by env(1) after the fork (coreutils --default-signal), not
+# by a preexec_fn, which runs this process's at-fork handlers in the child (twin/process.py
+# dying_with_parent says why that aborts children where gRPC is loaded).
+CTRL_C_AS_A_TERMINAL_SENDS_IT = ["env", "--default-signal=INT"]
 
 
 def _pdctl_is_importing(pid: int) -> bool:
@@ -156,8 +157,8 @@ def test_ctrl_c_while_pdctl_starts_or_runs_is_one_line_and_exit_130(command):
     codes = []
     for _ in range(3):
         for delay in (0, 0.01, 0.03, 0.1, 0.3, 1.0):
-            proc = subprocess.Popen([str(PDCTL), *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, preexec_fn=_ctrl_c_as_a_terminal_sends_it)
+            proc = subprocess.Popen([*CTRL_C_AS_A_TERMINAL_SENDS_IT, str(PDCTL), *command], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
             while proc.poll() is None and not _pdctl_is_importing(proc.pid):
                 time.sleep(0.001)
             time.sleep(delay)
