@@ -140,11 +140,28 @@ def test_epp_has_prefix_queue_and_kv_scorers_with_spec_weights_and_pd_profiles()
     config = epp_config(spec)
     types = {p["type"] for p in config["plugins"]}
     assert {"prefix-cache-scorer", "queue-scorer", "kv-cache-utilization-scorer", "disagg-profile-handler",
-            "prefix-based-pd-decider"} <= types
+            "always-disagg-pd-decider"} <= types
     profiles = {p["name"]: p["plugins"] for p in config["schedulingProfiles"]}
     assert set(profiles) == {"prefill", "decode"}
     weights = {p["pluginRef"]: p.get("weight") for p in profiles["decode"]}
     assert weights["prefix-cache-scorer"] == spec.deployment.load_balancer.weights.prefix_cache
+
+
+def test_epp_pd_config_sends_every_request_through_prefill():
+    """llm-d-inference-scheduler v0.7.1 pkg/plugins/profile/prefix_based_pd_decider.go disaggregate:
+    nonCachedTokens 0 disables disaggregation, so that decider with 0 would send no request to the
+    prefill pool (found running the picker on the twin); the contract check refuses it."""
+    from infra.render.epp_contract import config_problems
+
+    config = epp_config(spec_for("prod", "vllm"))
+    handler = next(p for p in config["plugins"] if p["type"] == "disagg-profile-handler")
+    decider = next(p for p in config["plugins"] if p["type"] == handler["parameters"]["deciders"]["prefill"])
+    assert decider == {"type": "always-disagg-pd-decider"}
+    assert config_problems(config) == []
+    decider.update({"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": 0}})
+    handler["parameters"]["deciders"]["prefill"] = "prefix-based-pd-decider"
+    disabled = config
+    assert any("nonCachedTokens 0" in problem for problem in config_problems(disabled)), config_problems(disabled)
 
 
 def test_pdctl_render_both_engines_on_one_spec(tmp_path, capsys):

@@ -80,6 +80,12 @@ def config_problems(config: dict) -> list[str]:
         for phase, decider in deciders.items():
             if decider not in names:
                 problems.append(f"{plugin['type']}: decider for {phase} {decider!r} is not defined")
+        # llm-d-inference-scheduler v0.7.1 pkg/plugins/profile/prefix_based_pd_decider.go disaggregate:
+        # "A value of 0 disables disaggregation", so no request would reach the prefill pool
+        if plugin.get("type") == "prefix-based-pd-decider" and \
+                (plugin.get("parameters") or {}).get("nonCachedTokens", 0) <= 0:
+            problems.append("prefix-based-pd-decider: nonCachedTokens 0 (or unset) sends no request through prefill; "
+                            "for every request use always-disagg-pd-decider")
     return problems
 
 

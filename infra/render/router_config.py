@@ -150,9 +150,11 @@ def epp_config(spec: StackSpec) -> dict:
     The prefix-cache scorer hashes prompts in blocks of the engines' KV page size
     (blockSizeTokens; the older blockSize counted characters and is deprecated), so its
     affinity matches the engines' own prefix cache. In PD mode the disaggregation profile
-    handler runs the decode profile, and the prefill profile when its decider says so: the
-    prefix-based decider sends a request through prefill when more than nonCachedTokens of its
-    prompt are not cached on the chosen decode pod (0: every request).
+    handler runs the decode profile, and the prefill profile when its decider says so: every
+    request goes through prefill (always-disagg-pd-decider), as PD mode means and sglang-router
+    does. Not prefix-based-pd-decider with nonCachedTokens 0: in the pinned picker 0 disables
+    disaggregation (llm-d-inference-scheduler v0.7.1 pkg/plugins/profile/prefix_based_pd_decider.go),
+    which the twin showed (the picker named no prefill pod).
     """
     w = spec.deployment.load_balancer.weights
     scorers = [
@@ -174,10 +176,10 @@ def epp_config(spec: StackSpec) -> dict:
             {"type": "disagg-headers-handler"},  # tells the decode pod's sidecar which prefill pod to use
             {"type": "prefill-filter"},
             {"type": "decode-filter"},
-            {"type": "prefix-based-pd-decider", "parameters": {"nonCachedTokens": 0}},
+            {"type": "always-disagg-pd-decider"},
             {"type": "disagg-profile-handler", "parameters": {
                 "profiles": {"prefill": "prefill", "decode": "decode"},
-                "deciders": {"prefill": "prefix-based-pd-decider"}}},
+                "deciders": {"prefill": "always-disagg-pd-decider"}}},
         ]
         profiles = [
             {"name": "prefill", "plugins": [{"pluginRef": "prefill-filter"}, *scorers, {"pluginRef": "max-score-picker"}]},
