@@ -14,7 +14,6 @@ namespace those ports exist on its private loopback alone.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
-from twin.process import die_with_parent
+from twin.process import dying_with_parent
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -112,20 +111,13 @@ def main() -> int:  # inside the namespace
     listener = socket.create_server(("127.0.0.1", args.port))
     threading.Thread(target=_serve, args=(listener, lambda: _unix(args.unix_socket)), daemon=True).start()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    start = functools.partial(die_with_parent, os.getpid())
     if args.folder:
         folders = dict(f.split("=", 1) for f in args.folder)
         root = _root_with({k: Path(v) for k, v in folders.items()}, args.unix_socket.with_suffix(".root"))
-        start = functools.partial(_enter, root, start)
-    child = subprocess.Popen(program, preexec_fn=start)
+        program = ["chroot", str(root), *program]  # chroot(8): that root, and its / as the working folder
+    child = subprocess.Popen(dying_with_parent(program))
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     return child.wait()
-
-
-def _enter(root: Path, then) -> None:
-    then()
-    os.chroot(root)
-    os.chdir("/")
 
 
 def _unix(path: Path) -> socket.socket:
