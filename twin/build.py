@@ -2,7 +2,7 @@
 
 Each module folder lists its programs as `tool` lines in go.mod; `go install tool` builds them
 all. The binaries land in the machine's cache (`~/.cache/pdstack/twin-bin/<module>-<key>/`,
-twin/paths.py BIN_DIR), where the key hashes go.mod, go.sum and the build flags, so a warm run
+twin/paths.py BIN_DIR), where the key hashes go.mod, go.sum, the build flags and the module's own Go files, so a warm run
 (same pins, any clone) finds them and builds nothing, and a changed pin builds into a new folder
 (other pins' folders stay: another clone may be on them). Go's own caches (GOCACHE, GOMODCACHE) stay where the machine keeps
 them, so a fresh clone on a machine that built the twin before only links.
@@ -51,9 +51,13 @@ class GoModule:
         return _tool_lines((self.folder / "go.mod").read_text())
 
     def key(self) -> str:
+        """go.mod, go.sum, the flags, and the module's own Go source (twin/helm's main.go): a
+        changed program of ours builds anew, as a changed pin does."""
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum"):
             digest.update((self.folder / name).read_bytes())
+        for source in sorted(self.folder.glob("*.go")):
+            digest.update(source.name.encode() + b"\0" + source.read_bytes())
         digest.update(self.ldflags.encode())
         return digest.hexdigest()[:16]
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -238,21 +240,34 @@ KARPENTER_RBAC_TEMPLATES = ("serviceaccount.yaml", "clusterrole.yaml", "clusterr
                             "aggregate-clusterrole.yaml", "role.yaml", "rolebinding.yaml")
 
 
-def rendered_chart(chart: Path, release: str, namespace: str, named: str) -> dict[str, list[dict]]:
+def rendered_chart(chart: Path, release: str, namespace: str, named: str,
+                   values: dict | None = None, kube_version: str | None = None) -> dict[str, list[dict]]:
     """Each template of a chart (its path under templates/) -> the objects it renders for release
-    `release` in `namespace`, with the chart's default values, by the Helm library the pinned
-    Kubernetes provider embeds (twin/helm). `named` names the chart in an error."""
+    `release` in `namespace`, with the chart's default values and `values` over them (as
+    `helm template -f` merges them), for a cluster at `kube_version` (Helm's default otherwise), by
+    the Helm library the pinned Kubernetes provider embeds (twin/helm). `named` names the chart in
+    an error."""
     from twin.build import program
-    done = subprocess.run([str(program("helm-template")), str(chart), release, namespace],
-                          capture_output=True, text=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as given:
+        json.dump(values or {}, given)
+        given.flush()
+        done = subprocess.run([str(program("helm-template")), f"-values={given.name}",
+                               *([f"-kube-version={kube_version}"] if kube_version else []), str(chart), release,
+                               namespace], capture_output=True, text=True)
     if done.returncode:
         raise IdentityError(f"rendering {named}: {done.stderr.strip()}")
     templates: dict[str, list[dict]] = {}
     for part in done.stdout.split("---\n# Source: ")[1:]:
         source, text = part.split("\n", 1)
         templates.setdefault(source.split("/templates/", 1)[-1], []).extend(
-            d for d in yaml.safe_load_all(text) if d)
+            d for document in _MANIFEST_SEPARATOR.split(text) if document.strip()
+            for d in [yaml.safe_load(document)] if d)
     return templates
+
+
+# How Helm splits a template's text into manifests (helm.sh/helm/v3 v3.18.6 pkg/releaseutil/manifest.go
+# SplitManifests): a `---` after trimmed whitespace, so `{{- ... }}`'s `---# comment` is a separator too.
+_MANIFEST_SEPARATOR = re.compile(r"(?:^|\s*\n)---\s*")
 
 
 def chart_rbac(chart: Path, release: str, namespace: str, wanted: tuple[str, ...], mod: crds.Module,
