@@ -112,6 +112,7 @@ class Health:
     kv_usage: float = 0.5
     hit_rate: float = 0.35  # prefill's; the engine decides what decode shows
     transfer_failures_per_minute: int = 0
+    transfer_failures_at_once: int = 0  # failed between two scrapes at minute 36, none after
     ttft: dict = field(default_factory=lambda: dict(FAST))
     itl: dict = field(default_factory=lambda: dict(STEADY))
     gpu_used: int = 50
@@ -127,12 +128,21 @@ def prefill_tokens(pod: Pod, h: Health) -> list[dict]:
             for mode in ("input", "device_hit", "host_hit", "storage_hit")]
 
 
+def transfer_failures(h: Health, seeded: bool) -> str:
+    """The failed-transfer counter's samples. A burst at minute 36: vLLM 0.33.0 seeds its counter at
+    0 (vllm/v1/metrics/utils.py create_metric_per_engine), SGLang 0.5.23 exports its own only from
+    its first increment (srt/observability/metrics_collector.py), so it first appears at the burst."""
+    if h.transfer_failures_at_once:
+        return f"{'0x35' if seeded else '_x36'} {h.transfer_failures_at_once}x24"  # 36 samples before it ('_x36', '0x35')
+    return f"0+{h.transfer_failures_per_minute}x60"
+
+
 def sglang_series(pod: Pod, h: Health, balanced: list[str]) -> list[dict]:
     out = [series(pod, "sglang:num_queue_reqs", f"{h.queue}x60"),
            series(pod, "sglang:token_usage", f"{h.kv_usage}x60"),
            series(pod, "sglang:cache_hit_rate", f"{h.hit_rate if pod.role == 'prefill' else 0}x60"),
            *prefill_tokens(pod, h),
-           series(pod, "sglang:num_transfer_failed_reqs_total", f"0+{h.transfer_failures_per_minute}x60")]
+           series(pod, "sglang:num_transfer_failed_reqs_total", transfer_failures(h, seeded=False))]
     if pod.role in balanced:
         out += [series(pod, "sglang:eplb_balancedness_sum", f"0+{h.balancedness * 10:g}x60", forward_mode="decode"),
                 series(pod, "sglang:eplb_balancedness_count", "0+10x60", forward_mode="decode")]
@@ -149,7 +159,7 @@ def vllm_series(pod: Pod, h: Health, balanced: list[str]) -> list[dict]:
             series(pod, "vllm:kv_cache_usage_perc", f"{h.kv_usage}x60"),
             series(pod, "vllm:prefix_cache_queries_total", f"0+{lookups}x60"),
             series(pod, "vllm:prefix_cache_hits_total", f"0+{hits}x60"),
-            series(pod, "vllm:nixl_num_failed_transfers_total", f"0+{h.transfer_failures_per_minute}x60"),
+            series(pod, "vllm:nixl_num_failed_transfers_total", transfer_failures(h, seeded=True)),
             *histogram(pod, "vllm:time_to_first_token_seconds", h.ttft),
             *histogram(pod, "vllm:inter_token_latency_seconds",
                        h.itl if pod.role == "decode" else {le: 0 for le in h.itl})]
@@ -220,6 +230,8 @@ FAULTS = {
     "prefill's hit rate low": ("prefill", "pool", Health(hit_rate=0.1), [("PdstackPrefixCacheHitRateLow", False)]),
     "KV transfers failing": ("prefill", "last", Health(transfer_failures_per_minute=1),
                              [("PdstackKVTransferErrors", False)]),
+    "KV transfers failing at once": ("decode", "leader", Health(transfer_failures_at_once=10),
+                                     [("PdstackKVTransferErrors", False)]),
     "decode's first tokens slow": ("decode", "leader", Health(ttft=SLOW_FIRST_TOKENS), [("PdstackTTFTp99Warning", False)]),
     "decode's tokens slow": ("decode", "leader", Health(itl={"0.02": 0, "0.05": 1000, "0.1": 0, "+Inf": 0}),
                              [("PdstackTPOTp99Warning", False)]),

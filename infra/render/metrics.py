@@ -347,8 +347,9 @@ def alert_rules(spec: StackSpec) -> list[AlertRule]:
                                "warning", "prefix-cache hit rate below 20%: check router affinity and cache capacity",
                                for_="30m"))
     rules += [
+        # from zero: SGLang's counter is exported from its first failure (increase_from_zero)
         AlertRule("PdstackKVTransferErrors",
-                  f"sum by ({', '.join(BY_POOL)}) (increase({with_selector(m.kv_transfer_failures, every_pool)}[5m])) > 0",
+                  f"{increase_from_zero(with_selector(m.kv_transfer_failures, every_pool), '5m', BY_POOL)} > 0",
                   "critical", "KV transfers from prefill to decode failed or timed out", for_="1m"),
         # dcgm-exporter labels each GPU with the namespace and pod it serves (its Kubernetes
         # mapping, as infra/reports/cost.py reads it): this namespace's GPUs only.
