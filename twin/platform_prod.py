@@ -462,7 +462,8 @@ def apply_on_twin(rendered: Rendered, kubeconfig=None) -> OnTwin:
 
 def remove_from_twin(on_twin: OnTwin, kubeconfig=None) -> None:
     """Delete what apply_on_twin applied, webhooks first, but its CRDs (kept, as the stack keeps
-    them: infra/platform_stack/components/base.py PlatformLayer.add)."""
+    them: infra/platform_stack/components/base.py PlatformLayer.add); it returns once the
+    namespaces it made are gone, so the next test's objects there never meet a terminating one."""
     from twin.api import kubectl
     from twin.paths import KUBECONFIG
 
@@ -472,6 +473,9 @@ def remove_from_twin(on_twin: OnTwin, kubeconfig=None) -> None:
         if batch:
             kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", kubeconfig_path=kubeconfig,
                     input=yaml.safe_dump_all(batch), check=False)
+    namespaces = [f"namespace/{o['metadata']['name']}" for o in made if o["kind"] == "Namespace"]
+    if namespaces:
+        kubectl("wait", "--for=delete", "--timeout=180s", *namespaces, kubeconfig_path=kubeconfig, check=False)
 
 
 # --- what the twin shows: every GPU node's DaemonSets, every controller bound ---------------------
