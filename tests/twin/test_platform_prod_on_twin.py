@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from infra.platform_stack.catalog import controller
+from infra.platform_stack.catalog import ENVOY_GATEWAY_CERTGEN_SECRETS, controller
 from infra.platform_stack.spec import load_platform_spec
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
@@ -133,6 +133,16 @@ def test_platform_prods_daemonsets_run_on_every_gpu_node_and_every_controller_is
                   and any(o["uid"] == ds["metadata"]["uid"] for o in p["metadata"].get("ownerReferences") or [])}
         assert placed == admitted, (ds["metadata"]["name"], sorted(placed), sorted(admitted))
 
+    # The chart's certgen hook (which the provider never runs) is a Job the stack makes: the twin's
+    # kubelet runs it, and the Secrets it makes are there for the controller's pod to mount.
+    eg = controller("envoy-gateway").namespace
+    job = fleet.wait_for("the certgen Job Complete", lambda: [c for c in (json.loads(kubectl(
+        "get", "job", "-n", eg, "envoy-gateway-certgen", "-o", "json").stdout).get("status") or {}).get(
+        "conditions", []) if c["type"] == "Complete" and c["status"] == "True"])
+    assert job, _why_unavailable_job(eg, "envoy-gateway-certgen")
+    secrets = {o["metadata"]["name"] for o in fleet.get("secrets", "-n", eg)}
+    assert set(ENVOY_GATEWAY_CERTGEN_SECRETS) <= secrets, sorted(secrets)
+
     available = {}
     for dep in deployments:
         key = (dep["metadata"]["namespace"], dep["metadata"]["name"])
@@ -154,6 +164,12 @@ def test_platform_prods_daemonsets_run_on_every_gpu_node_and_every_controller_is
         f"Deployments bound {len(deployments)}/{len(deployments)}, Available {len(available) - len(not_available)} "
         f"(the twin's controllers {len(RUN_ON_TWIN)}/{len(RUN_ON_TWIN)}); not Available: "
         + ("; ".join(f"{k} ({v})" for k, v in not_available.items()) or "none"))
+
+
+def _why_unavailable_job(namespace: str, name: str) -> str:
+    pods = fleet.get("pods", "-n", namespace, "-l", f"job-name={name}")
+    return f"Job {namespace}/{name} not Complete: " + ("; ".join(
+        f"{p['metadata']['name']}: {not_ready_reason(p)}" for p in pods) or "no pod")
 
 
 def _deployment(namespace: str, name: str) -> dict:
