@@ -40,19 +40,17 @@ def rendered(request, tmp_path_factory):
 
 
 def test_each_rendered_pod_is_run_or_named_with_why_not(rendered):
-    """SGLang's router, both engine roles and the Mooncake master run; vLLM's router is the
-    endpoint picker, whose binary the twin does not build yet (twin/build.py PROGRAMS), and the
-    trace collector has no command (its image's entry point): each named with that reason."""
+    """SGLang's router, vLLM's (the endpoint picker, /app/epp: the twin's build of it,
+    twin/build.py PROGRAMS "epp"), both engine roles and the Mooncake master run; the trace
+    collector has no command (its image's entry point), and is named with that reason."""
     stack, engine, templates = rendered
     runs = {name: pods.runs_as(pod) for name, pod in templates.items()}
     why = {name: pods.not_runnable(pod) for name, pod in templates.items() if runs[name] is None}
     assert runs[naming.MOONCAKE_MASTER] == naming.MOONCAKE_MASTER, why
     assert {runs[n] for n in templates if n.startswith("engine-")} == {"prefill", "decode"}, runs
-    if engine == "sglang":
-        assert runs[naming.ROUTER] == naming.ROUTER, why
-    else:
-        assert runs[naming.ROUTER] is None and "the endpoint picker (/app/epp)" in why[naming.ROUTER], why
-        assert "twin/build.py builds no epp program" in why[naming.ROUTER]
+    assert runs[naming.ROUTER] == naming.ROUTER, why
+    command = templates[naming.ROUTER]["spec"]["containers"][0]["command"]
+    assert (command[0] == pods.PICKER_PROGRAM) == (engine == "vllm"), command
     if "otel-collector" in templates:
         assert why["otel-collector"].startswith("no command (the entry point of "), why
     assert all(why.values()), why  # every pod the twin does not run says why

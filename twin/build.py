@@ -56,8 +56,8 @@ class GoModule:
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum"):
             digest.update((self.folder / name).read_bytes())
-        for source in sorted(self.folder.glob("*.go")):
-            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+        for source in sorted(self.folder.rglob("*.go")):  # a program's own packages too (ext-proc-client)
+            digest.update(str(source.relative_to(self.folder)).encode() + b"\0" + source.read_bytes())
         digest.update(self.ldflags.encode())
         return digest.hexdigest()[:16]
 
@@ -89,6 +89,8 @@ MODULES = {
     "prometheus-operator": GoModule("prometheus-operator"),
     "envoy-gateway": GoModule("envoy-gateway"),
     "keda": GoModule("keda"),
+    # the endpoint picker (gateway_epp) and the gateway's ext_proc side for the tests (twin/endpoint-picker/main.go)
+    "endpoint-picker": GoModule("endpoint-picker"),
 }
 # Go programs the tests use beside the twin: built by `make test` (`python -m twin.build registry`),
 # not by `twin up`, which needs none of them.
@@ -111,6 +113,8 @@ PROGRAMS = {
     "prometheus-operator": ("prometheus-operator", "operator"),  # .../prometheus-operator/cmd/operator
     "envoy-gateway": ("envoy-gateway", "envoy-gateway"),  # github.com/envoyproxy/gateway/cmd/envoy-gateway
     "keda-operator": ("keda", "operator"),  # github.com/kedacore/keda/v2/cmd/operator
+    "epp": ("endpoint-picker", "endpoint-picker"),  # GIE v1.4.0's EPP runner with llm-d v0.7.1's plugins
+    "ext-proc-client": ("endpoint-picker", "ext-proc-client"),  # Envoy's ext_proc call to the picker
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
 }
 

@@ -1,7 +1,8 @@
 """Processes at the pods' addresses: what a kubelet and a CNI would do for the pods the twin can
 run on a CPU (the router, each engine pod with the engine replaced by twin/engine_standin.py, and
 the Mooncake master with the pinned wheel's `mooncake_master`). Which pod runs, and why another
-does not (the picker until the twin builds it, a container with no command), is `not_runnable`.
+does not (a container with no command), is `not_runnable`. The endpoint picker's pod runs the
+twin's build of it (twin/endpoint-picker, `build.program("epp")`) in its image's /app/epp's place.
 
 Network: a pod network of its own, never the machine's. A hub network namespace (`unshare --net`)
 holds a bridge; each started pod gets a network namespace of its own with a veth on that bridge and
@@ -73,7 +74,7 @@ MOONCAKE_WHEEL = "mooncake-transfer-engine"  # PyPI's wheel carries mooncake/moo
 MOONCAKE_WHEEL_SHA256 = {"0.3.8.post1": "49eba9348de1acebec104e77ec65ae5f02e94ead50890839dddf351cd8dc6278",
                          "0.3.13.post1": "81e6d425a097b4915bdc9efbe2fe89d779dc2bd70e48a5a69c248cc9b250bafe"}
 PICKER_PROGRAM = "/app/epp"  # the endpoint picker's entry point in its image (llm-d-inference-scheduler)
-PICKER_BUILT = "epp"  # its name in twin/build.py PROGRAMS, once the twin builds it
+PICKER_BUILT = "epp"  # its name in twin/build.py PROGRAMS
 
 
 def _netns_inode(pid: int | str) -> int:
@@ -397,7 +398,7 @@ def enter_main(spec_file: Path) -> int:
             subprocess.run(["mount", "-o", "remount,bind,ro", mount["target"]], check=True)
     os.chdir(spec["workdir"])
     argv = spec["argv"]
-    program = shutil.which(argv[0], path=spec["env"].get("PATH")) or argv[0]
+    program = spec.get("program") or shutil.which(argv[0], path=spec["env"].get("PATH")) or argv[0]
     os.execve(program, argv, spec["env"])
 
 
@@ -574,6 +575,8 @@ class PodProcesses:
         spec_file.write_text(json.dumps({
             "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
             "workdir": container.get("workingDir", "/"), "argv": [*container["command"], *container.get("args", [])],
+            # the picker's image entry point (/app/epp) runs the twin's build of it, argv unchanged
+            "program": str(build.program(PICKER_BUILT)) if container["command"][0] == PICKER_PROGRAM else None,
             "env": {**_env(pod, container, self.kubeconfig, path), **self.token_timing.get(container["image"], {})}}))
         spec_file.chmod(0o600)
         process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
