@@ -11,8 +11,9 @@ by side, since the twin's leave most of the machine idle.
   by side shorten the long pole. They start first, at normal priority: their waits are the long
   pole, and the twins' control planes must not be starved by the rest.
 - Everything else runs at the same time on every core (pytest-xdist, a test file to a worker,
-  so a module's fixtures stay in one process), at a lower priority (nice 10): it fills the
-  time the twin leaves idle.
+  so a module's fixtures stay in one process; the files longest first by their last run's
+  times, tests/file_order.py, so no long one runs alone at the end), at a lower priority
+  (nice 10): it fills the time the twin leaves idle.
 
 Each twin group's report is written to .twin/tests-<group>.log and printed whole when all have
 ended, so the reports do not interleave. The exit status is 0 only if all passed (pytest's 5,

@@ -21,6 +21,8 @@ from tests.servers import require_binary, sshd
 from tests.ssh_hosts import write_stubs
 
 
+pytest_plugins = ["tests.file_order"]  # test files longest first under pytest-xdist
+
 def script_modules(*names: str) -> tuple:
     """Modules of scripts/ by name: it is no package and its scripts import their neighbours, so it is on
     sys.path while they load."""
