@@ -40,6 +40,7 @@ PULUMI_ENGINE_FILES = [
     "tests/twin/test_pulumi_on_twin.py",
     "tests/twin/test_rollout_kill_on_twin.py",
     "tests/twin/test_prod_rollout_on_twin.py",
+    "tests/twin/test_live_rollout_on_twin.py",
 ]
 TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
     "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES]], STATE),
