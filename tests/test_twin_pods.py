@@ -74,3 +74,20 @@ def test_the_mooncake_master_pod_runs_the_pinned_wheels_binary(tmp_path):
     assert "rpc_port" in done.stdout and "metrics_port" in done.stdout, done.stderr[-2000:]
     with pytest.raises(pods.TwinError, match="no sha256 of its wheel is pinned"):
         processes.mooncake_bin("docker.io/kvcacheai/mooncake:v9.9.9")
+
+
+def test_a_request_to_the_endpoint_picker_over_http_is_refused_saying_how(monkeypatch, tmp_path):
+    """`python -m twin.pods request` sends chat requests to sglang-router over HTTP; vLLM's router pod is the
+    endpoint picker, which a gateway asks over ext_proc (its `http` port is the gRPC ext_proc port), so it
+    says so instead of retrying HTTP against gRPC until its timeout."""
+    import json
+    import types
+
+    picker = {"metadata": {"name": "router-1", "namespace": "ns", "labels": {pods.NAME_LABEL: naming.ROUTER},
+                           "annotations": {pods.PROCESS_ANNOTATION: "running"}},
+              "spec": {"containers": [{"name": "router", "command": [pods.PICKER_PROGRAM],
+                                       "ports": [{"name": "http", "containerPort": 9002}]}]},
+              "status": {"podIP": "10.244.0.9"}}
+    monkeypatch.setattr(pods, "kubectl", lambda *a, **k: types.SimpleNamespace(stdout=json.dumps({"items": [picker]})))
+    with pytest.raises(pods.TwinError, match="is the endpoint picker .* asks over ext_proc"):
+        pods.send_request("ns", kubeconfig=tmp_path / "kubeconfig", folder=tmp_path, timeout=1)

@@ -677,6 +677,10 @@ def send_request(namespace: str, kubeconfig: Path = KUBECONFIG, folder: Path = F
                             f"twin.pods run --namespace {namespace})")
         time.sleep(1)
     ip = routers[0]["status"]["podIP"]
+    if (routers[0]["spec"]["containers"][0].get("command") or [""])[0] == PICKER_PROGRAM:
+        raise TwinError(f"the router {namespace}/{routers[0]['metadata']['name']} is the endpoint picker (gateway_epp), "
+                        "which a gateway asks over ext_proc (twin/endpoint_picker.py, as tests/twin/"
+                        "test_requests_on_twin.py does); `request` sends to sglang-router only")
     port = next(p["containerPort"] for c in routers[0]["spec"]["containers"] for p in c.get("ports", [])
                 if p.get("name") == "http")
     said = ""
