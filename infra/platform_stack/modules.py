@@ -63,14 +63,28 @@ def _requirements() -> dict[str, list[tuple[str, str, bool]]]:
     return found
 
 
+_TOOL_LINE = re.compile(r"^\s*tool\b", re.MULTILINE)
+
+
+@functools.cache
+def _pins_files(folder: str) -> bool:
+    """A twin folder whose go.mod builds no program (no `tool` line: twin/crds, twin/platform) pins
+    modules for their files, the CRDs, charts and manifests this package reads."""
+    return not _TOOL_LINE.search((TWIN_SRC / folder / "go.mod").read_text())
+
+
 def pin(module: str) -> Pin:
-    """The one version the twin's go.mod files select for `module` (a direct requirement wins
-    over modules other tools merely pull in; two direct pins that differ are an error)."""
+    """The one version the twin's go.mod files select for `module`: a direct requirement wins
+    over modules other tools merely pull in, and a folder that pins files wins over one that
+    builds a program with the module at another version (twin/endpoint-picker builds its picker
+    on gateway-api-inference-extension v1.4.0, the CRDs are twin/crds' v1.6.0); two such pins
+    that differ are an error."""
     entries = _requirements().get(module)
     if not entries:
         raise ModuleUnavailable(f"{module} is not pinned in any twin/*/go.mod. Fix: add it to twin/platform/go.mod "
                                 "and run `go mod download` there")
     direct = [e for e in entries if e[2]] or entries
+    direct = [e for e in direct if _pins_files(e[1])] or direct
     versions = sorted({v for v, _, _ in direct})
     if len(versions) > 1:
         raise ModuleUnavailable(f"{module} is pinned at {', '.join(versions)} in twin/*/go.mod. Fix: one version")
