@@ -11,13 +11,16 @@ A flag the router refuses, or one the engine's own parser refuses (sglang 0.5.23
 ServerArgs.add_cli_args), ends that process, and the runner reports it with the program's reason.
 
 dev with vLLM 0.33.0: its engine pods' rendered `vllm serve` commands run the stand-in (vLLM's own
-parser first) at their pod addresses; the request goes as llm-d's routing sidecar sends it (the
-prefill first with kv_transfer_params do_remote_decode and max_tokens 1, then the decode with the
-kv_transfer_params the prefill answered: vllm nixl/pull_scheduler.py request_finished), so the
-decode's NIXL handshake reaches the prefill's side channel at the address the render gives it
-(VLLM_NIXL_SIDE_CHANNEL_HOST from status.podIP). The endpoint picker that chooses the pair on a
-cluster (llm-d-inference-scheduler's /app/epp) is not run: the twin builds no epp program
-(twin/pods.py not_runnable says so).
+parser first) at their pod addresses, and the router's pod runs the endpoint picker
+(gateway-api-inference-extension v1.4.0's EPP with llm-d-inference-scheduler v0.7.1's plugins,
+twin/endpoint-picker) with the rendered flags and EndpointPickerConfig, finding the pods through
+the twin's API server as its ServiceAccount. The test asks it as the gateway does (Envoy's
+ext_proc, twin/endpoint_picker.py) and sends the request where it says, as llm-d's routing sidecar
+sends it (the prefill first with kv_transfer_params do_remote_decode and max_tokens 1, then the
+decode with the kv_transfer_params the prefill answered: vllm nixl/pull_scheduler.py
+request_finished), so the decode's NIXL handshake reaches the prefill's side channel at the
+address the render gives it (VLLM_NIXL_SIDE_CHANNEL_HOST from status.podIP). With a second decode
+instance, the picker's choice follows prefix affinity (its prefix-cache scorer), not round robin.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import time
 import pytest
 
 from infra import naming
+from infra.render.router_config import EPP_GRPC_PORT
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import assert_every_pod_bound, remove_render, unready_by_probes, users_objects
-from twin import dra, fleet, kubelet, pods
-from twin.api import TwinError
+from twin import dra, endpoint_picker, fleet, kubelet, pods
+from twin.api import TwinError, kubectl
 from twin.nodes import stack_nodes
 
 @pytest.fixture(scope="module")
@@ -309,50 +313,121 @@ def _served(processes: pods.PodProcesses, pod: pods.Started, port: int, timeout:
         time.sleep(0.5)
 
 
+@pytest.fixture(scope="module")
+def dev_vllm_pods(dev_applied):
+    """dev-vllm's pods started as processes once for the tests below (the picker, both engines)."""
+    spec, _ = dev_applied
+    processes = pods.start_processes(spec.environment.namespace)
+    yield processes
+    processes.stop()
+
+
+def _picked(processes: pods.PodProcesses, picker: pods.Started, model: str, prompt: str, ready=lambda pick: True):
+    """The endpoint picker's choice for one chat request, asked as the gateway asks it; retried until
+    it has found the pods and `ready(pick)` holds."""
+    return endpoint_picker.ask_until_picked(
+        processes.network.client_socket, f"{picker.ip}:{EPP_GRPC_PORT}", "/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}, ready,
+        check=processes.check)
+
+
 @pytest.mark.parametrize("dev_applied", ["vllm"], indirect=True)
-def test_dev_vllm_a_request_is_answered_by_prefill_and_decode_through_the_nixl_side_channel(dev_applied):
+def test_dev_vllm_a_request_is_answered_by_prefill_and_decode_through_the_nixl_side_channel(dev_applied,
+                                                                                             dev_vllm_pods):
     """The rendered vLLM pods at their addresses; the prefill's kv_transfer_params name its pod IP
     (the render's VLLM_NIXL_SIDE_CHANNEL_HOST) and the decode answers after its handshake there."""
     import json
 
     spec, objects = dev_applied
-    namespace = spec.environment.namespace
     started_at = time.monotonic()
-    processes = pods.start_processes(namespace)
-    try:
-        by_role = {p.role: p for p in processes.started}
-        assert {"prefill", "decode"} <= set(by_role) and "router" not in by_role, by_role  # no epp built
-        prefill, decode = by_role["prefill"], by_role["decode"]
-        _served(processes, prefill, 8000)
-        _served(processes, decode, 8200)
-        status, text = processes.request(prefill.ip, 8000, "/v1/completions", {
-            "model": spec.model.name, "prompt": "Say hello from the twin.", "max_tokens": 1,
-            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
-        assert status == 200, text
-        params = json.loads(text)["kv_transfer_params"]
-        assert params["remote_host"] == prefill.ip, params
-        status, text = processes.request(decode.ip, 8200, "/v1/chat/completions", {
-            "model": spec.model.name, "messages": [{"role": "user", "content": "Say hello from the twin."}],
-            "max_tokens": 8, "kv_transfer_params": params})
-        assert status == 200, text
-        answer = json.loads(text)
-        assert answer["model"] == spec.model.name
-        content = answer["choices"][0]["message"]["content"]
-        assert f"prefill {params['remote_engine_id']} at {prefill.ip}:" in content
-        assert "bytes of KV over nixl, sha256 " in content, content  # READ from the prefill's agent
+    processes = dev_vllm_pods
+    by_role = {p.role: p for p in processes.started}
+    assert {"prefill", "decode", "router"} <= set(by_role), by_role  # the router's pod is the picker
+    prefill, decode = by_role["prefill"], by_role["decode"]
+    _served(processes, prefill, 8000)
+    _served(processes, decode, 8200)
+    # the picker chooses the pair, as the gateway asks it (ext_proc); the sidecar's port on decode
+    pick = _picked(processes, by_role["router"], spec.model.name, "Say hello from the twin.", lambda pick: pick.prefill)
+    assert (pick.destination, pick.prefill) == (f"{decode.ip}:8000", f"{prefill.ip}:8000"), pick
+    status, text = processes.request(prefill.ip, 8000, "/v1/completions", {
+        "model": spec.model.name, "prompt": "Say hello from the twin.", "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+    assert status == 200, text
+    params = json.loads(text)["kv_transfer_params"]
+    assert params["remote_host"] == prefill.ip, params
+    status, text = processes.request(decode.ip, 8200, "/v1/chat/completions", {
+        "model": spec.model.name, "messages": [{"role": "user", "content": "Say hello from the twin."}],
+        "max_tokens": 8, "kv_transfer_params": params})
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["model"] == spec.model.name
+    content = answer["choices"][0]["message"]["content"]
+    assert f"prefill {params['remote_engine_id']} at {prefill.ip}:" in content
+    assert "bytes of KV over nixl, sha256 " in content, content  # READ from the prefill's agent
 
-        def succeeded(pod: pods.Started, port: int) -> float:
-            status, text = processes.request(pod.ip, port, "/metrics")
-            assert status == 200, text
-            return sum(float(line.split()[-1]) for line in text.splitlines()
-                       if line.startswith("vllm:request_success_total{"))
+    def succeeded(pod: pods.Started, port: int) -> float:
+        status, text = processes.request(pod.ip, port, "/metrics")
+        assert status == 200, text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total{"))
 
-        served = {"prefill": succeeded(prefill, 8000), "decode": succeeded(decode, 8200)}
-        assert served == {"prefill": 1.0, "decode": 1.0}, served
-        processes.check()
-        FIGURES.append(f"dev-vllm requests: {sum(p.role in ('prefill', 'decode') for p in processes.started)} engine "
-                       f"stand-ins started at their pod addresses (no picker: no epp built); 1 request answered by "
-                       f"prefill {prefill.ip} and decode {decode.ip} after the NIXL side-channel handshake, in "
-                       f"{time.monotonic() - started_at:.0f} s")
-    finally:
-        processes.stop()
+    served = {"prefill": succeeded(prefill, 8000), "decode": succeeded(decode, 8200)}
+    assert served == {"prefill": 1.0, "decode": 1.0}, served
+    processes.check()
+    FIGURES.append(f"dev-vllm requests: {sum(p.role in ('prefill', 'decode') for p in processes.started)} engine "
+                   f"stand-ins and the endpoint picker started at their pod addresses; 1 request picked by it and "
+                   f"answered by "
+                   f"prefill {prefill.ip} and decode {decode.ip} after the NIXL side-channel handshake, in "
+                   f"{time.monotonic() - started_at:.0f} s")
+
+
+@pytest.mark.parametrize("dev_applied", ["vllm"], indirect=True)
+def test_dev_vllm_the_picker_keeps_a_prompts_prefix_on_one_decode_pod_not_round_robin(dev_applied, dev_vllm_pods):
+    """dev's decode scaled to its maximum, 2 instances (its ScaledObject set aside): the picker's
+    prefix-cache scorer (gateway-api-inference-extension v1.4.0
+    pkg/epp/framework/plugins/scheduling/scorer/prefix: it remembers which pod it sent each prompt's
+    blocks to) sends every request that shares a long prompt's prefix to the pod that had it, so
+    two prompts first placed on different pods each stay on theirs, twice in a row and then
+    interleaved; round robin would move every second request. The scorers' load inputs (waiting
+    queue, KV use) are equal on both stand-ins."""
+    from tests.twin.test_fleet_on_twin import autoscaler_set_aside
+
+    spec, objects = dev_applied
+    namespace = spec.environment.namespace
+    decode_lws = next(o for o in objects if o["kind"] == "LeaderWorkerSet"
+                      and o["metadata"]["labels"].get(naming.ROLE_LABEL) == "decode")
+    started_at = time.monotonic()
+    processes = dev_vllm_pods
+    picker = next(p for p in processes.started if p.role == naming.ROUTER)
+    with autoscaler_set_aside(objects, decode_lws):
+        kubectl("scale", "leaderworkerset", decode_lws["metadata"]["name"], "-n", namespace, "--replicas=2")
+        running = {p.name for p in processes.started}
+        processes.start(namespace, select=lambda pod: pods.runs_as(pod) == "decode"
+                        and pod["metadata"]["name"] not in running)
+        decodes = [p for p in processes.started if p.role == "decode"]
+        assert len(decodes) == 2, [p.name for p in processes.started]
+        for decode in decodes:
+            _served(processes, decode, 8200)
+        long_prefix = " ".join(f"word{i}" for i in range(600))  # ~4 KB: many of the scorer's blocks
+        first = _picked(processes, picker, spec.model.name, f"A: {long_prefix}")
+        other = None
+        for attempt in range(40):  # a new prompt scores 0 on both pods: the picker draws between them
+            prompt_b = f"B{attempt}: {long_prefix}"
+            other = _picked(processes, picker, spec.model.name, prompt_b)
+            if other.destination != first.destination:
+                break
+        assert other and other.destination != first.destination, \
+            f"the picker never picked a second decode pod in 40 new prompts: {first}"
+        # each prompt twice in a row, then interleaved: round robin would move every second request
+        order = [(f"A: {long_prefix}", first.destination)] * 2 + [(prompt_b, other.destination)] * 2
+        order += [(f"A: {long_prefix}", first.destination), (prompt_b, other.destination)]
+        seen = [(_picked(processes, picker, spec.model.name, f"{prompt} and then {i}").destination, want)
+                for i, (prompt, want) in enumerate(order)]
+        assert all(got == want for got, want in seen), seen
+        assert {want for _, want in seen} == {f"{d.ip}:8000" for d in decodes}
+        processes.stop_pod(next(p for p in decodes if p.name not in running))
+        kubectl("scale", "leaderworkerset", decode_lws["metadata"]["name"], "-n", namespace, "--replicas=1")
+    processes.check()
+    FIGURES.append(f"dev-vllm picker: 2 decode pods, 6 requests of 2 long prompts (each twice in a row, then "
+                   f"interleaved) each kept on the pod "
+                   f"the picker first gave it (prefix affinity), in {time.monotonic() - started_at:.0f} s")
