@@ -132,6 +132,21 @@ def test_every_pod_that_serves_metrics_is_scraped_and_no_other():
     assert naming.LWS_WORKER_INDEX_LABEL in monitor["spec"]["podTargetLabels"]
 
 
+def test_the_kv_cache_master_metrics_port_is_scraped():
+    """The Mooncake master serves its own /metrics on --metrics_port (the pinned wheel's
+    mooncake_master, run on the twin: tests/twin/test_metrics_on_twin.py finds it answering there),
+    exposed as its Service's `metrics` port: a ServiceMonitor selects that Service and port, so the
+    process is a target like the router and the engines. Was: a port nothing scraped."""
+    from tests.conftest import shipped_run
+
+    run = shipped_run("prod")
+    (master,) = [s for s in run.by_kind("Service") if s["metadata"]["name"] == naming.MOONCAKE_MASTER]
+    monitors = [m for m in run.by_kind("ServiceMonitor") if m["spec"]["selector"]["matchLabels"].items()
+                <= master["metadata"]["labels"].items()]
+    assert [[e["port"] for e in m["spec"]["endpoints"]] for m in monitors] == [["metrics"]]
+    assert "metrics" in [p["name"] for p in master["spec"]["ports"]]
+
+
 def _services(run) -> dict[str, dict]:
     return {s["metadata"]["name"]: s for s in run.by_kind("Service")}
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import pulumi
 
 from infra.components.k8s import Layer, LayerContext
-from infra.render.kvcache_config import kv_cache_plan
+from infra.render.kvcache_config import KVCachePlan, kv_cache_plan
 
 KVCACHE_CONFIGMAP = "kvcache-config"
+
+
+def server_labels(plan: KVCachePlan) -> dict[str, str]:
+    """What the KV cache server's pod and Service carry, and its Service and monitor select by."""
+    return {"app.kubernetes.io/name": plan.server_name}
 
 
 class KVCache(Layer):
@@ -16,7 +21,7 @@ class KVCache(Layer):
     def __init__(self, name: str, ctx: LayerContext, opts: pulumi.ResourceOptions | None = None):
         super().__init__(name, ctx, opts)
         plan = self.plan = kv_cache_plan(ctx.spec)
-        labels = {"app.kubernetes.io/name": plan.server_name}
+        labels = server_labels(plan)
         meta = ctx.metadata(plan.server_name, "kvcache", **labels)
         self.config = self.add({
             "apiVersion": "v1",

@@ -11,7 +11,9 @@ from infra import naming
 from infra.components.balancers import ROUTER_LABELS
 from infra.components.engines import ENGINE_PORT_NAME
 from infra.components.k8s import Layer, LayerContext
+from infra.components.kvcache import server_labels
 from infra.render.engine_args import all_launches
+from infra.render.kvcache_config import kv_cache_plan
 from infra.render.metrics import (ENGINE_METRICS, GROUP_SERIES_LABEL, POD_TARGET_LABELS, ROLE_SERIES_LABEL,
                                   ROUTER_REQUESTS, alert_rules, p99, pools_selector, prefix_cache_roles,
                                   prefix_hit_ratio, series_label, ttft_pools, with_selector, workers_export_metrics)
@@ -47,6 +49,20 @@ def engine_pod_monitor(ctx: LayerContext) -> dict:
             "podTargetLabels": list(POD_TARGET_LABELS),
         },
     }
+
+
+def kv_cache_monitor(ctx: LayerContext) -> dict | None:
+    """The KV cache server's own metrics where it serves them: the Mooncake master's
+    --metrics_port (its Service's `metrics` port; the pinned wheel's mooncake_master answers GET
+    /metrics there in Prometheus's text format, tests/twin/test_metrics_on_twin.py). LMCache's
+    server serves none: no monitor."""
+    plan = kv_cache_plan(ctx.spec)
+    if "metrics" not in plan.ports:
+        return None
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": ctx.metadata(plan.server_name, "monitoring"),
+            "spec": {"selector": {"matchLabels": server_labels(plan)},
+                     "endpoints": [{"port": "metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}]}}
 
 
 def prometheus_rule(ctx: LayerContext) -> dict:
@@ -141,6 +157,9 @@ class Monitoring(Layer):
             "spec": {"selector": {"matchLabels": ROUTER_LABELS}, "podTargetLabels": [naming.RELEASE_LABEL],
                      "endpoints": [{"port": "metrics", "interval": f"{ctx.spec.observability.scrape_interval_seconds}s"}]},
         })
+        kv_cache = kv_cache_monitor(ctx)
+        if kv_cache:
+            self.add(kv_cache)
         self.add(prometheus_rule(ctx))
         self.add({
             "apiVersion": "v1", "kind": "ConfigMap",
