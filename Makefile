@@ -39,9 +39,10 @@ engine:
 twin-build: setup
 	$(PY) -m twin build
 
-# The OCI registry the image resolver's tests push to (twin/registry/go.mod), into the same cache.
+# The OCI registry the image resolver's tests push to (twin/registry/go.mod), and the Prometheus the
+# twin's metrics tests run where prometheus-operator asks (twin/prometheus/go.mod), into the same cache.
 registry-build: setup
-	$(PY) -m twin.build registry
+	$(PY) -m twin.build registry prometheus
 
 twin-up: setup
 	$(PY) -m twin up

@@ -25,6 +25,7 @@ from twin import paths
 from twin.paths import TWIN_SRC
 
 KUBERNETES_VERSION = "v1.34.4"
+PROMETHEUS_VERSION = "3.13.1"  # twin/prometheus/go.mod's github.com/prometheus/prometheus v0.313.1 (its Makefile sets it by ldflags)
 # k8s.io/kubernetes reads its version from ldflags (hack/lib/version.sh does the same); without
 # them it reports v0.0.0-master, which controllers that check the server's version refuse.
 _KUBE_LDFLAGS = " ".join([
@@ -42,6 +43,7 @@ class GoModule:
 
     name: str
     ldflags: str = "-s -w"
+    tags: str = ""  # go build tags, e.g. the one service discovery of Prometheus the twin needs
 
     @property
     def folder(self) -> Path:
@@ -58,7 +60,7 @@ class GoModule:
             digest.update((self.folder / name).read_bytes())
         for source in sorted(self.folder.rglob("*.go")):  # a program's own packages too (ext-proc-client)
             digest.update(str(source.relative_to(self.folder)).encode() + b"\0" + source.read_bytes())
-        digest.update(self.ldflags.encode())
+        digest.update((self.ldflags + self.tags).encode())
         return digest.hexdigest()[:16]
 
     @property
@@ -96,6 +98,10 @@ MODULES = {
 # not by `twin up`, which needs none of them.
 TEST_MODULES = {
     "registry": GoModule("registry"),  # distribution's OCI registry (tests/test_images.py)
+    # Prometheus at the operator's default version (twin/monitoring.py), with the Kubernetes
+    # discovery its generated configs use and no other (its plugins/ build tags)
+    "prometheus": GoModule("prometheus", f"-s -w -X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",
+                           tags="remove_all_sd,enable_kubernetes_sd"),
 }
 
 # The program each tool path installs as (`go install` names it after the last path element,
@@ -116,6 +122,7 @@ PROGRAMS = {
     "epp": ("endpoint-picker", "endpoint-picker"),  # GIE v1.4.0's EPP runner with llm-d v0.7.1's plugins
     "ext-proc-client": ("endpoint-picker", "ext-proc-client"),  # Envoy's ext_proc call to the picker
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry
+    "prometheus": ("prometheus", "prometheus"),  # github.com/prometheus/prometheus/cmd/prometheus
 }
 
 
@@ -149,7 +156,8 @@ def _install(module: GoModule, log) -> float:
     staging.mkdir(parents=True)
     started = time.monotonic()
     log(f"twin: building {', '.join(module.tools())} (twin/{module.name})")
-    subprocess.run([go, "install", f"-ldflags={module.ldflags}", "tool"], cwd=module.folder,
+    tags = [f"-tags={module.tags}"] if module.tags else []
+    subprocess.run([go, "install", f"-ldflags={module.ldflags}", *tags, "tool"], cwd=module.folder,
                    env={**go_env(), "GOBIN": str(staging)}, check=True)
     took = time.monotonic() - started
     (staging / ".complete").write_text(json.dumps({"seconds": round(took, 1), "tools": module.tools()}) + "\n")

@@ -306,8 +306,8 @@ def _make_volumes(pod: dict, folder: Path, kubeconfig: Path) -> dict[str, Path]:
                 elif "downwardAPI" in source:
                     _write_keys(where, {i["path"]: _field(pod, i["fieldRef"]["fieldPath"]).encode()
                                         for i in source["downwardAPI"]["items"]}, None, mode)
-        elif "emptyDir" in volume:
-            pass  # the folder itself
+        elif "emptyDir" in volume or "persistentVolumeClaim" in volume:
+            pass  # the folder itself (a claim's volume is local to its pod here: the kubelet checked it is bound)
         elif "hostPath" in volume:
             node_path = folder.parent / "nodes" / pod["spec"]["nodeName"] / volume["hostPath"]["path"].lstrip("/")
             node_path.mkdir(parents=True, exist_ok=True)
@@ -361,6 +361,8 @@ def _mounts(container: dict, volumes: dict[str, Path]) -> list[dict]:
         if mount["name"] not in volumes:
             continue  # an optional source that does not exist
         source = volumes[mount["name"]] / mount.get("subPath", "")
+        if not source.exists():
+            source.mkdir(parents=True)  # a subPath the volume lacks: the kubelet makes it a folder
         mounts.append({"source": str(source), "target": mount["mountPath"], "read_only": bool(mount.get("readOnly"))})
     return mounts
 
@@ -370,36 +372,56 @@ def enter_main(spec_file: Path) -> int:
     spec = json.loads(spec_file.read_text())
     scratch = Path(spec["scratch"])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(scratch)], check=True)
+    # A mount point in a top-level folder the machine lacks (Prometheus's /prometheus) is made in a
+    # root of the pod's own, entered before the program starts: the machine's top-level entries,
+    # each mount below made first, bound into a tmpfs beside the new folder (twin/netns.py
+    # _root_with). The machine's / gets nothing.
+    lacking = {Path(m["target"]).parts[1] for m in spec["mounts"]
+               if not os.path.lexists(Path("/", Path(m["target"]).parts[1]))}
+    in_root = [m for m in spec["mounts"] if Path(m["target"]).parts[1] in lacking]
+    mounts = [m for m in spec["mounts"] if m not in in_root]
     # every mount point first, then the binds: an overlay made after a bind beneath it would hide it
     overlays: list[str] = []
-    for mount in spec["mounts"]:
+    for mount in mounts:
         target = Path(mount["target"])
         if os.path.lexists(target):
             continue
         ancestor = os.path.realpath(next(p for p in target.parents if p.exists()))
         if not any(ancestor == o or ancestor.startswith(o + "/") for o in overlays):
-            if ancestor == "/":
-                print(f"twin.pods: {target}: a top-level folder the machine lacks is not made", file=sys.stderr)
-                return 1
             upper, work = scratch / f"upper{len(overlays)}", scratch / f"work{len(overlays)}"
             upper.mkdir()
             work.mkdir()
             subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                             f"lowerdir={ancestor},upperdir={upper},workdir={work}", ancestor], check=True)
             overlays.append(ancestor)
-        if Path(mount["source"]).is_dir():
-            target.mkdir(parents=True)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.touch()
-    for mount in spec["mounts"]:
-        subprocess.run(["mount", "--bind", mount["source"], mount["target"]], check=True)
-        if mount["read_only"]:
-            subprocess.run(["mount", "-o", "remount,bind,ro", mount["target"]], check=True)
+        _mount_point(target, Path(mount["source"]))
+    for mount in mounts:
+        _bind(mount["source"], mount["target"], mount["read_only"])
+    if in_root:
+        root = netns._root_with({}, scratch / "root")
+        for mount in in_root:
+            target = root / mount["target"].lstrip("/")
+            _mount_point(target, Path(mount["source"]))
+            _bind(mount["source"], str(target), mount["read_only"])
+        os.chroot(root)
     os.chdir(spec["workdir"])
     argv = spec["argv"]
     program = spec.get("program") or shutil.which(argv[0], path=spec["env"].get("PATH")) or argv[0]
     os.execve(program, argv, spec["env"])
+
+
+def _mount_point(target: Path, source: Path) -> None:
+    if source.is_dir():
+        target.mkdir(parents=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+
+
+def _bind(source: str, target: str, read_only: bool) -> None:
+    subprocess.run(["mount", "--bind", source, target], check=True)
+    if read_only:
+        subprocess.run(["mount", "-o", "remount,bind,ro", target], check=True)
 
 
 def runs_as(pod: dict) -> str | None:
@@ -552,20 +574,28 @@ class PodProcesses:
             time.sleep(0.5)
         return [self.start_pod(p) for p in pods]
 
-    def start_pod(self, pod: dict) -> Started:
+    def start_pod(self, pod: dict, container_name: str | None = None, entrypoint: list[str] | None = None,
+                  init=None) -> Started:
+        """Start one container of the pod (`container_name`, default its first) at the pod's address.
+        `entrypoint`: the command its image runs where the pod names none (the caller knows the
+        image); `init(volumes)`: what its init containers do to its volumes (name -> folder),
+        called before it starts."""
         meta = pod["metadata"]
         folder = self.folder / f"{meta['namespace']}_{meta['name']}"
         shutil.rmtree(folder, ignore_errors=True)  # an earlier start's keys, token and logs
         private_folder(folder)
-        container = pod["spec"]["containers"][0]
-        if not container.get("command"):
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == (container_name or c["name"]))
+        command = container.get("command") or entrypoint
+        if not command:
             raise TwinError(f"{meta['namespace']}/{meta['name']}: no command in the pod (the image's entrypoint is "
                             "not known to the twin)")
         volumes = _make_volumes(pod, folder, self.kubeconfig)
+        if init:
+            init(volumes)
         path = f"{self.bin}:{self.venv}/bin:{PATH_TAIL}"
         if runs_as(pod) == naming.MOONCAKE_MASTER:
             path = f"{self.mooncake_bin(container['image'])}:{path}"
-        elif runs_as(pod) != naming.ROUTER and self.checker is None:
+        elif runs_as(pod) not in (naming.ROUTER, None) and self.checker is None:
             self.checker = self.start_checker()
             kv_libraries.write_env(self.kv_env)
         ip = pod["status"]["podIP"]
@@ -574,15 +604,15 @@ class PodProcesses:
         spec_file = folder / "enter.json"
         spec_file.write_text(json.dumps({
             "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
-            "workdir": container.get("workingDir", "/"), "argv": [*container["command"], *container.get("args", [])],
+            "workdir": container.get("workingDir", "/"), "argv": [*command, *container.get("args", [])],
             # the picker's image entry point (/app/epp) runs the twin's build of it, argv unchanged
-            "program": str(build.program(PICKER_BUILT)) if container["command"][0] == PICKER_PROGRAM else None,
+            "program": str(build.program(PICKER_BUILT)) if command[0] == PICKER_PROGRAM else None,
             "env": {**_env(pod, container, self.kubeconfig, path), **self.token_timing.get(container["image"], {})}}))
         spec_file.chmod(0o600)
         process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
                           "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
                          log, env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", PATH_TAIL)})
-        started = Started(meta["namespace"], meta["name"], ip, runs_as(pod), holder, process, log)
+        started = Started(meta["namespace"], meta["name"], ip, runs_as(pod) or container["name"], holder, process, log)
         self.started.append(started)
         kubectl("annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite",
                 f"{PROCESS_ANNOTATION}=running", kubeconfig_path=self.kubeconfig)

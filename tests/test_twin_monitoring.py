@@ -1,0 +1,46 @@
+"""twin/monitoring.py's pure parts, without a twin: what the config reloader writes for the
+operator's Prometheus pod, and the volume the twin gives its claim.
+
+The reloader's rules are prometheus-operator v0.93.0's (cmd/prometheus-config-reloader, its
+--config-file .../prometheus.yaml.gz and --config-envsubst-file .../prometheus.env.yaml, on
+github.com/thanos-io/thanos pkg/reloader, which gunzips a `.gz` configuration and replaces each
+`$(VAR)` from its environment, refusing an unset one).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+
+import pytest
+
+from twin import monitoring
+from twin.api import TwinError
+
+
+def _secret(config: str) -> dict:
+    return {"data": {"prometheus.yaml.gz": base64.b64encode(gzip.compress(config.encode())).decode()}}
+
+
+def test_the_generated_configuration_is_gunzipped_and_its_env_references_expanded():
+    config = "global:\n  external_labels:\n    prometheus_replica: $(POD_NAME)\n# shard $(SHARD) of ${NOT_OURS}\n"
+    files = monitoring.reloaded_files(_secret(config), {"rules-0": {"data": {"a.yaml": "groups: []\n"}}},
+                                      {"POD_NAME": "prometheus-pdstack-0", "SHARD": "0"})
+    assert files["config-out"]["prometheus.env.yaml"].decode() == (
+        "global:\n  external_labels:\n    prometheus_replica: prometheus-pdstack-0\n# shard 0 of ${NOT_OURS}\n")
+    assert files["rules-0"] == {"a.yaml": b"groups: []\n"}
+
+
+def test_an_unset_variable_in_the_configuration_is_refused_naming_it():
+    with pytest.raises(TwinError, match=r"\$\(SHARD\)"):
+        monitoring.reloaded_files(_secret("x: $(SHARD)\n"), {}, {"POD_NAME": "p"})
+
+
+def test_a_claim_gets_a_volume_bound_to_it_with_its_size_and_modes(tmp_path):
+    claim = {"metadata": {"name": "prometheus-pdstack-db-prometheus-pdstack-0", "namespace": "monitoring"},
+             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "200Gi"}}}}
+    volume = monitoring.claim_volume(claim, tmp_path)
+    assert volume["spec"]["claimRef"] == {"namespace": "monitoring", "name": claim["metadata"]["name"]}
+    assert volume["spec"]["capacity"] == {"storage": "200Gi"}
+    assert volume["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert "storageClassName" not in volume["spec"]  # the claim names none either
