@@ -14,14 +14,15 @@ import pytest
 import yaml
 
 from infra.offline import run_spec
+from infra.program import load_any_spec
 from infra.recording import OfflineRun
 from infra.spec import SpecError, StackSpec, stack_spec_path
 from infra.spec_checks import load_spec, parse_spec
 from tests.servers import require_binary, sshd
 from tests.ssh_hosts import write_stubs
 
-
 pytest_plugins = ["tests.file_order"]  # test files longest first under pytest-xdist
+
 
 def script_modules(*names: str) -> tuple:
     """Modules of scripts/ by name: it is no package and its scripts import their neighbours, so it is on
@@ -61,7 +62,10 @@ def vllm_with_epp(data: dict) -> dict:
 
 @functools.cache
 def shipped_run(stack: str) -> OfflineRun:
-    return run_spec(load_spec(stack_spec_path(stack)))
+    """A shipped stack's program (serving or platform) run once per test process under mocks, for
+    every test module that reads it: runs are deterministic, and a platform stack's takes seconds
+    (the SDK serializing its charts' values and CRDs), which each module repeated."""
+    return run_spec(load_any_spec(stack_spec_path(stack)))
 
 
 @pytest.fixture(params=["dev", "prod"])

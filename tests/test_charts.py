@@ -19,6 +19,7 @@ from infra.platform_stack.spec import load_platform_spec
 from infra.platform_stack.efa import EFA_PLUGIN_LISTED_FROM, efa_plugin_problems
 from infra.render.manifests import manifests, unwrap
 from infra.spec_checks import load_spec
+from tests.conftest import shipped_run
 from tests.test_platform import context, onprem_twin_spec
 
 POOL_ROLES = ("prefill", "decode", "colocated")
@@ -123,7 +124,7 @@ def test_a_hook_found_in_a_chart_that_its_row_does_not_list_is_seen(tmp_path):
 
 @pytest.fixture(scope="module")
 def prod_platform():
-    return run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    return shipped_run("platform-prod")
 
 
 def test_envoy_gateways_certgen_runs_as_a_job_the_stack_makes_before_the_chart(prod_platform):

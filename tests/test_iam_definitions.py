@@ -30,7 +30,7 @@ from infra.offline import run_spec
 from infra.platform_stack.spec import load_platform_spec, parse_platform_spec
 from infra.recording import OfflineRun
 from infra.render.manifests import unwrap
-from infra.spec_checks import load_spec
+from tests.conftest import shipped_run
 
 KARPENTER = "github.com/aws/karpenter-provider-aws"
 OIDC_CONDITION = re.compile(r"^[a-z0-9.-]+\.[a-z]+(/[^:]*)?:(aud|sub|amr)$")  # <provider host[/path]>:<claim>
@@ -55,10 +55,9 @@ def stack_runs() -> dict[str, OfflineRun]:
     irsa["cloud"]["weights_access"] = "irsa"
     dev_irsa = load_platform_spec("stacks/platform-dev.yaml").model_dump(mode="json", exclude_none=True)
     dev_irsa["cloud"]["weights_access"] = "irsa"
-    return {"platform-prod": run_spec(load_platform_spec("stacks/platform-prod.yaml")),
-            "platform-dev": run_spec(load_platform_spec("stacks/platform-dev.yaml")),
+    return {"platform-prod": shipped_run("platform-prod"), "platform-dev": shipped_run("platform-dev"),
             "platform-dev irsa": run_spec(parse_platform_spec(dev_irsa)),
-            "prod": run_spec(load_spec("stacks/prod.yaml")), "dev": run_spec(load_spec("stacks/dev.yaml"))}
+            "prod": shipped_run("prod"), "dev": shipped_run("dev")}
 
 
 def policies(run: OfflineRun) -> list[tuple[str, str, object, str]]:

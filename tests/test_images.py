@@ -19,19 +19,20 @@ from infra.images import image_fields, placeholders
 from infra.offline import run_spec
 from infra.platform_stack.spec import load_platform_spec
 from infra.policy.rules import Resource, images_by_digest
+from infra.recording import OfflineRun
 from infra.render.manifests import unwrap
 from infra.spec import STACKS_DIR, SpecError
 from infra.spec_checks import load_spec, parse_spec
-from tests.conftest import stack_data
+from tests.conftest import shipped_run, stack_data
 from tests.oci_registry import DOCKER_MANIFEST, oci_registry
 
 SERVING = ("dev", "prod")
 PLATFORMS = ("platform-dev", "platform-prod")
 
 
-def digest_problems(spec) -> list[str]:
-    """What the policy pack's "pinned by digest" rule says about every resource of `spec`."""
-    return [p for r in run_spec(spec).custom() for p in images_by_digest(Resource(r.type, r.name, unwrap(r.inputs)))]
+def digest_problems(run: OfflineRun) -> list[str]:
+    """What the policy pack's "pinned by digest" rule says about every resource a stack's run registers."""
+    return [p for r in run.custom() for p in images_by_digest(Resource(r.type, r.name, unwrap(r.inputs)))]
 
 
 def committed(stack: str):
@@ -48,7 +49,7 @@ def test_the_policy_pack_refuses_every_placeholder_image_of_the_committed_stacks
     spec = committed(stack)
     refs = placeholders(spec)
     assert refs and set(refs.values()) == {ref for _, ref in image_fields(spec)}
-    problems = digest_problems(spec)
+    problems = digest_problems(shipped_run(stack))
     rendered = {ref for ref in refs.values() if any(f"image {ref!r} is not pinned by digest" in p for p in problems)}
     assert rendered and all("pdctl images --write" in p for p in problems)
     if stack.startswith("platform-"):
@@ -171,7 +172,7 @@ def test_images_write_pins_each_placeholder_to_what_the_registry_serves(stack, r
     text = out.read_text()
     assert [line for line in before.splitlines() if line.lstrip().startswith("#")] == [
         line for line in text.splitlines() if line.lstrip().startswith("#")]
-    assert digest_problems(pinned) == []
+    assert digest_problems(run_spec(pinned)) == []
 
     # run again on the pinned spec: each pin is verified by its digest, and nothing moves
     assert main(["images", str(out), "--output", "json"]) == 0

@@ -218,10 +218,9 @@ def test_grafana_logs_in_with_a_generated_password_and_shows_what_each_serving_s
     from infra.platform_stack.spec import load_platform_spec
     from infra.recording import is_secret
     from infra.render.manifests import manifests, unwrap
-    from infra.spec_checks import load_spec
 
     spec = load_platform_spec("stacks/platform-prod.yaml")
-    platform = run_spec(spec)
+    platform = shipped_run("platform-prod")
     objects = {(m["kind"], m["metadata"]["name"]): m for m in (unwrap(r) for r in manifests(platform))}
     (password,) = platform.of_type("random:index/randomPassword:RandomPassword")
     assert password.inputs["length"] >= 32
@@ -245,7 +244,7 @@ def test_grafana_logs_in_with_a_generated_password_and_shows_what_each_serving_s
             key.endswith(".json") and "panels" in json.loads(v) for key, v in (m.get("data") or {}).items())]
 
     assert dashboards(objects.values()) == []
-    serving = run_spec(load_spec("stacks/prod.yaml"))
+    serving = shipped_run("prod")
     published = dashboards(map(unwrap, manifests(serving)))
     assert published
     (sidecar,) = [c for c in grafana["containers"] if c["name"] != "grafana"]

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,6 +30,7 @@ from infra.render.manifests import manifests, unwrap
 from infra.rollout.preflight import HostEntry, Inventory
 from infra.spec import REPO_ROOT, SpecError
 from infra.spec_checks import load_spec, parse_spec
+from tests.conftest import shipped_run
 
 PLATFORMS = ["platform-prod", "platform-dev"]
 
@@ -36,6 +38,16 @@ PLATFORMS = ["platform-prod", "platform-dev"]
 def context(name: str):
     spec = load_platform_spec(f"stacks/{name}.yaml")
     return platform_context(spec, [h.spec for h in hosted_environments(spec)])
+
+
+@pytest.mark.parametrize("name", PLATFORMS)
+def test_a_shipped_platform_stack_is_run_once_for_every_test_that_reads_it(name):
+    """tests/conftest.py shipped_run serves both kinds of stack: the platform's run took seconds
+    (Pulumi's SDK serializing its charts' values and CRDs), and ten test files made their own,
+    this one in each test that read it."""
+    run = shipped_run(name)
+    assert run is shipped_run(name)
+    assert run.of_type("kubernetes:helm.sh/v4:Chart") and run.exports
 
 
 @pytest.mark.parametrize("name", PLATFORMS)
@@ -141,9 +153,7 @@ def test_static_inventory_must_cover_max_and_surge():
 
 @pytest.fixture(scope="module")
 def prod_runs():
-    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
-    serving = run_spec(load_spec("stacks/prod.yaml"))
-    return platform, serving
+    return shipped_run("platform-prod"), shipped_run("prod")
 
 
 def user_provided(spec) -> set[tuple[str, str, str]]:
@@ -250,8 +260,7 @@ def test_every_in_cluster_service_a_serving_stack_sends_to_is_made_or_named_the_
     (tempo-distributor.observability) and dev's MinIO (minio.storage) were neither made by a stack
     nor named the user's. Now each is made by a stack or comes from a spec field README names."""
     spec = load_spec(f"stacks/{env}.yaml")
-    platform = run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec))
-    missing, wanted = unresolved_services(platform, run_spec(spec), spec)
+    missing, wanted = unresolved_services(shipped_run(Path(spec.platform.spec).stem), shipped_run(env), spec)
     assert missing == [], missing
     assert wanted & user_endpoints(spec) == {"prod": {("tempo-distributor", "observability")},
                                              "dev": {("minio", "storage")}}[env]
@@ -273,7 +282,7 @@ def test_dev_refers_to_nothing_but_what_its_platform_makes_and_readme_names():
     """dev on an existing cluster with weights in an S3-compatible store (access: secret): its
     credentials Secret is the user's, as README says; nothing else is missing."""
     spec = load_spec("stacks/dev.yaml")
-    missing, wanted = unresolved(run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec)), run_spec(spec), spec)
+    missing, wanted = unresolved(shipped_run(Path(spec.platform.spec).stem), shipped_run("dev"), spec)
     assert missing == [], missing
     assert ("Secret", spec.environment.namespace, spec.model.weights.credentials_secret) in wanted
 
@@ -297,7 +306,7 @@ def test_dev_with_release_tracks_refers_to_nothing_missing_in_any_namespace():
     name, env_ns = spec.model.weights.credentials_secret, spec.environment.namespace
     tracks = plan_tracks([(1, 90, stack_data("dev")), (2, 10, stack_data("dev"))])
     serving = run_spec(spec, tracks=tracks)
-    missing, wanted = unresolved(run_spec(load_platform_spec(REPO_ROOT / spec.platform.spec)), serving, spec)
+    missing, wanted = unresolved(shipped_run(Path(spec.platform.spec).stem), serving, spec)
     assert missing == [], missing
     copies = {r.inputs["metadata"]["namespace"]: r for r in serving.custom()
               if r.type == "kubernetes:core/v1:Secret" and r.inputs["metadata"]["name"] == name}
@@ -325,9 +334,8 @@ def test_every_custom_resource_kind_a_serving_stack_makes_has_its_crd_from_the_p
     from infra.render.manifests import _validator
 
     spec = load_spec(f"stacks/{serving_stack}.yaml")
-    platform_spec = load_platform_spec(REPO_ROOT / spec.platform.spec)
-    platform = run_spec(platform_spec)
-    kinds = {(m["apiVersion"].split("/")[0], m["kind"]) for m in map(unwrap, manifests(run_spec(spec)))
+    platform = shipped_run(Path(spec.platform.spec).stem)
+    kinds = {(m["apiVersion"].split("/")[0], m["kind"]) for m in map(unwrap, manifests(shipped_run(serving_stack)))
              if "/" in m["apiVersion"] and _validator(m["kind"], m["apiVersion"], spec.environment.kubernetes_version)
              is None}
     crds = {(d["spec"]["group"], d["spec"]["names"]["kind"]) for d in map(unwrap, manifests(platform))
@@ -476,7 +484,7 @@ def test_a_canary_tracks_pods_get_their_weights_access_without_a_copied_secret()
     assert not any(kind == "Secret" and "weights" in name for kind, name in wanted), wanted
     assert "aws_secret_access_key" not in json.dumps(objects).lower()
 
-    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    platform = shipped_run("platform-prod")
     (reader,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "weights-reader"]
     statements = json.loads(reader.inputs["policy"])["Statement"]
     for namespace in track_namespaces:
@@ -545,7 +553,7 @@ def test_the_weights_reader_admits_each_release_track_namespace_and_no_other_nam
 
     spec = load_spec("stacks/prod.yaml")
     ns = spec.environment.namespace
-    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    platform = shipped_run("platform-prod")
     (reader,) = [r for r in platform.of_type("aws:iam/rolePolicy:RolePolicy") if r.name == "weights-reader"]
     statements = json.loads(reader.inputs["policy"])["Statement"]
     host = "oidc.eks.us-east-1.amazonaws.com/id/0123456789ABCDEF0123456789ABCDEF"
@@ -680,7 +688,7 @@ def test_static_mode_patches_each_listed_node_so_its_pools_pods_land_on_it():
     objects = platform_objects(spec, [Hosted(dev, "dev", Inventory(key_file="k", known_hosts="h", hosts=hosts))])
     patched = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Node"}
     assert sorted(patched) == sorted(h.name for h in hosts if h.role)
-    pods = engine_pod_specs(run_spec(dev))
+    pods = engine_pod_specs(shipped_run("dev"))
     for name, node in patched.items():
         role = node["metadata"]["labels"]["pdstack.io/role"]
         assert node["metadata"]["labels"]["nvidia.com/gpu.clique"] == "rack-" + name[-1]
@@ -940,7 +948,7 @@ def test_a_custom_resource_is_checked_against_the_crd_its_own_stack_installs():
     from infra.render.manifests import validate_manifests
 
     spec = load_platform_spec("stacks/platform-prod.yaml")
-    items = [unwrap(m) for m in manifests(run_spec(spec))]
+    items = [unwrap(m) for m in manifests(shipped_run("platform-prod"))]
     report = validate_manifests(items, spec.kubernetes_version)
     assert report.ok and not report.unchecked_kinds, (report.errors, report.unchecked_kinds)
     assert report.custom_checked["Prometheus (CRD prometheuses.monitoring.coreos.com of this stack)"] == 1
@@ -1155,7 +1163,7 @@ def test_karpenter_interruption_queue_gets_every_event_the_pinned_controller_han
             detail = {"eventTypeCategory": [category], "service": [service.group(1)]}
         handled[(returns["Source"], returns["DetailType"])] = detail
 
-    platform = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    platform = shipped_run("platform-prod")
     spec = load_platform_spec("stacks/platform-prod.yaml")
     (queue,) = platform.of_type("aws:sqs/queue:Queue")
     assert queue.inputs["name"] == interruption_queue_name(spec.cloud.cluster.name)

@@ -12,7 +12,6 @@ tests/aws_replay.py NOT_MODELLED, and each skipped resource is listed with that 
 
 from __future__ import annotations
 
-import functools
 import json
 import urllib.request
 from dataclasses import replace
@@ -20,19 +19,13 @@ from importlib.metadata import version
 
 import pytest
 
-from infra.offline import run_spec
-from infra.platform_stack.spec import load_platform_spec
 from infra.recording import MOCK_ACCOUNT, MOCK_REGION, OfflineRun, RegisteredResource
 from tests.aws_replay import MOTO_VERSION, NOT_MODELLED, REPLAYED, Replay, classify, clients, replay
+from tests.conftest import shipped_run
 from tests.servers import moto_s3
 from tests.test_platform_order import is_cloud
 
 PLATFORMS = ("platform-prod", "platform-dev")
-
-
-@functools.cache
-def recorded(name: str) -> OfflineRun:
-    return run_spec(load_platform_spec(f"stacks/{name}.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +61,7 @@ def users_vpcs() -> set[str]:
     what the offline getCluster stand-in answers (infra/recording.py)."""
     found = set()
     for name in PLATFORMS:
-        found |= {r.inputs["vpcId"] for r in recorded(name).of_type("aws:ec2/securityGroup:SecurityGroup")}
+        found |= {r.inputs["vpcId"] for r in shipped_run(name).of_type("aws:ec2/securityGroup:SecurityGroup")}
     return found
 
 
@@ -83,7 +76,7 @@ def test_moto_is_the_version_the_docstrings_cite():
 @pytest.mark.parametrize("name", PLATFORMS)
 def test_every_cloud_resource_type_is_replayed_or_named_not_modelled(name):
     """A type the program gains must be given its calls (REPLAYED) or its reason (NOT_MODELLED)."""
-    unclassified = sorted(t for t in types_of(recorded(name)) if classify(t) == "unclassified")
+    unclassified = sorted(t for t in types_of(shipped_run(name)) if classify(t) == "unclassified")
     assert not unclassified, f"add each to tests/aws_replay.py REPLAYED or NOT_MODELLED: {unclassified}"
     assert not set(REPLAYED) & set(NOT_MODELLED)
 
@@ -105,10 +98,10 @@ def test_both_platform_stacks_replay_into_one_account_without_an_error(account):
     #38 item 7) in one account: every call accepted, dev makes no second provider, and every
     resource not replayed is one NOT_MODELLED names."""
     aws, users = account
-    prod, dev = replay_both(aws, users, recorded("platform-prod"), recorded("platform-dev"))
+    prod, dev = replay_both(aws, users, shipped_run("platform-prod"), shipped_run("platform-dev"))
     for name, done in (("platform-prod", prod), ("platform-dev", dev)):
         assert not done.errors, f"{name}:\n{done.error_text()}"
-        run = recorded(name)
+        run = shipped_run(name)
         cloud = [r for r in run.resources if is_cloud(r) and classify(r.type) != "not AWS"]
         assert {r.urn for r in cloud} == set(done.made) | set(done.skipped), name
         for r in cloud:
@@ -118,7 +111,7 @@ def test_both_platform_stacks_replay_into_one_account_without_an_error(account):
     assert [p["Arn"] for p in providers] == [f"arn:aws:iam::{MOCK_ACCOUNT}:oidc-provider/token.actions.githubusercontent.com"]
     # what the replay made is what each program asked for, read back from moto
     s3, kms = aws("s3"), aws("kms")
-    buckets = [r.inputs["bucket"] for name in PLATFORMS for r in recorded(name).of_type("aws:s3/bucket:Bucket")]
+    buckets = [r.inputs["bucket"] for name in PLATFORMS for r in shipped_run(name).of_type("aws:s3/bucket:Bucket")]
     assert len(buckets) == 4
     for bucket in buckets:
         rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
@@ -132,15 +125,15 @@ def test_both_platform_stacks_replay_into_one_account_without_an_error(account):
     assert [p["UserIdGroupPairs"][0]["GroupId"] for p in efa["IpPermissions"]] == [efa["GroupId"]]
     assert [p["UserIdGroupPairs"][0]["GroupId"] for p in efa["IpPermissionsEgress"]] == [efa["GroupId"]]
     rules = aws("events").list_rules()["Rules"]
-    assert len(rules) == len(recorded("platform-prod").of_type("aws:cloudwatch/eventRule:EventRule")) + len(
-        recorded("platform-dev").of_type("aws:cloudwatch/eventRule:EventRule"))
+    assert len(rules) == len(shipped_run("platform-prod").of_type("aws:cloudwatch/eventRule:EventRule")) + len(
+        shipped_run("platform-dev").of_type("aws:cloudwatch/eventRule:EventRule"))
 
 
 def test_what_the_replay_skips_is_listed_with_its_reason(account):
     """Not modelled is said, not silent: EKS (the cluster, access entries, Pod Identity, add-ons,
     node groups) and what takes an output of the cluster (the discovery tag on its security group)."""
     aws, users = account
-    done = replay(recorded("platform-prod"), aws, users)
+    done = replay(shipped_run("platform-prod"), aws, users)
     skipped = {urn.rsplit("::", 1)[1]: why for urn, why in done.skipped.items()}
     assert skipped["pdstack-prod"].startswith("not modelled: pulumi-eks's remote component")
     assert "not replayed: its resourceId comes from pdstack-prod" in skipped["cluster-security-group-discovery"]
@@ -167,7 +160,7 @@ def test_a_malformed_policy_document_is_refused(account):
             statement.pop("Resource", None)
         return {**inputs, "policy": json.dumps(document)}
 
-    run = broken(recorded("platform-prod"), "aws:iam/rolePolicy:RolePolicy", "weights-reader", without_resources)
+    run = broken(shipped_run("platform-prod"), "aws:iam/rolePolicy:RolePolicy", "weights-reader", without_resources)
     done = replay(run, aws, users)
     assert "weights-reader (aws:iam/rolePolicy:RolePolicy): An error occurred (MalformedPolicyDocument)" in done.error_text()
     assert len(done.errors) == 1, done.error_text()
@@ -185,7 +178,7 @@ def test_a_bucket_encrypted_by_a_key_that_does_not_exist_is_refused(account):
         return {**inputs, "rules": rules}
 
     type_ = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
-    done = replay(broken(recorded("platform-prod"), type_, "weights", other_key), aws, users)
+    done = replay(broken(shipped_run("platform-prod"), type_, "weights", other_key), aws, users)
     assert f"(NotFoundException) when calling the GenerateDataKey operation: Key '{missing}' does not exist" in (
         done.error_text())
     assert len(done.errors) == 1, done.error_text()
@@ -197,7 +190,7 @@ def test_a_second_stack_creating_the_accounts_oidc_provider_collides(account):
     recording); IAM holds one per URL (IAM API Reference, CreateOpenIDConnectProvider:
     EntityAlreadyExists)."""
     aws, users = account
-    prod_run, dev_run = recorded("platform-prod"), recorded("platform-dev")
+    prod_run, dev_run = shipped_run("platform-prod"), shipped_run("platform-dev")
     (provider,) = prod_run.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
     as_before = replace(provider, urn=provider.urn.replace("platform-prod", "platform-dev"))
     prod, dev = replay_both(aws, users, prod_run, OfflineRun(resources=[*dev_run.resources, as_before]))
@@ -211,7 +204,7 @@ def test_the_stack_finding_the_provider_runs_after_the_one_making_it(account):
     IAM's CreateRole refuses the trust policy (Invalid principal in policy; here NoSuchEntity from
     GetOpenIDConnectProvider, since moto does not check principals)."""
     aws, users = account
-    done = replay(recorded("platform-dev"), aws, users)
+    done = replay(shipped_run("platform-dev"), aws, users)
     assert "ci (aws:iam/role:Role): An error occurred (NoSuchEntity) when calling the GetOpenIDConnectProvider" in (
         done.error_text())
 
@@ -240,9 +233,9 @@ def test_the_interruption_rules_send_what_karpenter_acts_on_to_its_queue(account
     check the queue policy (no IAM evaluation): this shows the patterns and targets, not that
     EventBridge may send."""
     aws, users = account
-    done = replay(recorded("platform-prod"), aws, users)
+    done = replay(shipped_run("platform-prod"), aws, users)
     assert not done.errors, done.error_text()
-    (queue,) = recorded("platform-prod").of_type("aws:sqs/queue:Queue")
+    (queue,) = shipped_run("platform-prod").of_type("aws:sqs/queue:Queue")
     url = aws("sqs").get_queue_url(QueueName=queue.inputs["name"])["QueueUrl"]
     for (source, detail_type, detail), delivered in EVENTS:
         answer = aws("events").put_events(Entries=[{"Source": source, "DetailType": detail_type,

@@ -25,6 +25,7 @@ from infra.platform_stack.values import values_problems
 from infra.recording import OfflineRun
 from infra.render.manifests import unwrap
 from infra.spec_checks import load_spec
+from tests.conftest import shipped_run
 from tests.test_platform import context, onprem_twin_spec
 
 ROW = "aws-load-balancer-controller"
@@ -33,9 +34,11 @@ DOCS = "docs/guide/service/annotations.md"
 
 @functools.cache
 def platform_run(name: str, scheme: str | None = None) -> OfflineRun:
+    """The shipped platform stack's run, or a variant whose gateway load balancer is `scheme`."""
+    if not scheme:
+        return shipped_run(name)
     data = load_platform_spec(f"stacks/{name}.yaml").model_dump(mode="json", exclude_none=True)
-    if scheme:
-        data["cloud"]["gateway_load_balancer"] = scheme
+    data["cloud"]["gateway_load_balancer"] = scheme
     return run_spec(parse_platform_spec(data))
 
 

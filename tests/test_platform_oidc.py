@@ -11,11 +11,11 @@ import json
 import pytest
 import yaml
 
-from infra.offline import run_spec
 from infra.platform_stack.checks import oidc_provider_problems
 from infra.platform_stack.program import build_platform, committed_platform_specs
-from infra.platform_stack.spec import PlatformSpecError, load_platform_spec, parse_platform_spec
+from infra.platform_stack.spec import PlatformSpecError, parse_platform_spec
 from infra.render.manifests import unwrap
+from tests.conftest import shipped_run
 
 GITHUB = "token.actions.githubusercontent.com"
 
@@ -36,10 +36,10 @@ def test_the_committed_platform_specs_make_it_once():
 def test_the_stack_that_makes_it_keeps_it_and_the_other_finds_it():
     """platform-prod makes the provider and keeps it at `pulumi destroy` (platform-dev's CI role
     trusts it); platform-dev makes none and its CI role trusts the one it looks up by URL."""
-    prod = run_spec(load_platform_spec("stacks/platform-prod.yaml"))
+    prod = shipped_run("platform-prod")
     (made,) = prod.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
     assert made.inputs["url"] == f"https://{GITHUB}" and made.retain_on_delete
-    dev = run_spec(load_platform_spec("stacks/platform-dev.yaml"))
+    dev = shipped_run("platform-dev")
     assert dev.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider") == []
     (ci,) = [r for r in dev.of_type("aws:iam/role:Role") if r.name == "ci"]
     (statement,) = json.loads(unwrap(ci.inputs)["assumeRolePolicy"])["Statement"]

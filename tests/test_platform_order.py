@@ -26,6 +26,7 @@ from infra.platform_stack.spec import load_platform_spec, parse_platform_spec
 from infra.recording import OfflineRun, RegisteredResource
 from infra.render.manifests import unwrap
 from infra.spec_checks import load_spec
+from tests.conftest import shipped_run
 
 PLATFORMS = ["platform-prod", "platform-dev"]
 # The input whose value a cloud resource is known by (`name` where not listed): a resource naming
@@ -108,10 +109,6 @@ def named_by(run: OfflineRun) -> list[tuple[RegisteredResource, RegisteredResour
 
 
 @functools.cache
-def platform_run(name: str) -> OfflineRun:
-    return run_spec(load_platform_spec(f"stacks/{name}.yaml"))
-
-
 def irsa_node_groups_variant() -> OfflineRun:
     """platform-prod with IRSA and managed node groups: the other branches of the cloud layer."""
     data = load_platform_spec("stacks/platform-prod.yaml").model_dump(mode="json", exclude_none=True)
@@ -123,8 +120,8 @@ def irsa_node_groups_variant() -> OfflineRun:
 
 
 def runs() -> dict[str, OfflineRun]:
-    return {**{name: platform_run(name) for name in PLATFORMS}, "platform-prod irsa node-groups": irsa_node_groups_variant(),
-            "prod": run_spec(load_spec("stacks/prod.yaml")), "dev": run_spec(load_spec("stacks/dev.yaml"))}
+    return {**{name: shipped_run(name) for name in PLATFORMS}, "platform-prod irsa node-groups": irsa_node_groups_variant(),
+            "prod": shipped_run("prod"), "dev": shipped_run("dev")}
 
 
 def test_nothing_is_created_before_what_it_names():
@@ -146,7 +143,7 @@ def test_nothing_is_created_before_what_it_names():
 def test_the_check_sees_a_name_without_an_edge():
     """The bite: a node class naming the node role by name, with its edges to the role taken
     away, is reported."""
-    run = platform_run("platform-prod")
+    run = shipped_run("platform-prod")
     (node_class,) = [r for r in run.of_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
                      if unwrap(r.inputs)["metadata"]["name"] == "gb200-decode"]
     (role,) = [r for r in run.of_type("aws:iam/role:Role") if r.name == "karpenter-node"]
@@ -177,7 +174,7 @@ def test_karpenter_finalizes_its_nodes_before_it_or_its_iam_goes():
     (RemoveRoleFromInstanceProfile), the nodes it runs on and the cluster. Before, the node
     classes waited for the CRDs only: the chart went at once with them, and the instances,
     launch templates, instance profiles and volumes were stranded."""
-    run = platform_run("platform-prod")
+    run = shipped_run("platform-prod")
     edges = graph(run)
     (chart,) = [r for r in run.of_type("kubernetes:helm.sh/v4:Chart") if r.name == "karpenter"]
     node_classes = run.of_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
@@ -200,7 +197,7 @@ def test_every_controller_waits_for_the_nodes_and_agent_it_runs_with():
     """A new cluster has no node until the system node group is up; a chart's Deployments wait
     for readiness, so each controller comes after the nodes (and the Pod Identity agent), and
     at `pulumi destroy` goes before them, while its pods can still be drained."""
-    run = platform_run("platform-prod")
+    run = shipped_run("platform-prod")
     edges = graph(run)
     system = one(run, "aws:eks/nodeGroup:NodeGroup", "system")
     agent = one(run, "aws:eks/addon:Addon", "eks-pod-identity-agent")
@@ -216,7 +213,7 @@ def test_what_a_retained_resource_needs_is_retained(name):
     settings that keep them private, versioned and encrypted stay too. Before, the buckets
     outlived a destroy while their KMS key was scheduled for deletion: 30 days later every
     object in them was unreadable (AWS KMS Developer Guide, "Deleting AWS KMS keys")."""
-    run = platform_run(name)
+    run = shipped_run(name)
     edges = graph(run)
     by_urn = {r.urn: r for r in run.resources}
     buckets = run.of_type("aws:s3/bucket:Bucket")
@@ -274,7 +271,7 @@ def test_the_load_balancer_controller_is_up_before_the_gateways_service(name):
     sigs.k8s.io/aws-load-balancer-controller at the pinned version). Before, no controller was
     installed: EKS's legacy in-tree controller made the NLB, as it does for any Service of type
     LoadBalancer no other controller is named for."""
-    run = platform_run(name)
+    run = shipped_run(name)
     edges = graph(run)
     chart = one(run, "kubernetes:helm.sh/v4:Chart", "aws-load-balancer-controller")
     needs = [one(run, "aws:iam/role:Role", "aws-load-balancer-controller"),
