@@ -410,14 +410,17 @@ def test_dev_vllm_the_picker_keeps_a_prompts_prefix_on_one_decode_pod_not_round_
             _served(processes, decode, 8200)
         long_prefix = " ".join(f"word{i}" for i in range(600))  # ~4 KB: many of the scorer's blocks
         first = _picked(processes, picker, spec.model.name, f"A: {long_prefix}")
-        other = None
-        for attempt in range(40):  # a new prompt scores 0 on both pods: the picker draws between them
+        # a new prompt scores 0 on both pods, so the picker draws between them once it has the second
+        # (Ready by its probes, found by its pod reconciler): new prompts until one lands there
+        deadline, attempt = time.monotonic() + 120, 0
+        while True:
+            attempt += 1
             prompt_b = f"B{attempt}: {long_prefix}"
             other = _picked(processes, picker, spec.model.name, prompt_b)
             if other.destination != first.destination:
                 break
-        assert other and other.destination != first.destination, \
-            f"the picker never picked a second decode pod in 40 new prompts: {first}"
+            assert time.monotonic() < deadline, f"the picker picked no second decode pod in 120 s ({attempt} prompts)"
+            time.sleep(0.2)
         # each prompt twice in a row, then interleaved: round robin would move every second request
         order = [(f"A: {long_prefix}", first.destination)] * 2 + [(prompt_b, other.destination)] * 2
         order += [(f"A: {long_prefix}", first.destination), (prompt_b, other.destination)]
