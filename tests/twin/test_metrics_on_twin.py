@@ -1,24 +1,29 @@
 """Metrics and alerts on the twin (#40): the Prometheus prometheus-operator v0.93.0 makes of the
-platform's Prometheus and dev's rendered PodMonitor, ServiceMonitor and PrometheusRule, run at its
+platform's Prometheus and dev's rendered PodMonitor, ServiceMonitors and PrometheusRule, run at its
 pod address (twin/monitoring.py: Prometheus v3.13.1, the operator's default, built from its Go
-module; the config it generated, gunzipped as its config-reloader does), scraping the router and
-engine stand-ins twin/pods.py runs at theirs.
+module; the config it generated, gunzipped as its config-reloader does), scraping the routers,
+engine stand-ins and Mooncake masters twin/pods.py runs at theirs. dev (SGLang) is applied as a
+rollout holds it: the serving track r1 and the canary r2, each in a namespace of its own with its
+own monitors and rules.
 
 - One up target per process that serves /metrics, and none for one that does not: which serve is
   read from the running pods themselves (GET /metrics on each container port through the pod
-  network), not written here; a PodMonitor whose port name is wrong leaves the engines unscraped.
+  network, once Ready by their own probes), not written here. The deliberate break: a PodMonitor
+  whose port name is wrong leaves the engines unscraped, and the check names them.
 - Every rendered alert rule is loaded and evaluates (Prometheus's /api/v1/rules: health ok), and
-  none is active on the healthy fleet after requests were answered.
-- A slow decode instance (its stand-in told a 2.5 s TTFT and 60 ms ITL through /twin/timing:
-  twin/engine_standin.py) makes the TTFT and TPOT warnings active for namespace pdstack-dev and
-  role decode only. Active: the rule's condition holds and Prometheus lists the alert (state
-  `pending`, `firing` once the rule's own `for`, 5m as rendered, has passed: not waited out here).
+  none is active on the healthy fleet after each track answered a request.
+- The canary's decode slowed (its stand-in told a 2.5 s TTFT and 60 ms ITL through /twin/timing:
+  twin/engine_standin.py) makes the TTFT and TPOT warnings active for the canary's namespace and
+  role decode only; the serving track's decode with broken hand-offs (SGLANG_HOST_IP=127.0.0.1 in
+  its launch script) makes PdstackKVTransferErrors active for the serving namespace and decode only.
+  Active: the rule's condition holds and Prometheus lists the alert (state `pending`, `firing`
+  once the rule's own `for`, 5m and 1m as rendered, has passed: not waited out here).
 
 Intervals: the rendered objects' own fields, set for this test only: the PodMonitor's and
-ServiceMonitor's endpoint `interval` (dev's spec field observability.scrape_interval_seconds) and
+ServiceMonitors' endpoint `interval` (dev's spec field observability.scrape_interval_seconds) and
 the platform Prometheus's `scrapeInterval` at 1s; the Prometheus's `evaluationInterval` (the
 platform stack leaves it to the operator's default, 30s) at 1s, a twin-side override of the
-Prometheus CR's own field.
+Prometheus CR's own field (`quick`).
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ def monitored_dev(twin, tmp_path_factory):
             yield spec, objects, processes, url, tracks
     finally:
         processes.stop()
+        kubectl("delete", "namespace", platform.monitoring_namespace, "--wait=false")  # beside the render's
         remove_render(spec, objects)
         delete_namespaces([platform.monitoring_namespace])
         kubectl("delete", "--ignore-not-found", "--wait=false", *(
@@ -280,3 +286,53 @@ def test_a_slow_decode_in_the_canary_makes_its_latency_alerts_active_for_that_tr
     FIGURES.append(f"dev-sglang canary r{CANARY}'s decode slow (TTFT {SLOW['ttft_ms']} ms, ITL {SLOW['itl_ms']} ms): "
                    + ", ".join(sorted(f"{a['labels']['alertname']} {a['state']} ({a['labels']['namespace']}, "
                                       f"{a['labels'][ROLE_SERIES_LABEL]})" for a in alerts)))
+
+
+def test_failed_hand_offs_on_the_serving_decode_make_the_transfer_alert_active_for_it(monitored_dev):
+    """The serving track's decode restarted with a wrong hostname for its transfer engine (its
+    launch script exports SGLANG_HOST_IP=127.0.0.1, as tests/twin/test_requests_on_twin.py breaks
+    it): the prefill's KV writes fail in Mooncake, the decode aborts those requests (500) and
+    counts them in its own sglang:num_transfer_failed_reqs_total (twin/engine_standin.py, SGLang
+    0.5.23's counter), and PdstackKVTransferErrors is active for that track's namespace and role
+    decode, and no other; the canary's rule, reading its own namespace, stays quiet."""
+    from infra.render.router_config import ROUTER_PORT
+
+    _, objects, processes, url, tracks = monitored_dev
+    serving = tracks[SERVING]
+    (original,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "engine-decode-launch"
+                   and o["metadata"]["namespace"] == serving]
+    broken = copy.deepcopy(original)
+    script = broken["data"]["launch.sh"]
+    assert "\nexec python3 -m sglang.launch_server" in script
+    broken["data"]["launch.sh"] = script.replace("\nexec python3", "\nexport SGLANG_HOST_IP=127.0.0.1\nexec python3", 1)
+    (decode,) = [p for p in processes.started if p.namespace == serving and p.role == "decode"]
+    (router,) = [p for p in processes.started if p.namespace == serving and p.role == naming.ROUTER]
+    assert fleet.apply_each_pass([broken]).rejected == {}
+    try:
+        processes.stop_pod(decode)
+        processes.start_pod(json.loads(kubectl("get", "pod", decode.name, "-n", serving, "-o", "json").stdout))
+        ready_by_probes(processes, {serving})
+        model = json.loads(processes.request(router.ip, ROUTER_PORT, "/v1/models")[1])["data"][0]["id"]
+        statuses = []
+        deadline = time.monotonic() + 300
+        while 500 not in statuses and time.monotonic() < deadline:  # the router finds the restarted decode
+            processes.check()
+            try:
+                statuses.append(processes.request(router.ip, ROUTER_PORT, "/v1/chat/completions",
+                                                  {**pods.CHAT, "model": model})[0])
+            except OSError:
+                time.sleep(1)
+        assert 500 in statuses, statuses
+
+        def active():
+            alerts = [a for a in _active(url) if a["labels"]["alertname"] == "PdstackKVTransferErrors"]
+            return alerts or None
+        alerts = fleet.wait_for("the transfer alert", active, timeout=120, interval=1) or []
+        assert {(a["labels"]["namespace"], a["labels"][ROLE_SERIES_LABEL]) for a in alerts} == {(serving, "decode")}, \
+            _active(url)
+        FIGURES.append(f"dev-sglang serving r{SERVING}'s decode hand-offs broken (SGLANG_HOST_IP=127.0.0.1): "
+                       f"{statuses.count(500)} of {len(statuses)} requests aborted; "
+                       + ", ".join(f"{a['labels']['alertname']} {a['state']} ({a['labels']['namespace']}, "
+                                   f"{a['labels'][ROLE_SERIES_LABEL]})" for a in alerts))
+    finally:
+        assert fleet.apply_each_pass([original]).rejected == {}  # restored as rendered
