@@ -17,7 +17,7 @@ Latencies (defaults, per call; override with the flags):
 --twin: on the cluster twin instead, with nothing simulated but what tests/twin/live.py says: dev's
 two good revisions rolled out by `pdctl rollout --pulumi-stack dev` (the real Pulumi engine, the twin's
 API server; not timed), their pods running as processes, a client sending requests throughout along
-the live route; then `pdctl rollback` back and forth between them (to r1, `--to 2`, ...), each timed
+the live route; then `pdctl rollback --to` back and forth between them (r1, r2, r1, ...), each timed
 from the command's start to the client's live share back at 100% on its target (twin/live.py
 share_back). Prints min / median / max. Starts the twin if none runs (PDSTACK_TWIN_DIR), and stops it
 if it started it.
@@ -134,8 +134,8 @@ def twin_runs(runs: int) -> int:
                     return 1
             figures = []
             for n in range(runs):
-                to, args = (1, ()) if n % 2 == 0 else (2, ("--to", "2"))
-                command, back, answers = timed_rollback(env, to, *args)
+                to = 1 if n % 2 == 0 else 2  # named: the revision rolled back from is no longer "good"
+                command, back, answers = timed_rollback(env, to, "--to", str(to))
                 failed = sum(not a.ok for a in answers)
                 figures.append(back)
                 print(f"  run {n + 1}: rollback to r{to}: command {command:.1f} s, live share back at 100% after "
