@@ -1,13 +1,14 @@
 """The whole test suite, as `make test` and CI run it: the cluster twin's tests and the rest side
 by side, since the twin's leave most of the machine idle.
 
-- `tests/twin` run in two pytest processes, each with a twin of its own (its own state folder,
+- `tests/twin` run in three pytest processes, each with a twin of its own (its own state folder,
   PDSTACK_TWIN_DIR; the built programs are shared): the tests that drive the real Pulumi engine
-  (TWIN_GROUPS["pulumi-engine"], about a minute or more per `up` sequence) and the rest of them
-  (every other file in tests/twin). Tests in one process share its twin and run one after the
+  (TWIN_GROUPS["pulumi-engine"], about a minute or more per `up` sequence), those that keep a fleet
+  serving live traffic ("live-traffic": rollouts judged by a real Prometheus, alerts) and the rest
+  of them (every other file in tests/twin). Tests in one process share its twin and run one after the
   other, since they reuse the same nodes. They spend most of their time waiting on the twin's
   controllers and the Pulumi engine: one run of all of them in one process kept 41% of this
-  machine's two cores busy (/proc/stat sampled every 10 s over its 12 min), so two twins side
+  machine's two cores busy (/proc/stat sampled every 10 s over its 12 min), so twins side
   by side shorten the long pole. They start first, at normal priority: their waits are the long
   pole, and the twins' control planes must not be starved by the rest.
 - Everything else runs at the same time on every core (pytest-xdist, a test file to a worker,
@@ -33,18 +34,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 STATE = Path(os.environ.get("PDSTACK_TWIN_DIR", REPO / ".twin"))
 
-# The twin's test files that drive the real Pulumi engine; every other file in tests/twin runs in
-# the "control-plane" group.
+# The twin's test files that drive the real Pulumi engine, and those that keep a fleet serving live
+# traffic for minutes (a rollout's stages bake and are judged on what a real Prometheus scraped);
+# every other file in tests/twin runs in the "control-plane" group. Each group has a twin of its
+# own: the live-traffic tests alone take about as long as the Pulumi-engine group, and in one
+# group the two would be the whole run's long pole.
 PULUMI_ENGINE_FILES = [
     "tests/twin/test_platform_on_twin.py",
     "tests/twin/test_pulumi_on_twin.py",
     "tests/twin/test_rollout_kill_on_twin.py",
     "tests/twin/test_prod_rollout_on_twin.py",
+]
+LIVE_TRAFFIC_FILES = [
     "tests/twin/test_live_rollout_on_twin.py",
+    "tests/twin/test_metrics_on_twin.py",
 ]
 TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
-    "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES]], STATE),
+    "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES + LIVE_TRAFFIC_FILES]], STATE),
     "pulumi-engine": (PULUMI_ENGINE_FILES, STATE / "pulumi-engine"),
+    "live-traffic": (LIVE_TRAFFIC_FILES, STATE / "live-traffic"),
 }
 OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
                "--ignore=tests/twin"]

@@ -17,7 +17,7 @@ stand-in.
   reverted automatically: the client's share is back on r1.
 
 What stands in: see tests/twin/live.py (status of Envoy Gateway and Karpenter's AWS provider, the
-platform stack). Runs in the Pulumi-engine group (scripts/run_tests.py PULUMI_ENGINE_FILES).
+platform stack). Runs in the live-traffic group, with a twin of its own (scripts/run_tests.py LIVE_TRAFFIC_FILES).
 """
 
 from __future__ import annotations
