@@ -38,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 from twin.api import TwinError
+from twin.paths import script_module
 
 DIST = "mooncake-transfer-engine-efa"
 # PyPI's sha256 of mooncake_transfer_engine_efa-<release>-cp311-cp311-manylinux_2_35_x86_64.whl
@@ -52,9 +53,7 @@ CPU_ENV = {"UCX_TLS": "tcp"}
 
 
 def _scripts(*names: str) -> tuple:
-    from twin.pods import _script_module  # twin/pods.py imports this module: not at its top
-
-    return tuple(_script_module(name) for name in names)
+    return tuple(script_module(name) for name in names)
 
 
 def require_binary(name: str) -> str:

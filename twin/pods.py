@@ -34,7 +34,6 @@ import argparse
 import base64
 import hashlib
 import http.client
-import importlib
 import ipaddress
 import json
 import os
@@ -55,7 +54,7 @@ from twin import build, kv_libraries, netns
 from infra import naming
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.kubelet import CONNECTED
-from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder
+from twin.paths import KUBECONFIG, ROOT, RUN_DIR, private_folder, script_module
 from twin.process import dying_with_parent
 
 PROCESS_ANNOTATION = "twin.pdstack.dev/process"
@@ -455,20 +454,10 @@ def not_runnable(pod: dict) -> str | None:
     return None
 
 
-def _script_module(name: str):
-    """A module of scripts/ (no package: its scripts import their neighbours by name)."""
-    scripts = str(ROOT / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(scripts)
-
-
 def _engines_venv() -> Path:
     """The engines' CPU virtualenv (sglang-router 0.3.2 and sglang 0.5.23 from their pinned wheels),
     built once into the machine's cache by scripts/extract_engine_flags.py."""
-    return _script_module("extract_engine_flags").engine_venv()
+    return script_module("extract_engine_flags").engine_venv()
 
 
 def mooncake_master(version: str, folder: Path) -> tuple[Path, dict[str, str]]:
@@ -479,7 +468,7 @@ def mooncake_master(version: str, folder: Path) -> tuple[Path, dict[str, str]]:
     scripts/install-system-deps installs)."""
     if version not in MOONCAKE_WHEEL_SHA256:
         raise TwinError(f"Mooncake {version}: no sha256 of its wheel is pinned (twin/pods.py MOONCAKE_WHEEL_SHA256)")
-    wheel = _script_module("pinned_wheels").pinned_wheel(MOONCAKE_WHEEL, version)
+    wheel = script_module("pinned_wheels").pinned_wheel(MOONCAKE_WHEEL, version)
     if hashlib.sha256(wheel.read_bytes()).hexdigest() != MOONCAKE_WHEEL_SHA256[version]:
         raise TwinError(f"{wheel} is not the pinned wheel of {MOONCAKE_WHEEL} {version} (its sha256 differs)")
     with zipfile.ZipFile(wheel) as z:
