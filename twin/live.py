@@ -34,7 +34,6 @@ import json
 import random
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -47,7 +46,7 @@ import yaml
 from infra import naming
 from infra.render.metrics import series_label
 from infra.rollout.pulumi_cluster import traffic_from_route
-from twin import netns, pods
+from twin import pods
 from twin.api import POD_CIDR, TwinError, kubectl
 
 ROUTE_POLL_SECONDS = 0.3
@@ -189,15 +188,7 @@ def pod_prometheus(tracks: TrackProcesses, folder: Path, scrape_seconds: float =
                                f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
                                f"--web.listen-address={PROMETHEUS_IP}:{PROMETHEUS_PORT}"],
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def connect() -> socket.socket:
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        upstream.connect(str(network.client_socket))
-        upstream.sendall(f"{PROMETHEUS_IP}:{PROMETHEUS_PORT}\n".encode())
-        return upstream
-
-    threading.Thread(target=netns._serve, args=(listener, connect), daemon=True).start()
+    listener, port = pods.forward(network.client_socket, PROMETHEUS_IP, PROMETHEUS_PORT)
     stopping = threading.Event()
 
     def write_targets() -> None:
@@ -215,7 +206,7 @@ def pod_prometheus(tracks: TrackProcesses, folder: Path, scrape_seconds: float =
 
     writer = threading.Thread(target=write_targets, daemon=True)
     writer.start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:

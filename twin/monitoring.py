@@ -34,7 +34,6 @@ import base64
 import gzip
 import json
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -42,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from twin import build, netns, pods
+from twin import build, pods
 from twin.api import TwinError, kubectl
 
 PROMETHEUS_CONTAINER = "prometheus"
@@ -91,11 +90,6 @@ def claim_volume(claim: dict, folder: Path) -> dict:
                      "hostPath": {"path": str(folder / meta["namespace"] / meta["name"]), "type": "DirectoryOrCreate"}}}
 
 
-def _get(kind: str, name: str, namespace: str, kubeconfig: Path) -> dict | None:
-    done = kubectl("get", kind, name, "-n", namespace, "-o", "json", kubeconfig_path=kubeconfig, check=False)
-    return json.loads(done.stdout) if done.returncode == 0 else None
-
-
 def _wait(what: str, check, timeout: float, alive=lambda: None):
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -111,11 +105,11 @@ def _claimed_pod(name: str, namespace: str, kubeconfig: Path, folder: Path, time
     statefulset = f"prometheus-{name}"
     pod_name = f"{statefulset}-0"
     pod = _wait(f"pod {namespace}/{pod_name} of the operator's StatefulSet",
-                lambda: _get("pod", pod_name, namespace, kubeconfig), timeout)
+                lambda: pods.get_object("pod", pod_name, namespace, kubeconfig), timeout)
     volumes = []
     for volume in pod["spec"].get("volumes", []):
         if "persistentVolumeClaim" in volume:
-            claim = _wait(f"claim {volume['persistentVolumeClaim']['claimName']}", lambda: _get(
+            claim = _wait(f"claim {volume['persistentVolumeClaim']['claimName']}", lambda: pods.get_object(
                 "pvc", volume["persistentVolumeClaim"]["claimName"], namespace, kubeconfig), timeout)
             if not claim["spec"].get("volumeName"):
                 volumes.append(claim_volume(claim, folder))
@@ -124,7 +118,7 @@ def _claimed_pod(name: str, namespace: str, kubeconfig: Path, folder: Path, time
                 kubeconfig_path=kubeconfig)
 
     def addressed():
-        got = _get("pod", pod_name, namespace, kubeconfig)
+        got = pods.get_object("pod", pod_name, namespace, kubeconfig)
         return got if got and got.get("status", {}).get("podIP") else None
     return _wait(f"pod {namespace}/{pod_name} running with an address (bound, its start checks passed)",
                  addressed, timeout)
@@ -147,10 +141,10 @@ class Reloader:
         self.error = ""
 
     def files(self) -> dict[str, dict[str, bytes]]:
-        secret = _get("secret", self.secret, self.namespace, self.kubeconfig)
+        secret = pods.get_object("secret", self.secret, self.namespace, self.kubeconfig)
         if secret is None:
             raise TwinError(f"secret {self.namespace}/{self.secret}: the operator's generated configuration is not there")
-        configmaps = {volume: _get("configmap", name, self.namespace, self.kubeconfig)
+        configmaps = {volume: pods.get_object("configmap", name, self.namespace, self.kubeconfig)
                       for volume, name in self.rule_volumes.items()}
         # the operator mounts rulefiles-1.. optionally: a ConfigMap it has not made is no volume
         return reloaded_files(secret, {v: c for v, c in configmaps.items() if c is not None}, self.env)
@@ -181,19 +175,6 @@ class Reloader:
                 self.error = str(exc)
 
 
-def forward(client_socket: Path, ip: str, port: int) -> tuple[socket.socket, int]:
-    """A listener on a free loopback port of the machine whose connections go to ip:port in the pod
-    network (through the hub's client socket, twin/pods.py); its port."""
-    def connect() -> socket.socket:
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        upstream.connect(str(client_socket))
-        upstream.sendall(f"{ip}:{port}\n".encode())
-        return upstream
-    listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=netns._serve, args=(listener, connect), daemon=True).start()
-    return listener, listener.getsockname()[1]
-
-
 def prometheus_program() -> Path:
     """Prometheus v3.13.1 (the operator's default image's version), built from its Go module."""
     build.build_module(build.TEST_MODULES["prometheus"])
@@ -209,7 +190,7 @@ def fleet_prometheus(processes: pods.PodProcesses, namespace: str = MONITORING_N
     kubeconfig = processes.kubeconfig
     pod = _claimed_pod(name, namespace, kubeconfig, processes.folder / "volumes", timeout)
     ip = pod["status"]["podIP"]
-    listener, port = forward(processes.network.client_socket, ip, WEB_PORT)
+    listener, port = pods.forward(processes.network.client_socket, ip, WEB_PORT)
     url = f"http://127.0.0.1:{port}"
 
     def reload() -> None:

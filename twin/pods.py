@@ -231,9 +231,23 @@ class PodConnection(http.client.HTTPConnection):
         self.sock.sendall(f"{self.host}:{self.port}\n".encode())
 
 
+def forward(client_socket: Path, ip: str, port: int) -> tuple[socket.socket, int]:
+    """A listener on a free loopback port of the machine whose connections go to ip:port in the pod
+    network (through the hub's client socket, as PodConnection); the listener and its port."""
+    def connect() -> socket.socket:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(str(client_socket))
+        upstream.sendall(f"{ip}:{port}\n".encode())
+        return upstream
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=netns._serve, args=(listener, connect), daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
 # --- a pod's files, env and command, as a kubelet makes them ---------------------------------
 
-def _get(kind: str, name: str, namespace: str, kubeconfig: Path) -> dict | None:
+def get_object(kind: str, name: str, namespace: str, kubeconfig: Path) -> dict | None:
+    """The object, or None where the API has none."""
     got = kubectl("get", kind, name, "-n", namespace, "-o", "json", kubeconfig_path=kubeconfig, check=False)
     return json.loads(got.stdout) if got.returncode == 0 else None
 
@@ -276,7 +290,7 @@ def _make_volumes(pod: dict, folder: Path, kubeconfig: Path) -> dict[str, Path]:
         if "configMap" in volume or "secret" in volume:
             ref = volume.get("configMap") or volume["secret"]
             kind, ref_name = ("configmap", ref["name"]) if "configMap" in volume else ("secret", ref["secretName"])
-            obj = _get(kind, ref_name, namespace, kubeconfig)
+            obj = get_object(kind, ref_name, namespace, kubeconfig)
             if obj is None:
                 if ref.get("optional"):
                     continue
@@ -296,7 +310,7 @@ def _make_volumes(pod: dict, folder: Path, kubeconfig: Path) -> dict[str, Path]:
                     _write_keys(where, {"token": made.stdout.strip().encode()}, None, mode)
                 elif "configMap" in source or "secret" in source:
                     ref = source.get("configMap") or source["secret"]
-                    obj = _get("configmap" if "configMap" in source else "secret", ref["name"], namespace, kubeconfig)
+                    obj = get_object("configmap" if "configMap" in source else "secret", ref["name"], namespace, kubeconfig)
                     if obj is None:
                         if ref.get("optional"):
                             continue
@@ -326,7 +340,7 @@ def _env(pod: dict, container: dict, kubeconfig: Path, path: str) -> dict[str, s
            "KUBERNETES_PORT": f"tcp://{KUBERNETES_SERVICE_IP}:{KUBERNETES_SERVICE_PORT}"}
     for source in container.get("envFrom", []):
         ref = source.get("configMapRef") or source.get("secretRef")
-        obj = _get("configmap" if "configMapRef" in source else "secret", ref["name"], namespace, kubeconfig)
+        obj = get_object("configmap" if "configMapRef" in source else "secret", ref["name"], namespace, kubeconfig)
         if obj is None:
             if ref.get("optional"):
                 continue
@@ -341,7 +355,7 @@ def _env(pod: dict, container: dict, kubeconfig: Path, path: str) -> dict[str, s
             env[var["name"]] = _field(pod, source["fieldRef"]["fieldPath"])
         elif "configMapKeyRef" in source or "secretKeyRef" in source:
             ref = source.get("configMapKeyRef") or source["secretKeyRef"]
-            obj = _get("configmap" if "configMapKeyRef" in source else "secret", ref["name"], namespace, kubeconfig)
+            obj = get_object("configmap" if "configMapKeyRef" in source else "secret", ref["name"], namespace, kubeconfig)
             keys = _keys(obj) if obj else {}
             if ref["key"] in keys:
                 env[var["name"]] = keys[ref["key"]].decode()
