@@ -48,6 +48,7 @@ from infra.platform_stack.efa import EFA_PLUGIN_LISTED_FROM, EFA_PLUGIN_LISTED_F
 from infra.platform_stack.weight_cache import INSTANCE_STORE_GB, INSTANCE_STORE_ORIGIN  # noqa: E402
 from infra.render.engine_check import MODEL_CONFIGS, MODELS  # noqa: E402
 from infra.spec import PINNED_ENGINE_VERSIONS  # noqa: E402
+from twin.platform_prod import DRA_CONTROLLER_DEFAULTS, DRA_DEFAULTS_ORIGIN, DRA_KUBELET_PLUGIN_DEFAULTS  # noqa: E402
 
 HUB_ONLY = ("the model's config.json on the Hugging Face Hub, which this project does not reach; no package "
             "pinned here carries these values (the pinned transformers' config class has other defaults or none)")
@@ -106,6 +107,11 @@ HAND_KEPT = (
              EFA_PLUGIN_LISTED_FROM_ORIGIN,
              "the chart lives in aws/eks-charts, which the Go module proxy does not serve (403) and no package "
              "pinned here carries, so its values cannot be read at a pinned version"),
+    *(HandKept("twin/platform_prod.py", name, values, DRA_DEFAULTS_ORIGIN,
+               "the DRA driver's chart is in no package pinned here (NVIDIA publishes it from its own Helm "
+               "repository, not as a Go module the proxy serves), so its defaults cannot be read at a pinned version")
+      for name, values in (("DRA_CONTROLLER_DEFAULTS", DRA_CONTROLLER_DEFAULTS),
+                           ("DRA_KUBELET_PLUGIN_DEFAULTS", DRA_KUBELET_PLUGIN_DEFAULTS))),
 )
 
 

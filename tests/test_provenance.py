@@ -116,12 +116,14 @@ def test_every_upstream_derived_file_is_listed_with_package_version_and_paths():
 
 def test_every_hand_kept_table_is_listed_with_its_values_origin_and_reason():
     """A fact no pinned package carries is kept by hand in code and listed as such: the EFA device
-    plugin's instance types by chart version (aws/eks-charts is in no package pinned here) and the
-    instance-store sizes (from the EC2 User Guide), each with its values, so an edit shows in the
+    plugin's instance types by chart version (aws/eks-charts is in no package pinned here), the
+    instance-store sizes (from the EC2 User Guide) and the DRA driver chart's placement defaults, each with its values, so an edit shows in the
     list, and with where it was read and why no package gives it."""
     hand_kept = {(e["file"], e["name"]): e for e in json.loads(LISTING.read_text())["hand_kept"]}
     assert {("infra/platform_stack/efa.py", "EFA_PLUGIN_LISTED_FROM"),
-            ("infra/platform_stack/weight_cache.py", "INSTANCE_STORE_GB")} <= set(hand_kept)
+            ("infra/platform_stack/weight_cache.py", "INSTANCE_STORE_GB"),
+            ("twin/platform_prod.py", "DRA_CONTROLLER_DEFAULTS"),
+            ("twin/platform_prod.py", "DRA_KUBELET_PLUGIN_DEFAULTS")} <= set(hand_kept)
     for (file, name), entry in hand_kept.items():
         tree = ast.parse((ROOT / file).read_text())
         assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}

@@ -165,14 +165,15 @@ def efa_plugin_stand_in(row: Controller, namespace: str, values: dict, version: 
     return [_stand_in("DaemonSet", row.name, namespace, row, pod)]
 
 
-# NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu/values.yaml, read at commit
-# 0540432be8e21852e061da15577f7e2c5694877e (v25.12.0's own commit, which the catalog row names, was
-# not readable here; the controller's affinity is the one tests/test_charts.py cites for v25.12.0),
-# kept by hand as no pinned package carries the chart: the controller requires a control-plane
-# node and tolerates its taint; the
+# Kept by hand, as no pinned package carries the chart (listed in upstream/PROVENANCE.json's hand_kept
+# with DRA_DEFAULTS_ORIGIN): the controller requires a control-plane node and tolerates its taint; the
 # kubelet plugin requires one of NFD's NVIDIA PCI label, NFD's NVIDIA CPU vendor or the GPU
 # operator's nvidia.com/gpu.present. Helm replaces lists and merges maps, so the values the stack
 # gives (infra/platform_stack/catalog.py dra_driver_values) replace these where they set them.
+DRA_DEFAULTS_ORIGIN = (
+    "NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu/values.yaml, read at commit "
+    "0540432be8e21852e061da15577f7e2c5694877e (v25.12.0's own commit, which the catalog row names, was not "
+    "readable here; the controller's affinity is the one tests/test_charts.py cites for v25.12.0)")
 DRA_CONTROLLER_DEFAULTS = {
     "affinity": _affinity([{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]),
     "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
