@@ -28,7 +28,6 @@ import inspect
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 from generated import write_or_check
-from pinned_wheels import CACHE, pinned_wheel
+from pinned_wheels import cached_venv, pinned_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = ROOT / "infra" / "render" / "pinned"
@@ -178,27 +177,10 @@ def venv_key() -> str:
 
 
 def engine_venv() -> Path:
-    """<CACHE>/engines-<key>: built in a scratch folder beside it and renamed into place whole,
-    so an interrupted build leaves nothing that looks finished (only bin/python is run, which finds
-    its packages relative to itself, so the rename does not matter to it)."""
-    venv = CACHE / f"engines-{venv_key()}"
-    if venv.is_dir():
-        return venv
-    wheels = [pinned_wheel(SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES]
-    build = Path(tempfile.mkdtemp(dir=CACHE, prefix=".building-"))
-    print(f"building {venv} (once; ~7 GB)", file=sys.stderr)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(build)], check=True)
-        subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary",
-                        ":all:", "-r", str(REQUIREMENTS), *map(str, wheels)], check=True)
-        os.rename(build, venv)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        shutil.rmtree(build, ignore_errors=True)
-        if venv.is_dir():  # another run finished first
-            return venv
-        raise SystemExit(f"extract_engine_flags: building the engines' virtualenv failed ({exc}). Fix: run it where "
-                         "PyPI is reachable") from None
-    return venv
+    """<CACHE>/engines-<key> (pinned_wheels.py cached_venv): the requirements and the engines' own wheels."""
+    return cached_venv(f"engines-{venv_key()}", REQUIREMENTS,
+                       lambda: [pinned_wheel(SOURCES[n][0].replace("_", "-"), pinned_version(n)) for n in SOURCES],
+                       "~7 GB")
 
 
 def tables(only: list[str]) -> dict[str, str]:

@@ -56,6 +56,34 @@ def pinned_wheel(dist: str, version: str, folder: Path = WHEELS) -> Path:
         return folder / got[0].name
 
 
+def cached_venv(name: str, requirements: Path, wheels=lambda: [], size: str = "") -> Path:
+    """<CACHE>/<name>: a virtualenv of `requirements` (every line pinned, installed with --no-deps,
+    wheels only) and the wheels `wheels()` names, built in a scratch folder beside it and renamed
+    into place whole, so an interrupted build leaves nothing that looks finished (only its bin/
+    programs are run, which find their packages relative to themselves, so the rename does not
+    matter to them). `name` carries a key of what it holds: another content is another folder."""
+    import shutil
+
+    venv = CACHE / name
+    if venv.is_dir():
+        return venv
+    CACHE.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(dir=CACHE, prefix=".building-"))
+    print(f"building {venv} (once{'; ' + size if size else ''})", file=sys.stderr)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(build)], check=True)
+        subprocess.run([str(build / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary",
+                        ":all:", "-r", str(requirements), *map(str, wheels())], check=True)
+        os.rename(build, venv)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        shutil.rmtree(build, ignore_errors=True)
+        if venv.is_dir():  # another run finished first
+            return venv
+        raise SystemExit(f"building the virtualenv {venv} from {requirements} failed ({exc}). Fix: run it where "
+                         "PyPI is reachable") from None
+    return venv
+
+
 def wheel_metadata(wheel: Path):
     """The wheel's METADATA (core metadata: Name, Version, Requires-Dist...) as an email.Message."""
     from email.parser import HeaderParser

@@ -555,6 +555,9 @@ class PodProcesses:
         # ({"TWIN_STANDIN_TTFT_MS": "2500"}, engine_standin.py reads it), so a revision whose render
         # names another image (a slow build) is slow by what its pods carry.
         self.token_timing: dict[str, dict[str, str]] = {}
+        # What runs a pod's init containers before its main container (twin/init_containers.py
+        # InitContainers, which a caller sets with the object store their fetch reaches); None: not run.
+        self.init_containers = None
 
     def start(self, namespace: str, select=lambda pod: True, timeout: float = 300) -> list[Started]:
         """Start every pod of `namespace` the twin runs (runs_as) that `select(pod)` also picks, once
@@ -604,22 +607,36 @@ class PodProcesses:
         ip = pod["status"]["podIP"]
         log = folder / f"{container['name']}.log"
         holder = self.network.attach(ip, folder / "netns.log")
-        spec_file = folder / "enter.json"
-        spec_file.write_text(json.dumps({
-            "scratch": str(private_folder(folder / "scratch")), "mounts": _mounts(container, volumes),
-            "workdir": container.get("workingDir", "/"), "argv": [*command, *container.get("args", [])],
-            # the picker's image entry point (/app/epp) runs the twin's build of it, argv unchanged
-            "program": str(build.program(PICKER_BUILT)) if command[0] == PICKER_PROGRAM else None,
-            "env": {**_env(pod, container, self.kubeconfig, path), **self.token_timing.get(container["image"], {})}}))
-        spec_file.chmod(0o600)
-        process = _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
-                          "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
-                         log, env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", PATH_TAIL)})
+        if self.init_containers:  # they run first, in order, and the main container only after all exit 0
+            try:
+                self.init_containers.run(self, pod, folder, volumes, holder)
+            except BaseException:
+                _stop(holder)
+                raise
+        process = self.spawn_container(pod, container, command, volumes, folder, holder, path, log)
         started = Started(meta["namespace"], meta["name"], ip, runs_as(pod) or container["name"], holder, process, log)
         self.started.append(started)
         kubectl("annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite",
                 f"{PROCESS_ANNOTATION}=running", kubeconfig_path=self.kubeconfig)
         return started
+
+    def spawn_container(self, pod: dict, container: dict, command: list[str], volumes: dict[str, Path], folder: Path,
+                        holder: subprocess.Popen, path: str, log: Path, mounts: tuple[dict, ...] = ()) -> subprocess.Popen:
+        """One container of the pod as a process in the network namespace of `holder` and a mount
+        namespace of its own: its command and args, its env (PATH `path`) and its volumes mounted
+        (`mounts`: more, as `_mounts` gives them); its output into `log`."""
+        spec_file = folder / f"enter-{container['name']}.json"
+        spec_file.write_text(json.dumps({
+            "scratch": str(private_folder(folder / f"scratch-{container['name']}")),
+            "mounts": [*_mounts(container, volumes), *mounts],
+            "workdir": container.get("workingDir", "/"), "argv": [*command, *container.get("args", [])],
+            # the picker's image entry point (/app/epp) runs the twin's build of it, argv unchanged
+            "program": str(build.program(PICKER_BUILT)) if command[0] == PICKER_PROGRAM else None,
+            "env": {**_env(pod, container, self.kubeconfig, path), **self.token_timing.get(container["image"], {})}}))
+        spec_file.chmod(0o600)
+        return _spawn(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount",
+                       "--propagation", "private", "--", sys.executable, "-m", "twin.pods", "enter", str(spec_file)],
+                      log, env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", PATH_TAIL)})
 
     def mooncake_bin(self, image: str) -> Path:
         """A folder whose `mooncake_master` runs the pinned wheel's binary at the version the pod's
@@ -660,6 +677,8 @@ class PodProcesses:
 
     def stop(self) -> None:
         self.stop_pods()
+        if self.init_containers:
+            self.init_containers.stop()
         if self.checker:
             _stop(self.checker)
         self.network.stop()
