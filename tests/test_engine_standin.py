@@ -15,7 +15,8 @@ decode given them does vLLM's NIXL handshake on the prefill's side channel (nixl
 _nixl_handshake, ZMQ REQ, 5 s) before it answers; a side channel where nothing listens fails it. A
 `--headless` worker serves nothing; a flag vLLM's parser refuses ends the stand-in with exit 2.
 Token timing: an instance told a slow TTFT (POST /twin/timing) shows it in its own
-time_to_first_token histogram, both engines; a streamed answer is one event per token."""
+time_to_first_token histogram, both engines; a streamed answer is one event per token.
+Load: an instance runs as many requests as its own flag allows and publishes the rest as waiting."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def engines(tmp_path_factory):
     folder = tmp_path_factory.mktemp("standins")
     python, checker = str(_engines_venv() / "bin" / "python"), folder / "checker.sock"
     ports = {name: free_port() for name in ("prefill", "bootstrap", "decode", "decode32", "vllm_prefill",
-                                            "side_channel", "vllm_decode", "headless")}
+                                            "side_channel", "vllm_decode", "headless", "sglang_capped",
+                                            "vllm_capped")}
     common = ["--model-path", str(folder), "--host", "127.0.0.1", "--enable-metrics"]
     vllm = [str(folder), "--host", "127.0.0.1", "--served-model-name", "m", "--block-size", "64"]
     standin = ["--checker", str(checker)]
@@ -60,7 +62,12 @@ def engines(tmp_path_factory):
                               "--kv-transfer-config", VLLM_PRODUCER],
              "vllm_decode": [*standin, "vllm", *vllm, "--port", str(ports["vllm_decode"]),
                              "--kv-transfer-config", VLLM_CONSUMER],
-             "headless": [*standin, "vllm", *vllm, "--port", str(ports["headless"]), "--headless"]}
+             "headless": [*standin, "vllm", *vllm, "--port", str(ports["headless"]), "--headless"],
+             # two running at once, by each engine's own flag (the load test below)
+             "sglang_capped": [*standin, "sglang", *common, "--port", str(ports["sglang_capped"]),
+                               "--max-running-requests", "2", "--context-length", "1000"],
+             "vllm_capped": [*standin, "vllm", *vllm, "--port", str(ports["vllm_capped"]), "--max-num-seqs", "2",
+                             "--max-model-len", "1000"]}
     # how long a decode waits for its prefill to take the room (SGLang's own knob): short, for the case
     # where no prefill ever gets the request; the router sends both at once. vLLM's side channel
     # (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) on a free port of 127.0.0.1.
@@ -74,7 +81,7 @@ def engines(tmp_path_factory):
              for name, argv in argvs.items()}
     try:
         deadline = time.monotonic() + 300
-        for name in ("prefill", "decode", "decode32", "vllm_prefill", "vllm_decode"):
+        for name in ("prefill", "decode", "decode32", "vllm_prefill", "vllm_decode", "sglang_capped", "vllm_capped"):
             while _get(ports[name], "/health")[0] != 200:
                 assert procs[name].poll() is None, (folder / f"{name}.log").read_text()
                 assert time.monotonic() < deadline, f"{name} did not serve within 300 s"
@@ -261,3 +268,53 @@ def test_a_slow_instance_shows_in_its_ttft_histogram(engines, engine):
     events = [line for line in text.splitlines() if line.startswith("data: ")]
     assert len(events) == 4 and events[-1] == "data: [DONE]", text
     assert _ttft(_get(port, "/metrics")[1], name) == (fast, count + 1)
+
+
+LOAD_GAUGES = {"sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                          "sglang:queue_time_seconds_count"),
+               "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                        "vllm:request_queue_time_seconds_count")}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_an_instance_runs_as_many_as_its_flag_allows_and_publishes_the_rest_as_waiting(engines, engine):
+    """Five requests at once on an instance whose own flag allows two running (SGLang
+    --max-running-requests, vLLM --max-num-seqs): two run and three wait, and its /metrics says so
+    with the pinned engines' gauges (sglang/srt/observability/metrics_collector.py:364-404
+    num_running_reqs, num_queue_reqs, token_usage; vllm/v1/metrics/loggers.py:527-619
+    num_requests_running, num_requests_waiting, kv_cache_usage_perc: what the endpoint picker's
+    queue and KV-cache scorers read, gateway-api-inference-extension v1.4.0
+    pkg/epp/server/options.go), the KV held by the running two over the capacity the flags imply
+    (2 x 1000 tokens); SGLang's /v1/loads and vLLM's /load count the same. Each waited request is
+    in the engine's queue-time histogram. Afterwards nothing runs or waits."""
+    import concurrent.futures
+
+    port = engines[f"{engine}_capped"]
+    running, waiting, usage, queued = LOAD_GAUGES[engine]
+    before = _sample(port, queued)
+    _post(port, "/twin/timing", {"itl_ms": 300})  # each answer takes seconds: the five overlap
+    try:
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            answers = [pool.submit(_post, port, "/v1/completions",
+                                   {"model": "m", "prompt": f"request {i} " + "word " * 50, "max_tokens": 8})
+                       for i in range(5)]
+            deadline = time.monotonic() + 120
+            while _sample(port, waiting) < 3:  # until all five have arrived
+                assert time.monotonic() < deadline, _get(port, "/metrics")[1]
+                time.sleep(0.1)
+            assert (_sample(port, running), _sample(port, waiting)) == (2, 3)
+            assert 0 < _sample(port, usage) < 1
+            load = json.loads(_get(port, "/twin/load")[1])
+            assert (load["max_running"], load["kv_capacity_tokens"]) == (2, 2000), load
+            assert 0 < load["kv_tokens"] <= 2 * 70, load  # the two running prompts and their tokens so far
+            if engine == "sglang":
+                [loads] = json.loads(_get(port, "/v1/loads")[1])["loads"]
+                assert (loads["num_running_reqs"], loads["num_waiting_reqs"], loads["queues"]["waiting"],
+                        loads["max_running_requests"]) == (2, 3, 3, 2), loads
+            else:
+                assert json.loads(_get(port, "/load")[1]) == {"server_load": 5}
+            assert all(answer.result()[0] == 200 for answer in answers)
+    finally:
+        _post(port, "/twin/timing", {"itl_ms": 5})
+    assert (_sample(port, running), _sample(port, waiting), _sample(port, usage)) == (0, 0, 0)
+    assert _sample(port, queued) == before + 5

@@ -73,6 +73,16 @@ reached through the pod network); a streamed answer is one server-sent event per
 engines' histograms follow it: time to first token, inter-token latency and end-to-end latency,
 with each engine's own buckets (sglang/srt/observability/metrics_collector.py,
 vllm/v1/metrics/buckets.py).
+
+Load (twin/engine_load.py): an instance runs at most as many requests as its own flag allows
+(SGLang --max-running-requests, vLLM --max-num-seqs; capacity()) and keeps the rest waiting in
+arrival order; a waiting request's TTFT counts its wait. What it publishes is what it holds:
+sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage and /v1/loads' counts; vLLM's
+vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc (the gauges the
+endpoint picker's queue and KV-cache scorers read, gateway-api-inference-extension v1.4.0
+pkg/epp/server/options.go) and /load; each engine's queue-time histogram
+(sglang:queue_time_seconds, vllm:request_queue_time_seconds). GET /twin/load (the stand-in's own)
+answers its record: every change of running and waiting, with the time.
 """
 
 from __future__ import annotations
@@ -93,6 +103,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import engine_load  # twin/engine_load.py, beside this file
 import kv_handoff  # twin/kv_handoff.py, beside this file
 
 PINNED = Path(__file__).resolve().parent.parent / "infra" / "render" / "pinned"
@@ -108,7 +119,10 @@ BUCKETS = {
                "itl": (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                        0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000),
                "e2e": (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400),
-               "kv": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)},  # ms: SchedulerMetricsCollector
+               "kv": (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),  # ms: SchedulerMetricsCollector
+               "queue": (0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
+                         60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
+                         2000, 2500, 3000)},  # SchedulerMetricsCollector queue_time
     "vllm": {"ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                       20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
              "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -117,6 +131,7 @@ BUCKETS = {
                      480.0, 960.0, 1920.0, 7680.0),
              "kv": (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)},  # nixl/stats.py
 }
+BUCKETS["vllm"]["queue"] = BUCKETS["vllm"]["e2e"]  # vllm/v1/metrics/loggers.py: request_latency_buckets both
 GET_META_MSG = b"get_meta_msg"  # vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py
 KV_MSG = b"twin_kv"  # twin/kv_handoff.py's exchange on the side channel (vLLM's handshake payload carries its agent)
 
@@ -241,7 +256,8 @@ class Engine:
         self.args = args
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
-        self.running = 0  # requests in flight
+        # running and waiting requests and the KV they hold, bounded as the engine's own flags bound them
+        self.load = engine_load.EngineLoad(*self.capacity())
         self.timing = {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS}
         self.histograms = {name: Histogram(BUCKETS[self.kind][which]) for name, which in self.HISTOGRAMS.items()}
         self.catalogue = json.loads((PINNED / f"{self.kind}-{VERSIONS[self.kind]}-metrics.json").read_text())["metrics"]
@@ -274,29 +290,33 @@ class Engine:
                 if kind == which:
                     self.histograms[name].observe(seconds)
 
-    def tokens(self, body: dict, started: float):
-        """The answer's tokens, each when the fleet model says (TTFT, then ITL apart); observed."""
+    def tokens(self, body: dict, ticket: engine_load.Ticket, arrived: float):
+        """The answer's tokens, each when the fleet model says (TTFT, then ITL apart); observed, and
+        held as KV by the running request. TTFT counts from the request's arrival, its time waiting
+        for a slot included, as the engines' histograms count it."""
         count = _token_count(body)
         ttft, itl = self.timing["ttft_ms"] / 1000, self.timing["itl_ms"] / 1000
+        started = arrived + ticket.waited  # when it got its slot
         last = started
         for i in range(count):
-            # the first token TTFT after the request came (a hand-off's wait counts), the next ones ITL apart
+            # the first token TTFT after it got its slot (a hand-off's wait counts), the next ones ITL apart
             time.sleep(max(0.0, ttft - (time.monotonic() - started)) if i == 0 else itl)
             now = time.monotonic()
-            self.observe("ttft" if i == 0 else "itl", now - (started if i == 0 else last))
+            self.observe("ttft" if i == 0 else "itl", now - (arrived if i == 0 else last))
+            self.load.hold(ticket)
             last = now
             yield "twin" if i == 0 else " twin"
 
     def generate(self, route: str, body: dict):
         """(status, answer) for one generation request; a streamed one's answer is its events."""
         started = time.monotonic()
-        with self.lock:
-            self.running += 1
+        prompt = _prompt_tokens(body)
+        ticket = self.load.admit(prompt)  # waits while the engine runs as many as its flags allow
+        self.observe("queue", ticket.waited)
         try:
             extra = self.before_tokens(body)
         except (ValueError, TimeoutError, OSError, RuntimeError) as exc:
-            with self.lock:
-                self.running -= 1
+            self.load.release(ticket)
             status = 400 if isinstance(exc, ValueError) else 500
             if body.get("stream") and isinstance(exc, kv_handoff.HandoffError):
                 # an abort with a status is an error event in a 200 stream (sglang serving_chat.py
@@ -306,12 +326,11 @@ class Engine:
                 return 200, iter((f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"))
             return status, {"object": "error", "message": str(exc), "code": status}
         ident, created = uuid.uuid4().hex, int(time.time())
-        prompt = _prompt_tokens(body)
         chat = route == "/v1/chat/completions"
 
         def finish(generated: int) -> dict:
+            self.load.release(ticket)
             with self.lock:
-                self.running -= 1
                 self.counts["requests"] += 1
                 self.counts["prompt_tokens"] += prompt
                 self.counts["generation_tokens"] += generated
@@ -320,8 +339,11 @@ class Engine:
 
         note = f" [{extra['note']}]" if extra.get("note") else ""
         if body.get("stream"):
-            return 200, self._events(route, body, started, ident, created, note, extra, finish)
-        texts = list(self.tokens(body, started))
+            return 200, self._events(route, body, ticket, started, ident, created, note, extra, finish)
+        try:
+            texts = list(self.tokens(body, ticket, started))
+        finally:
+            self.load.release(ticket)
         usage = finish(len(texts))
         text = "".join(texts) + note
         if chat:
@@ -338,9 +360,17 @@ class Engine:
             answer["kv_transfer_params"] = extra["kv_transfer_params"]
         return 200, answer
 
-    def _events(self, route, body, started, ident, created, note, extra, finish):
+    def _events(self, route, body, ticket, started, ident, created, note, extra, finish):
+        try:  # a client that goes away mid-stream frees its slot too
+            yield from self._token_events(route, body, ticket, started, ident, created, note, extra)
+        finally:
+            self.load.release(ticket)
+        finish(_token_count(body))
+        yield b"data: [DONE]\n\n"
+
+    def _token_events(self, route, body, ticket, started, ident, created, note, extra):
         chat, generated, count = route == "/v1/chat/completions", 0, _token_count(body)
-        for text in self.tokens(body, started):
+        for text in self.tokens(body, ticket, started):
             generated += 1
             last = generated == count
             text += note if last else ""
@@ -352,8 +382,6 @@ class Engine:
             if last and "kv_transfer_params" in extra:
                 event["kv_transfer_params"] = extra["kv_transfer_params"]
             yield f"data: {json.dumps(event)}\n\n".encode()
-        finish(generated)
-        yield b"data: [DONE]\n\n"
 
     def metrics(self) -> str:
         values, numbers = self.metric_values()
@@ -382,7 +410,8 @@ class Engine:
 class SGLang(Engine):
     kind = "sglang"
     HISTOGRAMS = {"sglang:time_to_first_token_seconds": "ttft", "sglang:inter_token_latency_seconds": "itl",
-                  "sglang:e2e_request_latency_seconds": "e2e", "sglang:kv_transfer_latency_ms": "kv"}
+                  "sglang:e2e_request_latency_seconds": "e2e", "sglang:kv_transfer_latency_ms": "kv",
+                  "sglang:queue_time_seconds": "queue"}
     KV_TIME_UNIT = 1000  # its KV transfer histogram counts ms
 
     def __init__(self, args):
@@ -393,6 +422,16 @@ class SGLang(Engine):
 
     def serves_http(self) -> bool:
         return True
+
+    def capacity(self) -> tuple[int | None, int | None]:
+        """(running requests, KV tokens) the flags allow: --max-running-requests; the pool
+        --max-total-tokens, else that many requests of --context-length. Unset, SGLang sizes both
+        from GPU memory (model_executor/pool_configurator.py), which the stand-in has none of:
+        no bound, and no usage."""
+        running, total = self.args.max_running_requests, self.args.max_total_tokens
+        if total is None and running and self.args.context_length:
+            total = running * self.args.context_length
+        return running, total
 
     def gets(self) -> dict:
         return {"/model_info": self.model_info, "/get_model_info": self.model_info,
@@ -419,7 +458,8 @@ class SGLang(Engine):
         numbers = {"sglang:num_requests_total": self.counts["requests"],
                    "sglang:prompt_tokens_total": self.counts["prompt_tokens"],
                    "sglang:generation_tokens_total": self.counts["generation_tokens"],
-                   "sglang:num_running_reqs": self.running, "sglang:num_queue_reqs": 0}
+                   "sglang:num_running_reqs": self.load.running, "sglang:num_queue_reqs": self.load.waiting,
+                   "sglang:token_usage": self.load.kv_usage()}
         if self.transfers_failed():  # not seeded: exported from its first increment (metrics_collector.py)
             numbers["sglang:num_transfer_failed_reqs_total"] = self.transfers_failed()
         return values, numbers
@@ -440,16 +480,19 @@ class SGLang(Engine):
                                             "owned_by": "sglang", "root": self.model}]}
 
     def loads(self) -> dict:
-        core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": self.running, "num_waiting_reqs": 0,
-                "num_waiting_uncached_tokens": 0, "num_used_tokens": 0, "num_total_tokens": 0, "num_active_tokens": 0,
-                "num_prealloc_ready_tokens": 0, "max_total_num_tokens": 0, "max_running_requests": 0,
-                "token_usage": 0.0, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0,
+        load = self.load.snapshot()
+        core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": load["running"],
+                "num_waiting_reqs": load["waiting"], "num_waiting_uncached_tokens": 0,
+                "num_used_tokens": load["kv_tokens"], "num_total_tokens": load["kv_capacity_tokens"] or 0,
+                "num_active_tokens": load["kv_tokens"], "num_prealloc_ready_tokens": 0,
+                "max_total_num_tokens": load["kv_capacity_tokens"] or 0, "max_running_requests": load["max_running"] or 0,
+                "token_usage": load["kv_usage"], "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0,
                 "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None}
         sections = {"disaggregation": {"mode": self.mode, "prefill_bootstrap_queue_reqs": 0,
                                        "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
                                        "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
                                        "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0},
-                    "queues": {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}}
+                    "queues": {"waiting": load["waiting"], "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0}}
         return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": "0.5.23",
                 "accelerator": None, "num_accelerators": self.args.tp_size, "loads": [{**core, **sections}]}
 
@@ -498,7 +541,8 @@ class SGLang(Engine):
 class VLLM(Engine):
     kind = "vllm"
     HISTOGRAMS = {"vllm:time_to_first_token_seconds": "ttft", "vllm:inter_token_latency_seconds": "itl",
-                  "vllm:e2e_request_latency_seconds": "e2e", "vllm:nixl_xfer_time_seconds": "kv"}
+                  "vllm:e2e_request_latency_seconds": "e2e", "vllm:nixl_xfer_time_seconds": "kv",
+                  "vllm:request_queue_time_seconds": "queue"}
     health = ("/health", "/ping")
     posts = ("/v1/completions", "/v1/chat/completions", "/ping")
 
@@ -519,12 +563,22 @@ class VLLM(Engine):
     def serves_http(self) -> bool:
         return not self.args.headless
 
+    def capacity(self) -> tuple[int | None, int | None]:
+        """(running requests, KV tokens) the flags allow: --max-num-seqs, unset 1024 (an H100's
+        default for the API server, vllm/engine/arg_utils.py get_batch_defaults); the KV pool
+        --num-gpu-blocks-override blocks of --block-size, else that many sequences of --max-model-len
+        (vLLM sizes it from GPU memory, which the stand-in has none of)."""
+        running = self.args.max_num_seqs or 1024
+        blocks, block_size = self.args.num_gpu_blocks_override, self.args.block_size or 16
+        length = int(self.args.max_model_len) if self.args.max_model_len else None
+        return running, blocks * block_size if blocks else (running * length if length else None)
+
     def serves_metrics(self) -> bool:
         return True
 
     def gets(self) -> dict:
         return {"/v1/models": self.models, "/version": lambda: {"version": "0.33.0"},
-                "/load": lambda: {"server_load": self.running}}
+                "/load": lambda: {"server_load": self.load.running + self.load.waiting}}
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
@@ -533,7 +587,8 @@ class VLLM(Engine):
 
     def metric_values(self):
         values = {"engine": "0", "model_name": self.model, "finished_reason": "length"}
-        numbers = {"vllm:num_requests_running": self.running, "vllm:num_requests_waiting": 0,
+        numbers = {"vllm:num_requests_running": self.load.running, "vllm:num_requests_waiting": self.load.waiting,
+                   "vllm:kv_cache_usage_perc": self.load.kv_usage(),
                    "vllm:prompt_tokens": self.counts["prompt_tokens"],
                    "vllm:generation_tokens": self.counts["generation_tokens"],
                    "vllm:request_success": self.counts["requests"],
@@ -675,6 +730,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.reply(200)
         elif path in answers:
             self.reply(200, json.dumps(answers[path]()).encode())
+        elif path == "/twin/load":  # the stand-in's own record of its load (twin/engine_load.py)
+            self.reply(200, json.dumps(engine.load.snapshot()).encode())
         elif path == "/metrics" and engine.serves_metrics():
             self.reply(200, engine.metrics().encode(), "text/plain; version=0.0.4")
         else:
