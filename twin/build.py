@@ -119,6 +119,7 @@ PROGRAMS = {
     "prometheus-operator": ("prometheus-operator", "operator"),  # .../prometheus-operator/cmd/operator
     "envoy-gateway": ("envoy-gateway", "envoy-gateway"),  # github.com/envoyproxy/gateway/cmd/envoy-gateway
     "keda-operator": ("keda", "operator"),  # github.com/kedacore/keda/v2/cmd/operator
+    "keda-adapter": ("keda", "adapter"),  # github.com/kedacore/keda/v2/cmd/adapter: its metrics API server
     "epp": ("endpoint-picker", "endpoint-picker"),  # GIE v1.4.0's EPP runner with llm-d v0.7.1's plugins
     "ext-proc-client": ("endpoint-picker", "ext-proc-client"),  # Envoy's ext_proc call to the picker
     "registry": ("registry", "registry"),  # github.com/distribution/distribution/v3/cmd/registry

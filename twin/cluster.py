@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from twin import build, crds, dataplane, identities, kubelet, netns
+from twin import build, crds, dataplane, egress, identities, kubelet, netns, pods
 from twin.api import POD_CIDR, SERVICE_CIDR, TwinError, kubectl
 from twin.paths import CONTEXT, KUBECONFIG, LOCK, ROOT, RUN_DIR, private_folder
 from twin.pki import Authority, service_account_keys
@@ -180,6 +180,10 @@ class Supervisor:
         kcm_serving = ca.issue("controller-manager-serving", "kube-controller-manager", server_names=("127.0.0.1",))
         sched_serving = ca.issue("scheduler-serving", "kube-scheduler", server_names=("127.0.0.1",))
         sa = service_account_keys(self.pki)
+        # the aggregator's identity towards extension API servers (KEDA's metrics API server), from
+        # a CA of its own, as kubeadm makes it (pki/front-proxy-ca, front-proxy-client)
+        front_proxy = Authority(self.pki / "front-proxy")
+        front_proxy_client = front_proxy.issue("front-proxy-client", "front-proxy-client", client=True)
         # etcd's own CA and certificates, as kubeadm makes them (pki/etcd/)
         etcd_ca = Authority(self.pki / "etcd")
         # client use too, as kubeadm's: etcd's own JSON gateway (/v3/...) calls etcd with it
@@ -213,6 +217,8 @@ class Supervisor:
         self.wait_until("etcd", lambda: self.https_ok(
             self.ports.etcd, "/health", (etcd_probe.cert, etcd_probe.key), ca=etcd_ca.ca.cert))
 
+        # the API server reaches pod addresses through the twin's egress proxy (twin/egress.py)
+        egress_flags, self.egress = egress.start(RUN_DIR)
         self.spawn("kube-apiserver", [
             str(build.program("kube-apiserver")),
             f"--etcd-servers={etcd_url}", f"--etcd-cafile={etcd_ca.ca.cert}",
@@ -229,7 +235,12 @@ class Supervisor:
             "--enable-admission-plugins=NodeRestriction",
             # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints refuse.
             "--endpoint-reconciler-type=none",
-            "--allow-privileged=true", "--profiling=false"])
+            "--allow-privileged=true", "--profiling=false", *egress_flags,
+            # the aggregation layer as kubeadm configures it
+            f"--requestheader-client-ca-file={front_proxy.ca.cert}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front_proxy_client.cert}", f"--proxy-client-key-file={front_proxy_client.key}"])
         self.wait_until("kube-apiserver", lambda: self.https_ok(
             self.ports.apiserver, "/readyz", (admin.cert, admin.key)))
 
@@ -249,6 +260,11 @@ class Supervisor:
             f"--tls-cert-file={sched_serving.cert}", f"--tls-private-key-file={sched_serving.key}"])
         self.wait_until("kube-controller-manager", lambda: self.https_ok(self.ports.controller_manager, "/healthz"))
         self.wait_until("kube-scheduler", lambda: self.https_ok(self.ports.scheduler, "/healthz"))
+
+        # the pod network (twin/pods.py), the twin's for its life: its controllers' pods run there (KEDA's
+        # metrics API server), the tests' and `make up`'s pods join it, the egress proxy reaches into it
+        self.pod_network = pods.PodNetwork(private_folder(pods.FOLDER), self.ports.apiserver)
+        self.children["pod-network"] = self.pod_network.hub
 
         # each controller as its own ServiceAccount, with the RBAC its project publishes (twin/identities.py)
         kwok_kc = identities.start_as_own(identities.kwok_rbac(), admin_kc)

@@ -20,8 +20,13 @@ version (twin/identities.py), listening on 127.0.0.1 only.
   KEDA's operator      v2.20.2  cmd/operator, with the args and environment of its config/manager
                                 Deployment, its listeners moved to 127.0.0.1 and its certificate
                                 folder to the twin's; its ServiceAccount and RBAC from its
-                                config/service_account and config/rbac. Its metrics API server
-                                (cmd/adapter) is not run: README says why.
+                                config/service_account and config/rbac.
+  KEDA's metrics   v2.20.2  cmd/adapter, with the args and environment of its config/metrics-server
+  API server                Deployment, at an address of the twin's pod network (METRICS_SERVER_IP),
+                            as the operator's account (the Deployment's serviceAccountName) with the
+                            roles and bindings of config/metrics-server; its Service and APIService
+                            from there too. The API server reaches it through the egress proxy
+                            (twin/egress.py), the way the aggregator reaches any APIService.
 
 Each controller's RBAC objects are the platform stack's own (infra/platform_stack/components/
 controllers.py moves them into the catalog row's namespace), renamed with TWIN_PREFIX and put in
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import ipaddress
 import json
 import subprocess
 import urllib.request
@@ -41,30 +47,38 @@ from pathlib import Path
 import yaml
 
 from twin import build, identities, netns
-from twin.api import kubectl
-from twin.paths import RUN_DIR, private_folder
+from twin.api import POD_CIDR, kubectl
+from twin.paths import ROOT, RUN_DIR, private_folder
 
 TWIN_PREFIX = "twin-"
 NAMESPACE = "twin-dataplane"  # the controllers' ServiceAccounts (no pod of theirs runs anywhere)
 _CLUSTER_SCOPED_RBAC = {"ClusterRole", "ClusterRoleBinding"}
+# The cluster's own namespace: a binding there to one of its Roles (extension-apiserver-authentication-
+# reader), and a subject there (the HPA controller's account), stay there; only the name is the twin's.
+_CLUSTERS_OWN = "kube-system"
 
 
 def twin_copy(objects: list[dict], namespace: str = NAMESPACE) -> list[dict]:
     """The platform stack's RBAC objects for one controller as the twin's own: namespaced ones in
     `namespace`, cluster-wide ones renamed with TWIN_PREFIX, and the bindings' role references
-    and ServiceAccount subjects following them."""
+    and ServiceAccount subjects following them. Objects and subjects in kube-system stay there
+    (renamed with TWIN_PREFIX): they bind the cluster's own roles and accounts. An APIService keeps
+    its name (the API group and version it serves); its Service follows the namespace."""
     ours = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
     out = []
     for obj in objects:
         obj = {**obj, "metadata": {**obj["metadata"]}}
-        if obj["kind"] in _CLUSTER_SCOPED_RBAC:
+        if obj["kind"] == "APIService":
+            obj["spec"] = {**obj["spec"], "service": {**obj["spec"]["service"], "namespace": namespace}}
+        elif obj["kind"] in _CLUSTER_SCOPED_RBAC or obj["metadata"].get("namespace") == _CLUSTERS_OWN:
             obj["metadata"]["name"] = TWIN_PREFIX + obj["metadata"]["name"]
         else:
             obj["metadata"]["namespace"] = namespace
         if obj.get("roleRef", {}).get("kind") == "ClusterRole" and obj["roleRef"]["name"] in ours:
             obj["roleRef"] = {**obj["roleRef"], "name": TWIN_PREFIX + obj["roleRef"]["name"]}
         if "subjects" in obj:
-            obj["subjects"] = [{**s, "namespace": namespace} if s.get("kind") == "ServiceAccount" else s
+            obj["subjects"] = [{**s, "namespace": namespace}
+                               if s.get("kind") == "ServiceAccount" and s.get("namespace") != _CLUSTERS_OWN else s
                                for s in obj["subjects"]]
         out.append(obj)
     return out
@@ -245,6 +259,7 @@ def keda_operator_container() -> dict:
 
 def start_keda_operator(supervisor, admin_kubeconfig: Path) -> None:
     kubeconfig = identities.start_as_own(keda_rbac(), admin_kubeconfig)
+    apply_keda_metrics_server(admin_kubeconfig)
     container, ports = keda_operator_container(), supervisor.ports
     env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
     cert_dir = private_folder(RUN_DIR / "pki" / "keda-certs")
@@ -279,6 +294,88 @@ def start_keda_operator(supervisor, admin_kubeconfig: Path) -> None:
     mount_secret("kedaorg-certs", cert_dir, admin_kubeconfig)
     supervisor.spawn("keda-operator", argv, env=env)
     supervisor.wait_until("keda-operator", lambda: _http_ok(ports.keda_health, "/readyz"))
+    start_keda_metrics_server(supervisor, admin_kubeconfig, kubeconfig, cert_dir)
+
+
+# --- KEDA's metrics API server ----------------------------------------------------------------
+
+KEDA_METRICS_SERVER = "config/metrics-server"
+KEDA_METRICS_SERVER_RBAC = ("role.yaml", "role_binding.yaml")
+METRICS_SERVER_IP = str(ipaddress.ip_network(POD_CIDR, strict=False)[-2])  # the pod network's last: kwok's pool starts at its first
+METRICS_SERVICE_PORT = 9666  # the operator's gRPC port in the adapter's default address (cmd/adapter generateDefaultMetricsServiceAddr)
+
+
+def keda_metrics_server_rbac() -> tuple[list[dict], list[dict]]:
+    """config/metrics-server's roles and bindings (the twin's copy): the HPA controller may read
+    external.metrics.k8s.io; the server's account may delegate authentication and authorisation
+    (system:auth-delegator) and read kube-system's extension-apiserver-authentication."""
+    from twin import crds
+    mod = crds.module("crds", KEDA)
+    files = [f"{KEDA_METRICS_SERVER}/{f}" for f in KEDA_METRICS_SERVER_RBAC]
+    return twin_copy([d for f in files for d in _keda_documents(f)]), [mod.origin(f) for f in files]
+
+
+def keda_metrics_server_objects() -> list[dict]:
+    """config/metrics-server's Service and APIService (the twin's copy), the Service with no selector
+    and an EndpointSlice the twin writes for it, as for any Service without one: its endpoint is the
+    address the server runs at (no Pod object stands for it, as none does for the operator)."""
+    service, api_service = (twin_copy(_keda_documents(f"{KEDA_METRICS_SERVER}/{f}"))[0]
+                            for f in ("service.yaml", "api_service.yaml"))
+    service["spec"] = {k: v for k, v in service["spec"].items() if k != "selector"}
+    name = service["metadata"]["name"]
+    slice_ = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+              "metadata": {"name": f"{TWIN_PREFIX}{name}", "namespace": NAMESPACE, "labels": {
+                  "kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": "pdstack-twin"}},
+              "addressType": "IPv4",
+              "endpoints": [{"addresses": [METRICS_SERVER_IP], "conditions": {"ready": True}}],
+              "ports": [{"name": p["name"], "port": p["targetPort"], "protocol": "TCP"} for p in service["spec"]["ports"]]}
+    return [service, slice_, api_service]
+
+
+def keda_metrics_server_container() -> dict:
+    (deployment,) = _keda_documents(f"{KEDA_METRICS_SERVER}/deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def apply_keda_metrics_server(admin_kubeconfig: Path) -> None:
+    """Its roles and bindings, Service, EndpointSlice and APIService; before the operator starts,
+    whose certificate rotator writes the APIService's caBundle (cmd/operator: CertManager
+    APIServiceName v1beta1.external.metrics.k8s.io, EnableAPIServicePatching)."""
+    identities.grant(keda_metrics_server_rbac()[0], admin_kubeconfig)
+    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pdstack-twin", "-f", "-",
+            kubeconfig_path=admin_kubeconfig, input=yaml.safe_dump_all(keda_metrics_server_objects()))
+
+
+def start_keda_metrics_server(supervisor, admin_kubeconfig: Path, operator_kubeconfig: Path, cert_dir: Path) -> None:
+    """cmd/adapter with its Deployment's args, at METRICS_SERVER_IP in the twin's pod network
+    (twin/pods.py; the API server's egress proxy reaches it there), its /certs the kedaorg-certs
+    Secret's files (mounted as its pod mounts them), reaching the API server at the `kubernetes`
+    Service's address as a pod does, and the operator's gRPC server at 127.0.0.1:9666 inside its
+    namespace (forwarded to the operator on the machine's loopback: the twin has no cluster DNS
+    for its default keda-operator.<namespace>.svc.cluster.local:9666), with the TLS authority that
+    name would give."""
+    from twin import pods
+    config = yaml.safe_load(operator_kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://{pods.KUBERNETES_SERVICE_IP}:{pods.KUBERNETES_SERVICE_PORT}"
+    kubeconfig = operator_kubeconfig.with_name(operator_kubeconfig.stem + ".pod-network.kubeconfig")
+    identities.write_private(kubeconfig, yaml.safe_dump(config))
+    container = keda_metrics_server_container()
+    env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
+    holder = supervisor.pod_network.attach(METRICS_SERVER_IP, supervisor.logs / "keda-metrics-apiserver-netns.log")
+    supervisor.children["keda-metrics-apiserver-netns"] = holder
+    grpc = RUN_DIR / "keda-operator-grpc.sock"
+    _TUNNELS.append(netns.forward_unix_to_tcp(grpc, supervisor.ports.keda_metrics_service))
+    operator_service = f"keda-operator.{NAMESPACE}.svc.cluster.local"
+    supervisor.spawn("keda-metrics-apiserver", [
+        "nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", "unshare", "--mount", "--",
+        *netns.inside_argv(grpc, METRICS_SERVICE_PORT, [
+            str(build.program("keda-adapter")), *container["args"],
+            f"--metrics-service-address=127.0.0.1:{METRICS_SERVICE_PORT}",
+            f"--metrics-service-grpc-authority={operator_service}",
+            *(f"--{flag}={kubeconfig}" for flag in ("authentication-kubeconfig", "authorization-kubeconfig",
+                                                     "lister-kubeconfig"))], {"/certs": cert_dir})],
+        env={**env, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)})
 
 
 def start(supervisor, admin_kubeconfig: Path) -> None:

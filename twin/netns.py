@@ -70,9 +70,16 @@ def argv(unix_socket: Path, port: int, program: list[str], folders: dict[str, Pa
     """The command line that runs `program` in a new network namespace, reaching the API server
     at 127.0.0.1:port through unix_socket. `folders` (path the program reads -> folder here) are
     mounted where the program expects them, in a mount namespace of its own (see `_root_with`)."""
+    return ["unshare", "--net", *(["--mount"] if folders else []), "--", *inside_argv(unix_socket, port, program, folders)]
+
+
+def inside_argv(unix_socket: Path, port: int, program: list[str], folders: dict[str, Path] | None = None) -> list[str]:
+    """argv's command for a namespace made otherwise (a pod's, entered with nsenter): 127.0.0.1:port
+    inside it carried to unix_socket, `folders` mounted (its mount namespace must be private), then
+    `program`."""
     mounts = [f"--folder={inside}={outside}" for inside, outside in (folders or {}).items()]
-    return ["unshare", "--net", *(["--mount"] if mounts else []), "--", sys.executable, "-m", "twin.netns",
-            "--unix-socket", str(unix_socket), "--port", str(port), *mounts, "--", *program]
+    return [sys.executable, "-m", "twin.netns", "--unix-socket", str(unix_socket), "--port", str(port), *mounts,
+            "--", *program]
 
 
 def _root_with(folders: dict[str, Path], scratch: Path) -> Path:

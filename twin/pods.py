@@ -113,12 +113,19 @@ def _spawn(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None
 
 
 class PodNetwork:
-    """The hub namespace and one namespace per pod, wired by veths to the hub's bridge."""
+    """The hub namespace and one namespace per pod, wired by veths to the hub's bridge. One per
+    folder: where a hub already serves the folder (the twin's own, which its supervisor starts for
+    the pods of its controllers, twin/cluster.py), it is joined, and left running by stop()."""
 
     def __init__(self, folder: Path, apiserver_port: int):
         self.folder = folder
-        self.tunnel = netns.forward_unix_to_tcp(folder / "apiserver.sock", apiserver_port)
         self.client_socket = folder / CLIENT_SOCKET
+        self.hub_pid_file = folder / "hub.pid"
+        self.joined = _connects(self.client_socket) and self.hub_pid_file.is_file()
+        if self.joined:
+            self.hub_pid = int(self.hub_pid_file.read_text())
+            return
+        self.tunnel = netns.forward_unix_to_tcp(folder / "apiserver.sock", apiserver_port)
         self.client_socket.unlink(missing_ok=True)
         self.hub = _spawn(["unshare", "--net", "--", sys.executable, "-m", "twin.pods", "hub",
                            "--apiserver-socket", str(folder / "apiserver.sock"),
@@ -131,6 +138,8 @@ class PodNetwork:
             if self.hub.poll() is not None or time.monotonic() > deadline:
                 raise TwinError(f"the pod network's hub did not start: {_tail(folder / 'hub.log')}")
             time.sleep(0.05)
+        self.hub_pid = self.hub.pid
+        self.hub_pid_file.write_text(f"{self.hub_pid}\n")
 
     def attach(self, ip: str, log: Path) -> subprocess.Popen:
         """A network namespace holding `ip`, on the hub's bridge; its holder process is returned."""
@@ -139,8 +148,8 @@ class PodNetwork:
         holder = _spawn(["unshare", "--net", "--", "sleep", "infinity"], log)
         _await_netns_of_its_own(holder, f"the network namespace of {ip}")
         veth = "v" + ipaddress.ip_address(ip).packed.hex()
-        _inside(self.hub.pid, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
-        _inside(self.hub.pid, "ip", "link", "set", veth, "master", "br0", "up")
+        _inside(self.hub_pid, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
+        _inside(self.hub_pid, "ip", "link", "set", veth, "master", "br0", "up")
         for command in (("ip", "link", "set", "lo", "up"),
                         ("ip", "addr", "add", f"{ip}/{POD_NETWORK.prefixlen}", "dev", "eth0"),
                         ("ip", "link", "set", "eth0", "up"),
@@ -149,9 +158,12 @@ class PodNetwork:
         return holder
 
     def stop(self) -> None:
+        if self.joined:  # its owner stops it
+            return
         _stop(self.hub)
         self.tunnel.close()
         self.client_socket.unlink(missing_ok=True)  # no hub answers there now (twin/kubelet.py dials it)
+        self.hub_pid_file.unlink(missing_ok=True)
 
 
 def hub_main(apiserver_socket: Path, client_socket: Path, machine_netns: int) -> int:

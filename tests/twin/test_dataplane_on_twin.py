@@ -292,8 +292,10 @@ def test_keda_makes_each_scaled_objects_hpa_and_reads_its_prometheus(applied_dev
     target, the ScaledObject's replica bounds, an External metric per trigger) and Ready=True;
     with the triggers' Prometheus (a real one on 127.0.0.1, scraping the series the decode pool's
     first trigger reads above its threshold; the rendered address, the platform's in-cluster
-    Service, resolves nowhere on the twin) the decode ScaledObject reads Active=True. Fails with
-    no KEDA running (no HPA, no conditions)."""
+    Service, resolves nowhere on the twin) the decode ScaledObject reads Active=True, and the HPA
+    controller reads every trigger's External metric from KEDA's metrics API server (ScalingActive
+    True, ValidMetricFound). Fails with no KEDA running (no HPA, no conditions), and without the
+    metrics API server or the API server's way to it (ScalingActive False, FailedGetExternalMetric)."""
     from tests.servers import prometheus_server, serving
 
     _, _, rendered = applied_dev
@@ -315,8 +317,10 @@ def test_keda_makes_each_scaled_objects_hpa_and_reads_its_prometheus(applied_dev
             verdicts = {o["metadata"]["name"]: _keda_verdict(o) for o in scaled}
             ready = all(hpa and (_condition(status, "Ready") or {}).get("status") == "True"
                         for hpa, status in verdicts.values())
-            active = (_condition(verdicts[decode["metadata"]["name"]][1], "Active") or {}).get("status") == "True"
-            return verdicts if ready and active else None
+            hpa, status = verdicts[decode["metadata"]["name"]]
+            active = (_condition(status, "Active") or {}).get("status") == "True"
+            reads = (_condition(hpa or {}, "ScalingActive") or {}).get("status") == "True"
+            return verdicts if ready and active and reads else None
 
         verdicts = fleet.wait_for("KEDA's verdict", judged, timeout=180) or {
             o["metadata"]["name"]: _keda_verdict(o) for o in scaled}
@@ -329,7 +333,17 @@ def test_keda_makes_each_scaled_objects_hpa_and_reads_its_prometheus(applied_dev
             obj["spec"]["minReplicaCount"], obj["spec"]["maxReplicaCount"])
         assert len([m for m in hpa["spec"]["metrics"] if m["type"] == "External"]) == len(obj["spec"]["triggers"])
         assert (_condition(status, "Ready") or {}).get("status") == "True", status
-    active = _condition(verdicts[decode["metadata"]["name"]][1], "Active")
+    decode_hpa, decode_status = verdicts[decode["metadata"]["name"]]
+    active = _condition(decode_status, "Active")
     assert active and active["status"] == "True", active
+    # the HPA controller reads the triggers' External metrics from KEDA's metrics API server, through
+    # the aggregator and the egress proxy (tests/twin/test_keda_metrics_on_twin.py): ScalingActive
+    # True, "the HPA was able to successfully calculate a replica count" (ValidMetricFound)
+    reads = _condition(decode_hpa, "ScalingActive")
+    assert reads and reads["status"] == "True" and reads["reason"] == "ValidMetricFound", decode_hpa.get("status")
+    values = [m["external"]["current"] for m in decode_hpa["status"].get("currentMetrics", []) if m["type"] == "External"]
+    assert len(values) == len(decode["spec"]["triggers"]), decode_hpa["status"]
     FIGURES.append(f"KEDA operator v2.20.2 (real) on dev's {len(scaled)} ScaledObjects: an HPA each, Ready; decode "
-                   f"Active ({active['reason']}) from a real Prometheus on 127.0.0.1; metrics API server: not run")
+                   f"Active ({active['reason']}) from a real Prometheus on 127.0.0.1; its HPA reads {len(values)} "
+                   f"External metrics from KEDA's metrics API server (ScalingActive {reads['reason']}), desired "
+                   f"replicas {decode_hpa['status'].get('desiredReplicas')}")
