@@ -257,6 +257,27 @@ def test_aws_cli_script_fetches_verifies_repairs_and_skips_a_warm_cache(s3_endpo
     assert done.returncode == 3 and "config.json: sha256 does not match" in done.stderr
 
 
+def test_aws_cli_script_runs_with_the_real_aws_cli(s3_endpoint, model_dir, aws_cli_env, tmp_path):
+    """The script under the real AWS CLI, not the stand-in: awscli 1.46.3 from PyPI
+    (twin/weights-fetcher-requirements.txt, the twin's fetcher virtualenv). Its global options are
+    awscli/data/cli.json's; --only-show-errors belongs to the `aws s3` transfer commands only
+    (awscli/customizations/s3/subcommands.py), and `aws --only-show-errors s3api get-object`
+    exits 255 "Unknown options", which the script once passed on every call."""
+    from twin.init_containers import fetcher_venv
+
+    (tmp_path / "bin" / "aws").write_text(f'#!/bin/sh\nexec {fetcher_venv()}/bin/python -m awscli "$@"\n')
+    s3 = weights.s3_client(s3_endpoint)
+    weights.upload(s3, "weights-real-cli", "m", model_dir)
+    done = _run_fetch_script(aws_cli_env, "weights-real-cli")
+    assert done.returncode == 0, done.stderr
+    dest = Path(aws_cli_env["PDSTACK_WEIGHTS_DEST"])
+    assert all((dest / f.relative_to(model_dir)).read_bytes() == f.read_bytes() for f in model_dir.rglob("*") if f.is_file())
+    _pin_other_bytes(s3, "weights-real-cli", "m", "config.json", b"tampered")
+    (dest / "config.json").unlink()
+    done = _run_fetch_script(aws_cli_env, "weights-real-cli")
+    assert done.returncode == 3 and "config.json: sha256 does not match the manifest" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("bad", ESCAPING_NAMES[:5])
 def test_aws_cli_script_refuses_a_name_that_leaves_the_cache_folder(s3_endpoint, aws_cli_env, tmp_path, bad):
     s3 = weights.s3_client(s3_endpoint)

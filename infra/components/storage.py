@@ -89,8 +89,9 @@ def aws_cli_fetch_script() -> str:
     return "\n".join([
         "set -eu",
         "export LC_ALL=C",
-        'aws() { command aws --only-show-errors --endpoint-url "$PDSTACK_WEIGHTS_ENDPOINT" '
-        '--region "$PDSTACK_WEIGHTS_REGION" "$@"; }',
+        # global options only: --only-show-errors is an option of the `aws s3` transfer commands, and
+        # `aws s3api` refuses it ("Unknown options"; awscli/customizations/s3/subcommands.py)
+        'aws() { command aws --endpoint-url "$PDSTACK_WEIGHTS_ENDPOINT" --region "$PDSTACK_WEIGHTS_REGION" "$@"; }',
         'mkdir -p -- "$PDSTACK_WEIGHTS_DEST" && cd -- "$PDSTACK_WEIGHTS_DEST"',
         'work="$(mktemp -d .pdstack-fetch.XXXXXX)"',
         "trap 'rm -rf -- \"$work\"' EXIT",
