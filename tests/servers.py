@@ -69,11 +69,18 @@ def running(cmd: list[str], ready_url: str | None = None, **popen):
 
 
 @contextmanager
-def moto_s3():
-    """An S3 endpoint (moto's server mode) on loopback; yields its URL."""
+def moto_s3(custom_endpoints: tuple[str, ...] = ()):
+    """An S3 endpoint (moto's server mode) on loopback; yields its URL. `custom_endpoints`: the URLs
+    by which clients also reach it (a Service's name: moto 5.2.5 takes a host such as
+    minio.storage.svc for a virtual-hosted bucket, but not one of MOTO_S3_CUSTOM_ENDPOINTS,
+    moto/s3/responses.py subdomain_based_buckets)."""
+    import os
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], ready_url=f"{url}/moto-api/"):
+    env = {**os.environ, **({"MOTO_S3_CUSTOM_ENDPOINTS": ",".join(custom_endpoints)} if custom_endpoints else {})}
+    with running([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], ready_url=f"{url}/moto-api/",
+                 env=env):
         yield url
 
 

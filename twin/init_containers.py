@@ -197,7 +197,7 @@ class InitContainers:
         unix = self.processes.folder / f"service-{namespace}.{name}.{port}.sock"
         bridge = netns.forward_unix_to_tcp(unix, machine_port)
         log = self.processes.folder / f"service-{namespace}.{name}.log"
-        forwarder = _spawn(["nsenter", f"--net=/proc/{self.processes.network.hub.pid}/ns/net", "--", sys.executable,
+        forwarder = _spawn(["nsenter", f"--net=/proc/{_hub_pid(self.processes.network)}/ns/net", "--", sys.executable,
                             "-m", "twin.init_containers", "forward", "--ip", ip, "--port", str(port),
                             "--unix-socket", str(unix)], log, env={"PYTHONPATH": str(ROOT)})
         self.forwards.append((forwarder, bridge))
@@ -243,7 +243,7 @@ class InitContainers:
             if code != 0:
                 status = init_status(pod, index, _now(), exit_code=code)
                 self._patch(pod, status)
-                shown = kubectl_status({**pod, **status})
+                shown = kubectl_status({**pod, "status": {**pod.get("status", {}), **status["status"]}})
                 raise TwinError(f"pod {meta['namespace']}/{meta['name']} ({shown}): init container {container['name']} "
                                 f"exited with {code}; the end of its log ({log}):\n{_tail(log)}")
         self._patch(pod, init_status(pod, len(runs), _now()))
@@ -251,6 +251,11 @@ class InitContainers:
     def _patch(self, pod: dict, status: dict) -> None:
         kubectl("patch", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"], "--subresource=status",
                 "--type=strategic", "-p", json.dumps(status), kubeconfig_path=self.processes.kubeconfig)
+
+
+def _hub_pid(network) -> int:
+    """The pod network's hub process (a PodNetwork that joined a running hub knows only its pid)."""
+    return getattr(network, "hub_pid", None) or network.hub.pid
 
 
 def _now() -> str:
