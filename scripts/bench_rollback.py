@@ -14,7 +14,7 @@ Latencies (defaults, per call; override with the flags):
 
     .venv/bin/python scripts/bench_rollback.py [--runs 20] [--apply-latency 12] [--health-latency 2]
 
---twin: on the cluster twin instead, with nothing simulated but what tests/twin/live.py says: dev's
+--twin: on the cluster twin instead, with nothing simulated but what twin/live.py says: dev's
 two good revisions rolled out by `pdctl rollout --pulumi-stack dev` (the real Pulumi engine, the twin's
 API server; not timed), their pods running as processes, a client sending requests throughout along
 the live route; then `pdctl rollback --to` back and forth between them (r1, r2, r1, ...), each timed
@@ -117,16 +117,15 @@ def twin_runs(runs: int) -> int:
     """--twin: see the module's docstring."""
     import tempfile
 
-    import pytest
-
-    from tests.twin.live import live_dev, retuned_router, timed_rollback
     from twin import cluster
+    from twin.api import TwinError
+    from twin.live import live_dev, retuned_router, timed_rollback
 
     already = cluster.running()
     cluster.up(log=lambda line: print(line, flush=True))
     try:
         with tempfile.TemporaryDirectory(prefix="bench-rollback-twin-") as folder, \
-                pytest.MonkeyPatch.context() as monkeypatch, live_dev(Path(folder), monkeypatch) as env:
+                live_dev(Path(folder)) as env:
             for name, spec_file in (("r1", env.base_spec), ("r2", env.spec_file("r2", retuned_router))):
                 done = env.rollout(spec_file, "100")
                 if done.returncode:
@@ -140,6 +139,9 @@ def twin_runs(runs: int) -> int:
                 figures.append(back)
                 print(f"  run {n + 1}: rollback to r{to}: command {command:.1f} s, live share back at 100% after "
                       f"{back:.1f} s, {len(answers)} requests, {failed} failed", flush=True)
+    except TwinError as exc:  # the twin or the scenario said why: no traceback
+        print(f"bench_rollback --twin: {exc}", file=sys.stderr)
+        return 1
     finally:
         if not already:
             cluster.down(log=lambda *_: None)

@@ -197,23 +197,3 @@ def oci_registry(folder: Path, user: str, password: str):
         # /debug/health answers 200 when the registry is up, without authentication
         with running([str(program("registry")), "serve", str(config)], ready_url=f"http://127.0.0.1:{debug}/debug/health"):
             yield Registry(f"127.0.0.1:{port}", tokens)
-
-
-def stand_in_pins(spec):
-    """`spec` with each marked placeholder pinned to a stand-in digest (the sha256 of its reference),
-    for the tests that judge a deployable spec offline (the policy pack's rules, the real engine
-    rendering to files): nothing pulls these images. Its platform entries move with it."""
-    from infra.images import placeholders
-
-    data = spec.model_dump(mode="json")
-    for field, ref in placeholders(spec).items():
-        *parents, leaf = field.split(".")
-        node = data
-        for key in parents:
-            node = node[key]
-        digest = "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
-        node[leaf] = f"{ref}@{digest}"
-        platforms = data["images"].get("platforms")
-        if platforms and ref in platforms:
-            platforms[digest] = platforms.pop(ref)
-    return type(spec).model_validate(data)

@@ -410,7 +410,7 @@ def test_the_whole_policy_pack_passes_each_platform_stack(stack):
     with no release at all is still refused (the bite). Grafana's placeholder image is pinned first
     (tests/test_images.py shows the pack refusing it)."""
     from infra.policy.rules import Resource, evaluate, evaluate_offline
-    from tests.oci_registry import stand_in_pins
+    from twin.engine import stand_in_pins
 
     run = run_spec(stand_in_pins(load_platform_spec(f"stacks/{stack}.yaml")))
     assert evaluate_offline(run) == []

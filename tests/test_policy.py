@@ -29,7 +29,7 @@ from infra.offline import run_spec
 from infra.render.manifests import unwrap
 from infra.spec import stack_spec_path
 from infra.spec_checks import load_spec
-from tests.oci_registry import stand_in_pins
+from twin.engine import stand_in_pins
 
 
 @functools.cache

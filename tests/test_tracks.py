@@ -78,7 +78,7 @@ def test_each_track_runs_its_own_engines_router_and_scalers(tracked_run):
 
 
 def test_tracked_stack_passes_the_schemas_and_the_policy_pack(tracked_run):
-    from tests.oci_registry import stand_in_pins
+    from twin.engine import stand_in_pins
 
     report = validate_manifests(manifests(tracked_run), "1.33")
     assert report.ok, report.errors
@@ -112,7 +112,7 @@ def test_the_longest_namespace_a_spec_admits_runs_tracks_up_to_r9999(tmp_path, c
 
     from infra.cli import main
     from infra.spec import NAMESPACE_MAX
-    from tests.oci_registry import stand_in_pins
+    from twin.engine import stand_in_pins
 
     data = stand_in_pins(parse_spec(stack_data("prod"))).model_dump(mode="json")
     data["environment"]["namespace"] = "p" * NAMESPACE_MAX

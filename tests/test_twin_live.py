@@ -1,14 +1,14 @@
-"""twin/live.py's pure parts, without a twin: reading the client's answers, and the scrape targets a
-rendered PodMonitor selects with the labels prometheus-operator gives them."""
+"""twin/live.py without a twin: reading the client's answers, and what its scenario (live_dev, which
+scripts/bench_rollback.py --twin runs outside pytest) needs loaded."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import ast
+import subprocess
+import sys
 
-from infra.spec import stack_spec_path
-from infra.spec_checks import load_spec
-from infra.offline import run_spec
-from twin.live import Answer, monitor_targets, share_back, shares, track_of
+from infra.spec import REPO_ROOT
+from twin.live import Answer, share_back, shares, track_of
 
 
 def answer(at: float, by: int, ok: bool = True) -> Answer:
@@ -29,22 +29,15 @@ def test_a_namespace_is_a_track_of_its_environment_or_nothing():
         == [0, 12, None, None]
 
 
-def test_the_rendered_pod_monitor_selects_the_engine_pods_with_the_operators_target_labels():
-    """prometheus-operator v0.93.0 (pkg/prometheus/promcfg.go generatePodMonitorConfig): a PodMonitor's
-    target carries namespace, pod, container, endpoint (the port's name), job podMonitor/<ns>/<name>/<i>,
-    and each podTargetLabels label under its sanitised name; the gates select by those."""
-    (monitor,) = run_spec(load_spec(stack_spec_path("dev"))).by_kind("PodMonitor")
-    namespace = monitor["metadata"]["namespace"]
-    port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
-
-    def pod(name: str, role: str | None) -> tuple:
-        labels = {"pdstack.io/release": "3", **({"pdstack.io/role": role} if role else {})}
-        return (SimpleNamespace(ip=f"10.244.0.{len(name)}"),
-                {"metadata": {"name": name, "namespace": namespace, "labels": labels},
-                 "spec": {"containers": [{"name": "engine", "ports": [{"name": port, "containerPort": 30000}]}]}})
-
-    groups = monitor_targets(monitor, [pod("engine-decode-0", "decode"), pod("router-x", None)])
-    assert groups == [{"targets": ["10.244.0.15:30000"], "labels": {
-        "namespace": namespace, "pod": "engine-decode-0", "container": "engine", "endpoint": port,
-        "job": f"podMonitor/{namespace}/{monitor['metadata']['name']}/0", "__metrics_path__": "/metrics",
-        "pdstack_io_role": "decode", "pdstack_io_release": "3"}}]
+def test_the_live_scenario_and_the_twin_bench_load_no_test_module_and_no_pytest():
+    """scripts/bench_rollback.py --twin is a script, not a test: it runs twin/live.py's live_dev, which
+    must not need pytest (its MonkeyPatch) or a module of tests/ (whose conftest and fixtures are a
+    test session's). Every import statement of the bench counts, lazy ones too, and a fresh
+    interpreter that imports twin.live has loaded none of them."""
+    tree = ast.parse((REPO_ROOT / "scripts" / "bench_rollback.py").read_text())
+    named = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert [m for m in named if m == "pytest" or m.split(".")[0] in ("tests", "_pytest")] == []
+    loaded = subprocess.run([sys.executable, "-c", "import sys, twin.live; print(' '.join(sys.modules))"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert [m for m in loaded if m.split(".")[0] in ("tests", "pytest", "_pytest")] == []

@@ -14,7 +14,7 @@ import gzip
 
 import pytest
 
-from twin import monitoring
+from twin import fleet, monitoring
 from twin.api import TwinError
 
 
@@ -44,3 +44,30 @@ def test_a_claim_gets_a_volume_bound_to_it_with_its_size_and_modes(tmp_path):
     assert volume["spec"]["capacity"] == {"storage": "200Gi"}
     assert volume["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert "storageClassName" not in volume["spec"]  # the claim names none either
+
+
+def test_a_required_wait_names_what_it_waited_for_and_a_failing_check_ends_it():
+    """twin/fleet.py wait_for, the one wait of the twin's helpers (twin/monitoring.py, twin/live.py):
+    `required` turns a wait that never held into a TwinError naming it; a check that raises (a
+    process it needs exited) ends the wait with that error instead of waiting out the timeout."""
+    with pytest.raises(TwinError, match="the operator's pod: not within 0 s"):
+        fleet.wait_for("the operator's pod", lambda: None, timeout=0, interval=0, required=True)
+    assert fleet.wait_for("a value", lambda: None, timeout=0, interval=0) is None  # not required: the last value
+    assert fleet.wait_for("a value", lambda: 7, timeout=0, required=True) == 7
+
+    def exited():
+        raise TwinError("pod p: its process exited")
+    with pytest.raises(TwinError, match="its process exited"):
+        fleet.wait_for("Prometheus ready", exited, timeout=3600, required=True)
+
+
+def test_the_monitors_and_the_prometheus_get_the_interval_and_nothing_else_changes():
+    objects = [{"kind": "PodMonitor", "spec": {"podMetricsEndpoints": [{"port": "http", "interval": "15s"}]}},
+               {"kind": "ServiceMonitor", "spec": {"endpoints": [{"port": "metrics"}]}},
+               {"kind": "Prometheus", "spec": {"scrapeInterval": "30s"}},
+               {"kind": "Service", "spec": {"ports": []}}]
+    quick = monitoring.with_intervals(objects, "1s")
+    assert [o["spec"] for o in quick] == [
+        {"podMetricsEndpoints": [{"port": "http", "interval": "1s"}]}, {"endpoints": [{"port": "metrics", "interval": "1s"}]},
+        {"scrapeInterval": "1s", "evaluationInterval": "1s"}, {"ports": []}]
+    assert objects[0]["spec"]["podMetricsEndpoints"][0]["interval"] == "15s"  # a copy: the render untouched

@@ -108,13 +108,17 @@ def get(kind: str, *args: str, kubeconfig: Path = KUBECONFIG) -> list[dict]:
     return json.loads(done.stdout)["items"]
 
 
-def wait_for(what: str, check, timeout: float = 300, interval: float = 2.0):
-    """Poll check() until it returns something true; the last value otherwise (callers assert on it)."""
+def wait_for(what: str, check, timeout: float = 300, interval: float = 2.0, required: bool = False):
+    """Poll check() until it returns something true; the last value otherwise (callers assert on it),
+    or, if `required`, a TwinError naming `what`. A check that raises ends the wait with its error
+    (e.g. a process it depends on exited)."""
     deadline = time.monotonic() + timeout
     value = check()
     while not value and time.monotonic() < deadline:
         time.sleep(interval)
         value = check()
+    if required and not value:
+        raise TwinError(f"{what}: not within {timeout:.0f} s")
     return value
 
 
@@ -122,3 +126,21 @@ def scheduler_events(namespace: str, pod: str, kubeconfig: Path = KUBECONFIG) ->
     """What the scheduler said about a pod (FailedScheduling and the like)."""
     items = get("events", "-n", namespace, f"--field-selector=involvedObject.name={pod}", kubeconfig=kubeconfig)
     return [f"{e.get('reason')}: {e.get('message', '').strip()}" for e in items]
+
+
+def delete_namespaces(namespaces: list[str], kubeconfig: Path = KUBECONFIG) -> None:
+    """Delete namespaces and wait until the namespace controller has removed them and their
+    contents. The next test may create the same names: a namespace still Terminating refuses
+    new objects ("namespaces ... not found" from the API server) and keeps the old route and
+    its fence, which a fresh rollout then meets as another holder's."""
+    if namespaces:
+        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=300s", *namespaces, kubeconfig_path=kubeconfig)
+
+
+def users_objects(spec) -> None:
+    """What the user makes before the first rollout (README, "Objects that stay the user's"): dev's
+    weights credentials Secret (`access: secret`) in the environment's namespace, which each
+    release track's Storage reads to copy into its own (the values are the twin's, no real key)."""
+    from scripts.up import user_objects
+
+    kubectl("apply", "-f", "-", input=json.dumps(user_objects(spec)))

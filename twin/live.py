@@ -1,6 +1,7 @@
 """Live traffic on the twin: an environment's release tracks served by processes at their pods'
-addresses, scraped by a real Prometheus in the pod network, and a client that sends requests
-throughout, as the access path routes them.
+addresses, scraped by the fleet's Prometheus in the pod network, and a client that sends requests
+throughout, as the access path routes them; and dev's scenario on it (`live_dev`), shared by
+tests/twin/test_live_rollout_on_twin.py and scripts/bench_rollback.py --twin.
 
 - `TrackProcesses`: what a kubelet does for the tracks' pods, continuously. Every runnable pod
   (twin/pods.py runs_as) of the environment's namespace and of its release tracks'
@@ -8,14 +9,9 @@ throughout, as the access path routes them.
   ended once the pod is gone (a retired track), so a rollout's new track serves as it comes up.
   The engines' token timing follows the fleet model per engine build (PodProcesses.token_timing:
   image -> TTFT and ITL), so a revision that names a slow build is slow.
-- `PodPrometheus`: the real Prometheus (the machine's `prometheus`, as tests/servers.py runs it) at an
-  address of the pod network, scraping the engine pods each namespace's rendered PodMonitor
-  selects, on its endpoint's port and path, with the series labels prometheus-operator gives a
-  PodMonitor's targets (namespace, pod, container, endpoint, job `podMonitor/<ns>/<name>/0`, and each
-  of its podTargetLabels as a label: prometheus-operator v0.93.0 pkg/prometheus/promcfg.go). The
-  targets are a file_sd file this module writes from the started pods, not Kubernetes service
-  discovery: the twin's own choice, until twin/monitoring.py runs the operator's generated config.
-  Its API is forwarded to 127.0.0.1, where `pdctl rollout --prometheus` reads it.
+- The scrape: the Prometheus prometheus-operator makes of the platform's Prometheus and each
+  track's rendered monitors, at its pod address among the tracks' (twin/monitoring.py
+  fleet_prometheus); its API forwarded to 127.0.0.1, where `pdctl rollout --prometheus` reads it.
 - `LiveClient`: the access path's entry as the twin has it. No Envoy proxy runs on the twin (README,
   "Cluster twin"), so the client does what Envoy's weighted backends would: each request goes to
   one of the live HTTPRoute's backendRefs, chosen by weight (read from the API server every
@@ -23,35 +19,60 @@ throughout, as the access path routes them.
   track's router Service (its EndpointSlices, as kube-proxy would pick one), through the pod
   network. Each answer is recorded with the track it was sent to and the track whose prefill
   served it (the SGLang decode names the prefill whose bootstrap server handed it the room).
+- `live_dev`: dev (SGLang) on the twin with all of the above, `pdctl rollout --pulumi-stack dev` and
+  `pdctl rollback` run by the real Pulumi engine (twin/engine.py) against it. What stands in:
+  twin/standins.py writes the status Envoy Gateway and Karpenter's AWS provider would; the platform
+  stack is twin/engine.py's stand-in.
+
+The fleet model per engine build (PodProcesses.token_timing): the revision's engine image decides its
+stand-ins' token timing. The stack's pinned build answers with TTFT GOOD_TTFT_MS and ITL GOOD_ITL_MS,
+each in the middle of a wide bucket of SGLang 0.5.23's histograms (TTFT (1, 2] s, ITL (0.4, 0.6] s),
+so that a busy two-core machine's delays (a first run saw ITL p99 136 ms for 16 ms asked) stay in
+it: the gate's p99 of two healthy tracks is then the same bucket's edge, and "vs serving" compares
+like with like. dev's TPOT SLO (50 ms) is raised to TWIN_TPOT_SLO_MS for that (and its tokens per
+second per user to what that allows); its TTFT SLO (2 s) stays. `slow_build` names another digest of
+the same image, whose stand-ins take SLOW_TTFT_MS to the first token, above that SLO. The monitors'
+and Prometheus's intervals are SCRAPE_INTERVAL (dev's spec field observability.scrape_interval_seconds,
+the platform Prometheus's own fields), so a stage's window holds enough samples.
 
 `share_back` and `shares` read the client's records: pure.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import hashlib
 import json
+import os
 import random
 import re
-import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
 from infra import naming
-from infra.render.metrics import series_label
 from infra.rollout.pulumi_cluster import traffic_from_route
-from twin import pods
-from twin.api import POD_CIDR, TwinError, kubectl
+from infra.rollout.releases import ReleaseStore
+from infra.spec import REPO_ROOT, stack_spec_path
+from twin import engine, fleet, monitoring, pods
+from twin.api import TwinError, kubectl
+from twin.build import program
+from twin.nodes import TWIN_LABEL, stack_nodes
+from twin.paths import KUBECONFIG
+from twin.standins import controllers_status
 
 ROUTE_POLL_SECONDS = 0.3
-PROMETHEUS_IP = str(ipaddress.ip_network(POD_CIDR, strict=False).broadcast_address - 1)  # above every address kwok gives out
-PROMETHEUS_PORT = 9090
+# A worker's pause after a failed request: SGLang's router answers 503 within a millisecond while its
+# circuit to every prefill is open, and six workers asking again at once kept a loaded two-core machine
+# busy with 14,000 refusals in two minutes (one run, load average 65).
+FAILED_PAUSE_SECONDS = 0.5
 ANSWERED_BY = re.compile(r"prefill (\d+\.\d+\.\d+\.\d+):")
 
 
@@ -128,104 +149,6 @@ class TrackProcesses:
 
     def namespace_of(self, ip: str) -> str | None:
         return next((s.namespace for s, _ in self.running() if s.ip == ip), None)
-
-
-# --- the scrape ---------------------------------------------------------------------------------
-
-def monitor_targets(pod_monitor: dict, running: list[tuple[pods.Started, dict]]) -> list[dict]:
-    """file_sd target groups for the pods `pod_monitor` (as rendered and applied) selects, with the
-    labels prometheus-operator gives its targets. Pure."""
-    meta, spec = pod_monitor["metadata"], pod_monitor["spec"]
-    (endpoint,) = spec["podMetricsEndpoints"]
-    groups = []
-    for started, pod in running:
-        labels = pod["metadata"].get("labels", {})
-        if pod["metadata"]["namespace"] != meta["namespace"] or not _selects(spec["selector"], labels):
-            continue
-        container, port = next(((c["name"], p["containerPort"]) for c in pod["spec"]["containers"]
-                                for p in c.get("ports", []) if p.get("name") == endpoint["port"]), (None, None))
-        if port is None:
-            continue
-        target = {"namespace": meta["namespace"], "pod": pod["metadata"]["name"], "container": container,
-                  "endpoint": endpoint["port"], "job": f"podMonitor/{meta['namespace']}/{meta['name']}/0",
-                  "__metrics_path__": endpoint.get("path", "/metrics")}
-        target.update({series_label(k): labels[k] for k in spec.get("podTargetLabels", []) if k in labels})
-        groups.append({"targets": [f"{started.ip}:{port}"], "labels": target})
-    return groups
-
-
-def _selects(selector: dict, labels: dict) -> bool:
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for expression in selector.get("matchExpressions", []):
-        present, value = expression["key"] in labels, labels.get(expression["key"])
-        operator = expression["operator"]
-        if (operator == "In" and value not in expression["values"]) or \
-           (operator == "NotIn" and value in expression["values"]) or \
-           (operator == "Exists" and not present) or (operator == "DoesNotExist" and present):
-            return False
-    return True
-
-
-@contextmanager
-def pod_prometheus(tracks: TrackProcesses, folder: Path, scrape_seconds: float = 1.0):
-    """A real Prometheus at PROMETHEUS_IP in the pod network, scraping what the tracks' PodMonitors
-    select (targets rewritten every second); yields its API's URL on 127.0.0.1."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        raise TwinError("prometheus is not installed: run `make test` (scripts/install-system-deps installs it)")
-    folder.mkdir(parents=True, exist_ok=True)
-    targets = folder / "targets.json"
-    targets.write_text("[]")
-    config = {"global": {"scrape_interval": f"{scrape_seconds:g}s", "evaluation_interval": f"{scrape_seconds:g}s"},
-              "scrape_configs": [{"job_name": "podmonitors", "honor_labels": False,
-                                  "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    network = tracks.processes.network
-    holder = network.attach(PROMETHEUS_IP, folder / "netns.log")
-    log = open(folder / "prometheus.log", "ab")
-    server = subprocess.Popen(["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--", binary,
-                               f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
-                               f"--web.listen-address={PROMETHEUS_IP}:{PROMETHEUS_PORT}"],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    listener, port = pods.forward(network.client_socket, PROMETHEUS_IP, PROMETHEUS_PORT)
-    stopping = threading.Event()
-
-    def write_targets() -> None:
-        while not stopping.wait(1.0):
-            try:
-                monitors = [m for m in json.loads(kubectl("get", "podmonitors.monitoring.coreos.com",
-                                                          "--all-namespaces", "-o", "json").stdout)["items"]
-                            if track_of(m["metadata"]["namespace"], tracks.namespace) is not None]
-                groups = [g for m in monitors for g in monitor_targets(m, tracks.running())]
-                scratch = targets.with_suffix(".tmp")
-                scratch.write_text(json.dumps(groups))
-                scratch.replace(targets)  # Prometheus reads the whole file or none of it
-            except (TwinError, ValueError):
-                pass
-
-    writer = threading.Thread(target=write_targets, daemon=True)
-    writer.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if pods.request(network.client_socket, PROMETHEUS_IP, PROMETHEUS_PORT, "/-/ready", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise TwinError(f"Prometheus did not start at {PROMETHEUS_IP}: {pods._tail(folder / 'prometheus.log')}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        stopping.set()
-        writer.join(timeout=30)
-        listener.close()
-        pods._stop(server)
-        pods._stop(holder)
-        log.close()
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -309,6 +232,8 @@ class LiveClient:
                 answer = Answer(started, time.monotonic(), revision, None, False, str(exc))
             with self.lock:
                 self.answers.append(answer)
+            if not answer.ok:  # a router refusing at once (no worker: 503) is not to become a busy loop
+                self.stopping.wait(FAILED_PAUSE_SECONDS)
 
     def since(self, moment: float) -> list[Answer]:
         with self.lock:
@@ -322,13 +247,10 @@ class LiveClient:
             return [a for a in self.answers if any(start <= a.started < end for start, end in spans)]
 
     def wait_for(self, what: str, done, timeout: float = 120) -> None:
-        """Until `done(answers)` holds for the answers so far (TwinError naming `what` if not)."""
-        deadline = time.monotonic() + timeout
-        while not done(self.since(0)):
-            self.tracks.check()
-            if time.monotonic() > deadline:
-                raise TwinError(f"the client's answers never showed {what} within {timeout:.0f} s")
-            time.sleep(0.2)
+        """Until `done(answers)` holds for the answers so far (TwinError naming `what` if not, or a
+        track's process that exited)."""
+        fleet.wait_for(f"the client's answers showing {what}", lambda: self.tracks.check() or done(self.since(0)),
+                       timeout, 0.2, required=True)
 
 
 def service_endpoints(namespace: str, service: str, port: int) -> list[tuple[str, int]]:
@@ -368,3 +290,164 @@ def share_back(answers: list[Answer], revision: int, since: float) -> float | No
     first_all = ordered[others[-1] + 1] if others else ordered[0]
     return first_all.started - since
 
+
+
+# --- dev's scenario: rollouts and rollbacks on live traffic -----------------------------------------
+
+# SGLang 0.5.23's buckets (twin/engine_standin.py BUCKETS): TTFT 1.2 s in (1, 2], ITL 0.5 s in (0.4, 0.6],
+# the slow build's TTFT 3 s in (2, 4]
+GOOD_TTFT_MS, GOOD_ITL_MS, SLOW_TTFT_MS, TWIN_TPOT_SLO_MS = 1200, 500, 3000, 1000
+SCRAPE_INTERVAL_SECONDS = 1
+# A stage's window holds only that stage's traffic, and enough of it that one slow KV transfer on a busy
+# machine is not the p99 of the canary's few (a window of 25 s with 4 clients failed r2 on it once).
+GATES = ["--bake", "45", "--window", "40s"]
+
+
+def pdctl(args: list[str], tracks: TrackProcesses, environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`pdctl <args>` (with `environment` added to this process's), ended (and the failure raised) if
+    one of the tracks' processes exits meanwhile."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        command = subprocess.Popen([sys.executable, "-m", "infra.cli", *args], cwd=REPO_ROOT, stdout=out, stderr=err,
+                                   text=True, env={**os.environ, **(environment or {})})
+        try:
+            while command.poll() is None:
+                tracks.check()
+                time.sleep(1)
+        finally:
+            if command.poll() is None:
+                command.kill()
+                command.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command.args, command.returncode, out.read(), err.read())
+
+
+@dataclass
+class LiveDev:
+    spec_data: dict  # dev's deployable spec (placeholder images pinned to stand-in digests)
+    folder: Path
+    base_spec: Path  # the Pulumi project's spec file
+    target: list[str]  # --pulumi-stack, --pulumi-project, --releases
+    prometheus: str
+    store: ReleaseStore
+    tracks: TrackProcesses
+    client: LiveClient
+
+    def spec_file(self, name: str, change=lambda data: None) -> Path:
+        """dev's spec as a revision to roll out: `change(data)` edits a copy of it."""
+        data = yaml.safe_load(yaml.safe_dump(self.spec_data))
+        change(data)
+        path = self.folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    def rollout(self, spec_file: Path, stages: str, environment: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess:
+        """`pdctl rollout` of `spec_file`, judged by the fleet's Prometheus (GATES); `environment`:
+        added to pdctl's (e.g. infra/rollout/faultpoints.py's PDSTACK_FAULT_AT)."""
+        return pdctl(["rollout", "--spec", str(spec_file), *self.target, "--prometheus", self.prometheus,
+                      "--stages", stages, *GATES], self.tracks, environment)
+
+    def abort(self) -> subprocess.CompletedProcess:
+        return pdctl(["rollout", "--spec", str(self.base_spec), *self.target, "--abort"], self.tracks)
+
+    def rollback(self, *to: str) -> subprocess.CompletedProcess:
+        return pdctl(["rollback", "--spec", str(self.base_spec), *self.target, *to], self.tracks)
+
+
+def retuned_router(data: dict) -> None:
+    """A good revision: only the router's cache-aware threshold changes."""
+    data["deployment"]["load_balancer"]["weights"]["cache_threshold"] = 0.6
+
+
+def slow_build(data: dict) -> None:
+    """The engine image rebuilt: another digest of the same reference (the fleet model makes it slow)."""
+    image = data["images"]["engines"][data["engine"]["kind"]]
+    ref = image["image"].split("@")[0]
+    digest = "sha256:" + hashlib.sha256(f"{ref} slow build".encode()).hexdigest()
+    old = image["image"].split("@")[1]
+    image["image"] = f"{ref}@{digest}"
+    data["images"]["platforms"][digest] = data["images"]["platforms"][old]
+
+
+def engine_image(data: dict) -> str:
+    return data["images"]["engines"][data["engine"]["kind"]]["image"]
+
+
+def twin_spec(data: dict) -> None:
+    """dev's spec as the twin serves it (the module's docstring): the TPOT SLO the healthy stand-ins'
+    ITL meets on a busy machine, and the monitors' interval a stage's window holds samples of."""
+    data["slo"].update(tpot_p99_ms=TWIN_TPOT_SLO_MS, tokens_per_second_per_user=1000 // TWIN_TPOT_SLO_MS)
+    data["observability"]["scrape_interval_seconds"] = SCRAPE_INTERVAL_SECONDS
+
+
+@contextmanager
+def live_dev(folder: Path, workers: int = 6) -> Iterator[LiveDev]:
+    """dev's nodes, user objects and Pulumi project on the twin (the twin must be up), the platform's
+    Prometheus run by prometheus-operator at its pod address, dev's tracks' pods kept running and the
+    client sending requests; everything removed afterwards. TwinError if the engine is not built."""
+    from infra.platform_stack.spec import load_platform_spec
+    from infra.spec_checks import load_spec
+    from infra.tracks import track_namespace
+
+    missing = engine.missing_engine()
+    if missing:
+        raise TwinError(missing)
+    spec = engine.stand_in_pins(load_spec(stack_spec_path("dev")))  # deployable: the policy pack refuses placeholders
+    platform = load_platform_spec(REPO_ROOT / spec.platform.spec)
+    env_ns = spec.environment.namespace
+    namespaces = [env_ns, *[track_namespace(env_ns, r) for r in range(1, 12)]]
+    fleet.delete_namespaces(namespaces)  # what an earlier run of dev left, so that this one starts from nothing
+    nodes = fleet.apply_each_pass(stack_nodes(spec))
+    if nodes.rejected:
+        raise TwinError(f"dev's nodes refused: {nodes.rejected}")
+    fleet.users_objects(spec)
+    project = engine.engine_project(folder, "dev", KUBECONFIG)
+    data = yaml.safe_load(project.spec_file.read_text())
+    twin_spec(data)
+    project.spec_file.write_text(yaml.safe_dump(data))
+    slow = yaml.safe_load(yaml.safe_dump(data))
+    slow_build(slow)
+    timing = {engine_image(data): {"TWIN_STANDIN_TTFT_MS": str(GOOD_TTFT_MS), "TWIN_STANDIN_ITL_MS": str(GOOD_ITL_MS)},
+              engine_image(slow): {"TWIN_STANDIN_TTFT_MS": str(SLOW_TTFT_MS), "TWIN_STANDIN_ITL_MS": str(GOOD_ITL_MS)}}
+    releases = folder / "releases"
+    target = ["--pulumi-stack", "dev", "--pulumi-project", str(project.work_dir), "--releases", str(releases)]
+    # pdctl's kubectl: the twin's
+    environment = {**project.environment,
+                   "PATH": str(program("kubectl").parent) + os.pathsep + project.environment["PATH"]}
+    try:
+        with engine.environment(environment):
+            engine.platform_stand_in(project)
+            engine.program_stack(project, engine.serving_program(folder))  # `pulumi stack init dev`: the rollout selects it
+            with controllers_status(env_ns, spec.environment.name), \
+                    monitoring.platform_prometheus(platform, f"{SCRAPE_INTERVAL_SECONDS}s"), \
+                    TrackProcesses(env_ns, timing) as tracks, \
+                    monitoring.fleet_prometheus(tracks.processes, platform.monitoring_namespace) as prometheus, \
+                    LiveClient(tracks, spec.model.name, workers) as client:
+                yield LiveDev(data, folder, project.spec_file, target, prometheus, ReleaseStore("dev", releases),
+                              tracks, client)
+    finally:
+        fleet.delete_namespaces(namespaces)
+        kubectl("delete", "nodepools.karpenter.sh", "-l", f"pdstack.io/environment={spec.environment.name}",
+                "--ignore-not-found", "--wait=false")
+        kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
+
+
+def timed_rollback(env: LiveDev, to: int, *args: str, after: int = 20) -> tuple[float, float, list[Answer]]:
+    """`pdctl rollback` (with `args`) to revision `to`, timed from the command's start to the client's
+    share on `to` back at 100% (share_back), with `after` answers more once the command returned to
+    show it stays there. (command seconds, share-back seconds, the answers since the command);
+    TwinError if the command fails or the share is not back."""
+    started = time.monotonic()
+    done = env.rollback(*args)
+    command = time.monotonic() - started
+    if done.returncode:
+        raise TwinError(f"pdctl rollback to r{to} failed ({done.returncode}): {done.stderr[-3000:]}")
+    returned = time.monotonic()
+    env.client.wait_for(f"{after} answers after the rollback to r{to}",
+                        lambda answers: sum(a.started > returned for a in answers) >= after)
+    answers = env.client.since(started)
+    back = share_back(answers, to, started)
+    if back is None:
+        raise TwinError(f"the client's share is not back on r{to}: {shares(answers)}")
+    return command, back, answers

@@ -31,18 +31,20 @@ so `pdctl rollout --prometheus URL` and the tests read the Prometheus that scrap
 from __future__ import annotations
 
 import base64
+import copy
 import gzip
 import json
 import re
 import threading
-import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from twin import build, pods
+from infra.platform_stack.spec import PlatformSpec
+from twin import build, fleet, pods
 from twin.api import TwinError, kubectl
+from twin.paths import KUBECONFIG
 
 PROMETHEUS_CONTAINER = "prometheus"
 RELOADER_CONTAINER = "config-reloader"
@@ -90,27 +92,17 @@ def claim_volume(claim: dict, folder: Path) -> dict:
                      "hostPath": {"path": str(folder / meta["namespace"] / meta["name"]), "type": "DirectoryOrCreate"}}}
 
 
-def _wait(what: str, check, timeout: float, alive=lambda: None):
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        alive()
-        if time.monotonic() > deadline:
-            raise TwinError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
-    return value
-
-
 def _claimed_pod(name: str, namespace: str, kubeconfig: Path, folder: Path, timeout: float) -> dict:
     """Pod 0 of the operator's StatefulSet, its claims given volumes, once it has its address."""
     statefulset = f"prometheus-{name}"
     pod_name = f"{statefulset}-0"
-    pod = _wait(f"pod {namespace}/{pod_name} of the operator's StatefulSet",
-                lambda: pods.get_object("pod", pod_name, namespace, kubeconfig), timeout)
+    pod = fleet.wait_for(f"pod {namespace}/{pod_name} of the operator's StatefulSet",
+                         lambda: pods.get_object("pod", pod_name, namespace, kubeconfig), timeout, 0.5, required=True)
     volumes = []
     for volume in pod["spec"].get("volumes", []):
         if "persistentVolumeClaim" in volume:
-            claim = _wait(f"claim {volume['persistentVolumeClaim']['claimName']}", lambda: pods.get_object(
-                "pvc", volume["persistentVolumeClaim"]["claimName"], namespace, kubeconfig), timeout)
+            claim = fleet.wait_for(f"claim {volume['persistentVolumeClaim']['claimName']}", lambda: pods.get_object(
+                "pvc", volume["persistentVolumeClaim"]["claimName"], namespace, kubeconfig), timeout, 0.5, required=True)
             if not claim["spec"].get("volumeName"):
                 volumes.append(claim_volume(claim, folder))
     if volumes:
@@ -120,8 +112,8 @@ def _claimed_pod(name: str, namespace: str, kubeconfig: Path, folder: Path, time
     def addressed():
         got = pods.get_object("pod", pod_name, namespace, kubeconfig)
         return got if got and got.get("status", {}).get("podIP") else None
-    return _wait(f"pod {namespace}/{pod_name} running with an address (bound, its start checks passed)",
-                 addressed, timeout)
+    return fleet.wait_for(f"pod {namespace}/{pod_name} running with an address (bound, its start checks passed)",
+                          addressed, timeout, 0.5, required=True)
 
 
 class Reloader:
@@ -175,6 +167,45 @@ class Reloader:
                 self.error = str(exc)
 
 
+def with_intervals(objects: list[dict], interval: str) -> list[dict]:
+    """The monitors and the Prometheus among `objects` with their own interval fields at `interval`
+    (the monitors' endpoint `interval`, the Prometheus's `scrapeInterval` and `evaluationInterval`,
+    which the platform leaves at the operator's 30s): a test's few minutes hold enough samples. Pure."""
+    out = copy.deepcopy(objects)
+    for obj in out:
+        if obj["kind"] == "PodMonitor":
+            for endpoint in obj["spec"]["podMetricsEndpoints"]:
+                endpoint["interval"] = interval
+        elif obj["kind"] == "ServiceMonitor":
+            for endpoint in obj["spec"]["endpoints"]:
+                endpoint["interval"] = interval
+        elif obj["kind"] == "Prometheus":
+            obj["spec"].update(scrapeInterval=interval, evaluationInterval=interval)
+    return out
+
+
+@contextmanager
+def platform_prometheus(platform: PlatformSpec, interval: str, kubeconfig: Path = KUBECONFIG) -> Iterator[list[dict]]:
+    """The platform stack's Prometheus (its monitoring namespace and infra/platform_stack's
+    prometheus_manifests, intervals at `interval`) applied, for prometheus-operator to make its
+    StatefulSet; yields the objects. Removed afterwards with the volumes the twin gave its claims."""
+    from infra.platform_stack.components.observability import prometheus_manifests
+
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": platform.monitoring_namespace}}
+    provided = with_intervals(prometheus_manifests(platform), interval)
+    applied = fleet.apply_each_pass([namespace, *provided], kubeconfig)
+    try:
+        if applied.rejected:
+            raise TwinError(f"the platform's Prometheus refused: {applied.rejected}")
+        yield provided
+    finally:
+        fleet.delete_namespaces([platform.monitoring_namespace], kubeconfig)
+        kubectl("delete", "--ignore-not-found", "--wait=false", *(
+            f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}"
+            for o in provided if "namespace" not in o["metadata"]), kubeconfig_path=kubeconfig)
+        kubectl("delete", "pv", "-l", CLAIM_VOLUME_LABEL, "--ignore-not-found", "--wait=false", kubeconfig_path=kubeconfig)
+
+
 def prometheus_program() -> Path:
     """Prometheus v3.13.1 (the operator's default image's version), built from its Go module."""
     build.build_module(build.TEST_MODULES["prometheus"])
@@ -206,7 +237,8 @@ def fleet_prometheus(processes: pods.PodProcesses, namespace: str = MONITORING_N
     started = processes.start_pod(pod, PROMETHEUS_CONTAINER, entrypoint=[str(prometheus_program())], init=init)
     watcher = threading.Thread(target=reloader.watch, args=(volumes,), daemon=True)
     try:
-        _wait(f"Prometheus {namespace}/{name} ready at {ip}:{WEB_PORT}", lambda: _ready(url), timeout, processes.check)
+        fleet.wait_for(f"Prometheus {namespace}/{name} ready at {ip}:{WEB_PORT}",
+                       lambda: processes.check() or _ready(url), timeout, 0.5, required=True)
         watcher.start()
         yield url
     finally:

@@ -31,7 +31,7 @@ def dev_nodes(twin):
     from twin import fleet
     from twin.nodes import TWIN_LABEL, stack_nodes
 
-    from tests.oci_registry import stand_in_pins
+    from twin.engine import stand_in_pins
 
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))  # deployable: the policy pack refuses placeholders
     assert fleet.apply_each_pass(stack_nodes(spec)).rejected == {}

@@ -5,7 +5,6 @@ applied (tests/twin/test_fleet_on_twin.py, tests/twin/test_tracks_on_twin.py).""
 from __future__ import annotations
 
 import calendar
-import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -15,10 +14,12 @@ from infra.planning.capacity import domain_placement
 from tests.twin.conftest import FIGURES
 from twin import cluster, fleet, inventory, kubelet
 from twin.api import kubectl
+from twin.fleet import delete_namespaces
 from twin.nodes import TWIN_LABEL
 
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+users_objects = fleet.users_objects  # the tests' name for twin/fleet.py's, which twin/live.py uses too
 
 
 def remove_fleet(objects: list[dict]) -> None:
@@ -30,15 +31,6 @@ def remove_fleet(objects: list[dict]) -> None:
     if cluster_scoped:
         kubectl("delete", "--ignore-not-found", "--wait=false", *cluster_scoped)
     delete_namespaces(namespaces)
-
-
-def delete_namespaces(namespaces: list[str]) -> None:
-    """Delete namespaces and wait until the namespace controller has removed them and their
-    contents. The next test may create the same names: a namespace still Terminating refuses
-    new objects ("namespaces ... not found" from the API server) and keeps the old route and
-    its fence, which a fresh rollout then meets as another holder's."""
-    if namespaces:
-        kubectl("delete", "namespace", "--ignore-not-found", "--timeout=300s", *namespaces)
 
 
 def remove_render(spec, objects: list[dict], nodes: bool = True) -> None:
@@ -190,15 +182,6 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
         if domain_label and domain_placement(spec, role) == "exclusive":
             taken = [next(iter(d)) for (_, r, _), d in domains_of_group.items() if r == role]
             assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
-
-
-def users_objects(spec) -> None:
-    """What the user makes before the first rollout (README, "Objects that stay the user's"): dev's
-    weights credentials Secret (`access: secret`) in the environment's namespace, which each
-    release track's Storage reads to copy into its own (the values are the twin's, no real key)."""
-    from scripts.up import user_objects
-
-    kubectl("apply", "-f", "-", input=json.dumps(user_objects(spec)))
 
 
 def one_of_each_shape(pod: dict) -> bool:

@@ -2,9 +2,9 @@
 throughout along the live route (twin/live.py LiveClient: no Envoy proxy runs on the twin, so the
 client splits by the HTTPRoute's weights as Envoy would and sends to the chosen track's router
 Service endpoints), every track's router, engines and Mooncake master running as processes at
-their pod addresses, and the canary gate reading a real Prometheus that scrapes the engine
-stand-ins as the rendered PodMonitor selects them (twin/live.py pod_prometheus), never the healthy
-stand-in.
+their pod addresses, and the canary gate reading the fleet's Prometheus: the one prometheus-operator
+makes of the platform's Prometheus and the tracks' rendered monitors, at its pod address, scraping
+the stand-ins there (twin/monitoring.py fleet_prometheus), never the healthy stand-in.
 
 - `pdctl rollout --pulumi-stack dev` of the first revision takes 100%, and of a good second one
   moves the share it says: while the route is at 50/50 the client's answers come from both tracks,
@@ -12,12 +12,12 @@ stand-in.
 - `pdctl rollback` moves the live share back to r1, as the client's answers show, with no failed
   request (both tracks stay up: the previous revision is a warm standby). Its time is printed.
 - A bad revision, whose render names a slow build of the engine image (the fleet model gives that
-  image's stand-ins a 2.5 s TTFT, above dev's 2 s SLO: tests/twin/live.py), is stopped by the gate at
+  image's stand-ins a 3 s TTFT, above dev's 2 s SLO: twin/live.py), is stopped by the gate at
   its first stage on SGLang 0.5.23's own `sglang:time_to_first_token_seconds` histogram and
   reverted automatically: the client's share is back on r1.
 
-What stands in: see tests/twin/live.py (status of Envoy Gateway and Karpenter's AWS provider, the
-platform stack). Runs in the live-traffic group, with a twin of its own (scripts/run_tests.py LIVE_TRAFFIC_FILES).
+The scenario (live_dev) is twin/live.py's, shared with scripts/bench_rollback.py --twin; what stands
+in: see there (status of Envoy Gateway and Karpenter's AWS provider, the platform stack). Runs in the live-traffic group, with a twin of its own (scripts/run_tests.py LIVE_TRAFFIC_FILES).
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import time
 
 import pytest
 
+from tests.engine import require_engine
 from tests.twin.conftest import FIGURES
-from tests.twin.live import SLOW_TTFT_MS, live_dev, retuned_router, slow_build, timed_rollback
 from twin import live
+from twin.live import SLOW_TTFT_MS, live_dev, retuned_router, slow_build, timed_rollback
 
 
-def test_rollout_and_rollback_move_the_live_share_and_the_gate_stops_a_slow_build(twin, tmp_path, monkeypatch):
+def test_rollout_and_rollback_move_the_live_share_and_the_gate_stops_a_slow_build(twin, tmp_path):
+    require_engine()
     began = time.monotonic()
-    with live_dev(tmp_path, monkeypatch) as env:
+    with live_dev(tmp_path) as env:
         first = env.rollout(env.base_spec, "100")
         assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
         assert env.store.traffic() == {1: 100}, env.store.state()
@@ -68,8 +70,8 @@ def test_rollout_and_rollback_move_the_live_share_and_the_gate_stops_a_slow_buil
                             lambda a: live.share_back(a, 1, bad_started) is not None)
         seconds = time.monotonic() - began
         FIGURES.append(
-            f"dev-sglang live rollout (pdctl rollout/rollback --pulumi-stack dev, real engine, real Prometheus in the pod "
-            f"network): {len(env.client.since(0))} requests, {sum(not a.ok for a in env.client.since(0))} failed; "
+            f"dev-sglang live rollout (pdctl rollout/rollback --pulumi-stack dev, real engine, the fleet's Prometheus "
+            f"as prometheus-operator configures it): {len(env.client.since(0))} requests, {sum(not a.ok for a in env.client.since(0))} failed; "
             f"r2 at 50%: {split_shares.get(2, 0):.0%} of {len(split)} answers; rollback r2->r1: command {command:.1f} s, "
             f"live share back at 100% after {back:.1f} s, 0 failed; slow build r3 (TTFT {SLOW_TTFT_MS} ms) stopped at 50% "
             f"and reverted; {seconds:.0f} s")

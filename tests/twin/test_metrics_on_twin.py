@@ -23,7 +23,7 @@ Intervals: the rendered objects' own fields, set for this test only: the PodMoni
 ServiceMonitors' endpoint `interval` (dev's spec field observability.scrape_interval_seconds) and
 the platform Prometheus's `scrapeInterval` at 1s; the Prometheus's `evaluationInterval` (the
 platform stack leaves it to the operator's default, 30s) at 1s, a twin-side override of the
-Prometheus CR's own field (`quick`).
+Prometheus CR's own field (twin/monitoring.py with_intervals).
 """
 
 from __future__ import annotations
@@ -38,11 +38,10 @@ import pytest
 
 from infra import naming
 from infra.components.engines import ENGINE_PORT_NAME
-from infra.platform_stack.components.observability import prometheus_manifests
 from infra.platform_stack.spec import load_platform_spec
 from infra.render.metrics import ROLE_SERIES_LABEL
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import assert_every_pod_bound, delete_namespaces, pods_in, remove_render, users_objects
+from tests.twin.placement import assert_every_pod_bound, pods_in, remove_render, users_objects
 from twin import dra, fleet, kubelet, monitoring, pods
 from twin.api import kubectl
 from twin.nodes import stack_nodes
@@ -50,21 +49,6 @@ from twin.paths import ROOT
 
 INTERVAL = "1s"
 SLOW = {"ttft_ms": 2500, "itl_ms": 60}  # dev's SLO: TTFT p99 2000 ms, TPOT p99 50 ms (stacks/dev.yaml)
-
-
-def quick(objects: list[dict]) -> list[dict]:
-    """The monitors and the Prometheus with their own interval fields at INTERVAL (the docstring)."""
-    out = copy.deepcopy(objects)
-    for obj in out:
-        if obj["kind"] == "PodMonitor":
-            for endpoint in obj["spec"]["podMetricsEndpoints"]:
-                endpoint["interval"] = INTERVAL
-        elif obj["kind"] == "ServiceMonitor":
-            for endpoint in obj["spec"]["endpoints"]:
-                endpoint["interval"] = INTERVAL
-        elif obj["kind"] == "Prometheus":
-            obj["spec"].update(scrapeInterval=INTERVAL, evaluationInterval=INTERVAL)
-    return out
 
 
 def api(url: str, path: str, **params) -> dict:
@@ -88,41 +72,33 @@ def monitored_dev(twin, tmp_path_factory):
     from infra.spec import stack_spec_path
     from infra.spec_checks import load_spec
     from infra.tracks import plan_tracks
-    from tests.oci_registry import stand_in_pins
+    from twin.engine import stand_in_pins
 
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))
     platform = load_platform_spec(ROOT / "stacks" / "platform-dev.yaml")
     data = spec.model_dump(mode="json")
     out = tmp_path_factory.mktemp("dev-metrics")
     write_manifests(manifests(run_spec(spec, tracks=plan_tracks([(SERVING, 90, data), (CANARY, 10, data)]))), out)
-    objects = quick(fleet.read_rendered(out))
+    objects = monitoring.with_intervals(fleet.read_rendered(out), INTERVAL)
     tracks = {revision: f"{spec.environment.namespace}-r{revision}" for revision in (SERVING, CANARY)}
-    provided = quick(prometheus_manifests(platform))
     nodes = stack_nodes(spec)
     assert fleet.apply_each_pass(nodes).rejected == {}
     users_objects(spec)
-    monitoring_namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": platform.monitoring_namespace}}
-    assert fleet.apply_each_pass([monitoring_namespace, *provided]).rejected == {}
-    result = fleet.apply_each_pass(objects)
-    assert result.rejected == {}, result.rejected
-    assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
-    assert_every_pod_bound(spec, objects, result, "dev-sglang, tracks r1 90% + r2 10% (metrics)")
     processes = pods.PodProcesses()
-    try:
-        for namespace in tracks.values():
-            processes.start(namespace)
-        ready_by_probes(processes, set(tracks.values()))
-        with monitoring.fleet_prometheus(processes, platform.monitoring_namespace) as url:
-            yield spec, objects, processes, url, tracks
-    finally:
-        processes.stop()
-        kubectl("delete", "namespace", platform.monitoring_namespace, "--wait=false")  # beside the render's
-        remove_render(spec, objects)
-        delete_namespaces([platform.monitoring_namespace])
-        kubectl("delete", "--ignore-not-found", "--wait=false", *(
-            f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}"
-            for o in provided if "namespace" not in o["metadata"]))
-        kubectl("delete", "pv", "-l", monitoring.CLAIM_VOLUME_LABEL, "--ignore-not-found", "--wait=false")
+    with monitoring.platform_prometheus(platform, INTERVAL):
+        try:
+            result = fleet.apply_each_pass(objects)
+            assert result.rejected == {}, result.rejected
+            assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
+            assert_every_pod_bound(spec, objects, result, "dev-sglang, tracks r1 90% + r2 10% (metrics)")
+            for namespace in tracks.values():
+                processes.start(namespace)
+            ready_by_probes(processes, set(tracks.values()))
+            with monitoring.fleet_prometheus(processes, platform.monitoring_namespace) as url:
+                yield spec, objects, processes, url, tracks
+        finally:
+            processes.stop()
+            remove_render(spec, objects)
 
 
 def ready_by_probes(processes: pods.PodProcesses, namespaces: set[str], timeout: float = 300) -> None:

@@ -11,7 +11,7 @@ namespace when its association is created.
 
 What stands in: pulumi-aws's provider (its module is not served: engine/provider-standins/aws_standin.py,
 which records each association and the engine pods already in its namespace); kwok runs the pods;
-tests/twin/standins.py writes the status Envoy Gateway, Karpenter's AWS provider and NVIDIA's DRA
+twin/standins.py writes the status Envoy Gateway, Karpenter's AWS provider and NVIDIA's DRA
 driver would; Prometheus is tests/servers.py's healthy stand-in; the platform stack is
 tests/engine.py's stand-in stack.
 """
@@ -34,13 +34,13 @@ from tests.engine import engine_project, program_stack, serving_program
 from tests.servers import healthy_prometheus
 from tests.twin.conftest import FIGURES
 from tests.twin.placement import delete_namespaces, pods_in
-from tests.twin.standins import controllers_status
 from tests.twin.test_tracks_on_twin import pods_on
 from twin import fleet
 from twin.build import program
 from twin.api import kubectl
 from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.paths import KUBECONFIG
+from twin.standins import controllers_status
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])

@@ -29,7 +29,7 @@ from infra.tracks import track_namespace
 from tests.engine import engine_project, program_stack, serving_program
 from tests.servers import healthy_prometheus
 from tests.twin.placement import delete_namespaces, users_objects
-from tests.twin.standins import controllers_status
+from twin.standins import controllers_status
 from twin.build import program
 from twin.api import kubectl
 from twin.paths import KUBECONFIG

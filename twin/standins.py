@@ -32,7 +32,7 @@ CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"  # Envoy Gateway's 
 def _condition(kind: str, generation: int) -> dict:
     """A True condition for the object's current generation: `kubectl wait --for=condition=...`
     does not count a condition observed at an older generation (kubectl's wait.go)."""
-    return {"type": kind, "status": "True", "reason": kind, "message": "the twin's stand-in (tests/twin/standins.py)",
+    return {"type": kind, "status": "True", "reason": kind, "message": "the twin's stand-in (twin/standins.py)",
             "lastTransitionTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "observedGeneration": generation}
 
