@@ -20,6 +20,7 @@ credentials are checked for presence by the AWS CLI, not for their rights.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -178,3 +179,39 @@ def test_a_missing_credentials_secret_stops_the_init_container_at_the_kubelets_s
     finally:
         kubectl("apply", "-f", "-", input=json.dumps({k: kept[k] for k in ("apiVersion", "kind", "data", "type")}
                                                    | {"metadata": {"name": secret, "namespace": namespace}}))
+
+
+def test_the_python_boto3_fetcher_fetches_and_verifies_as_well(weights_store, dev_applied):
+    """`images.weights_fetcher_tool: python-boto3`: the prefill's init container as that renders it
+    (infra/components/storage.py weights_init_container: python3 runs infra/weights.py from the
+    weights-fetcher ConfigMap), python3 with boto3 1.44.5 on its PATH; it verifies every file
+    against the manifest's JSON form and the engine starts after it."""
+    from infra.components.storage import weights_init_container
+
+    spec, _, machine_port = weights_store
+    _, objects = dev_applied
+    namespace = spec.environment.namespace
+    boto = spec.model_copy(update={"images": spec.images.model_copy(update={"weights_fetcher_tool": "python-boto3"})})
+    rendered = next(o for o in objects if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == "engine-prefill")
+    changed = copy.deepcopy(rendered)
+    template = changed["spec"]["leaderWorkerTemplate"]
+    pod_spec = (template.get("leaderTemplate") or template["workerTemplate"])["spec"]
+    fetch = weights_init_container(boto, "prefill")
+    assert fetch["command"][0] == "python3" and pod_spec["initContainers"][0]["name"] == fetch["name"]
+    for part in (template.get("leaderTemplate"), template["workerTemplate"]):
+        if part:
+            part["spec"]["initContainers"][0] = fetch
+    assert fleet.apply_each_pass([changed]).rejected == {}
+    processes = _processes(spec, machine_port)
+    try:
+        def boto_prefill(pod: dict) -> bool:
+            return pods.runs_as(pod) == "prefill" and pod["spec"]["initContainers"][0]["command"][0] == "python3"
+        processes.start(namespace, select=boto_prefill)
+        assert [p.role for p in processes.started] == ["prefill"]
+        log = (processes.folder / f"{namespace}_{processes.started[0].name}" / "init-fetch-weights.log").read_text()
+        dest = next(e["value"] for e in fetch["env"] if e["name"] == "PDSTACK_WEIGHTS_DEST")
+        assert f"verified {len(FILES)} files in {dest}" in log, log  # infra/weights.py's own last line
+        processes.check()
+    finally:
+        processes.stop()
+        assert fleet.apply_each_pass([rendered]).rejected == {}  # restored as rendered
