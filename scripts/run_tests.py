@@ -48,6 +48,7 @@ PULUMI_ENGINE_FILES = [
 LIVE_TRAFFIC_FILES = [
     "tests/twin/test_live_rollout_on_twin.py",
     "tests/twin/test_metrics_on_twin.py",
+    "tests/twin/test_scaling_on_twin.py",  # dev serving for minutes while KEDA and the HPA scale it out and back
 ]
 TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
     "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES + LIVE_TRAFFIC_FILES]], STATE),

@@ -362,8 +362,8 @@ def start_keda_metrics_server(supervisor, admin_kubeconfig: Path, operator_kubec
     identities.write_private(kubeconfig, yaml.safe_dump(config))
     container = keda_metrics_server_container()
     env = {e["name"]: e.get("value", NAMESPACE) for e in container["env"]}  # the namespace's fieldRef: ours
+    # the pod's network namespace, held by a process that dies with the supervisor (as the server does)
     holder = supervisor.pod_network.attach(METRICS_SERVER_IP, supervisor.logs / "keda-metrics-apiserver-netns.log")
-    supervisor.children["keda-metrics-apiserver-netns"] = holder
     grpc = RUN_DIR / "keda-operator-grpc.sock"
     _TUNNELS.append(netns.forward_unix_to_tcp(grpc, supervisor.ports.keda_metrics_service))
     operator_service = f"keda-operator.{NAMESPACE}.svc.cluster.local"

@@ -21,8 +21,9 @@ from twin.process import identity
 
 THE_API = ("etcd", "kube-apiserver")
 # kwok: each node's kubelet and container runtime (pod phases); kubelet: the kubelet's start checks
-# and probes (twin/kubelet.py)
-STAND_INS = ("kwok", "kubelet")
+# and probes (twin/kubelet.py); pod-network: the CNI (twin/pods.py's hub: the bridge the pods'
+# namespaces hang on)
+STAND_INS = ("kwok", "kubelet", "pod-network")
 [STAND_IN_LABEL] = dra.STAND_IN_LABEL  # the key, on the objects a stand-in publishes
 STAND_IN_KINDS = "deviceclasses,resourceclaimtemplates,resourceslices"  # the kinds twin/dra.py publishes
 
