@@ -1,7 +1,7 @@
 """twin/engine_load.py, the engine stand-ins' load: at most the flag's number of requests run, the
 rest wait in arrival order, a freed slot goes to the first waiting request in the same step, the
-running ones' KV counts against the capacity; and the check the twin's load-spread test makes on
-several instances' timelines (no instance idle while another queues)."""
+running ones' KV counts against the capacity; and what the twin's load-spread test reads from several
+instances' timelines (an instance idle while another queues; requests sent to the busier instance)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from twin.engine_load import EngineLoad, idle_while_queued
+from twin.engine_load import EngineLoad, arrivals, idle_while_queued
 
 
 def _admit_in_threads(load: EngineLoad, count: int) -> tuple[list, list[threading.Thread]]:
@@ -62,3 +62,14 @@ def test_idle_while_queued_finds_an_instance_idle_while_another_queues_inside_th
     assert idle_while_queued(busy, 3.6, 5.0) == []
     # a queue while the other is busy is no fault: both are working
     assert idle_while_queued({"a": [(1.0, 1, 2)], "b": [(1.0, 1, 0)]}, 0.0, 2.0) == []
+
+
+def test_arrivals_counts_each_request_and_those_sent_to_the_busier_instance():
+    timelines = {"a": [(0.0, 0, 0), (1.0, 1, 0), (2.0, 1, 1), (5.0, 1, 0)],
+                 "b": [(0.0, 0, 0), (1.5, 1, 0), (3.0, 0, 0)]}
+    count, misrouted = arrivals(timelines, 0.5, 4.0)
+    # a at 1.0 (both empty), b at 1.5 (b empty, a held 1: the less loaded), a at 2.0 (a held 1, b held 1)
+    assert (count, misrouted) == (3, [])
+    timelines["a"].insert(3, (3.5, 1, 2))  # a third to a while b held nothing
+    assert arrivals(timelines, 0.5, 4.0) == (4, ["3.500: to a holding 2 while b held 0"])
+    assert arrivals(timelines, 3.6, 4.0) == (0, [])

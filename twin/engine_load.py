@@ -125,3 +125,25 @@ def idle_while_queued(timelines: dict[str, list], start: float, end: float) -> l
         if idle and queued:
             found.append(f"{t:.3f}: {', '.join(idle)} idle while {', '.join(queued)}")
     return found
+
+
+def arrivals(timelines: dict[str, list], start: float, end: float) -> tuple[int, list[str]]:
+    """The requests that arrived in [start, end], and those of them that found their instance
+    holding more (running + waiting) than another instance held at that moment: a balancer that
+    sends each request to the least-loaded instance makes none of the latter (one that reads the
+    load late, a few); a random or static choice makes them whenever the loads differ."""
+    events = sorted((t, name, running + waiting) for name, timeline in timelines.items()
+                    for t, running, waiting in timeline)
+    held: dict[str, int] = {}
+    count, misrouted = 0, []
+    for t, name, now in events:
+        before = held.get(name, 0)
+        held[name] = now
+        if now <= before or not start <= t <= end:
+            continue
+        count += 1
+        others = {n: h for n, h in held.items() if n != name}
+        if others and before > min(others.values()):
+            least = min(others, key=others.get)
+            misrouted.append(f"{t:.3f}: to {name} holding {before} while {least} held {others[least]}")
+    return count, misrouted
