@@ -278,3 +278,15 @@ def test_vllm_decode_serves_each_nodes_ranks_on_that_node():
     prefill_worker = groups[naming.engine("prefill")]["workerTemplate"]
     assert naming.SERVES_API_LABEL not in prefill_worker["metadata"]["labels"]
     assert "readinessProbe" not in prefill_worker["spec"]["containers"][0]
+
+
+def test_sglang_router_in_pd_mode_says_in_its_notes_that_it_picks_at_random(colocated_spec):
+    """sglang-router 0.3.2 in PD mode builds no prefix tree for its prefill and decode policies
+    (policies/registry.rs init_pd_cache_aware_policies is called nowhere; routers/factory.rs
+    create_pd_router), so it picks at random: measured in tests/twin/test_load_spread_on_twin.py.
+    The render must not present it as load-aware; colocated, cache_aware works and no such note."""
+    from infra.render.router_config import PD_RANDOM_NOTE
+    pd = spec_for("dev", "sglang")
+    assert pd.deployment.mode == "disaggregated" and pd.deployment.load_balancer.implementation == "sglang_router"
+    assert PD_RANDOM_NOTE in router_launch(pd).notes
+    assert PD_RANDOM_NOTE not in router_launch(colocated_spec).notes

@@ -2,7 +2,8 @@
 
 - Encoder: input pre-processing, inside the engines or a dedicated encoder pool.
 - Prefill and Decode: one router (sglang-router in PD mode, or the inference extension's
-  endpoint picker behind an InferencePool) that picks by live load and prefix affinity.
+  endpoint picker behind an InferencePool) meant to pick by live load and prefix affinity (the
+  pinned sglang-router in PD mode picks at random: infra/render/router_config.py says why).
 - Expert: the redundant-expert placement files the engines load at start.
 """
 

@@ -1,12 +1,18 @@
 """Spec to the balancers' configs: encoder, prefill/decode router, expert placement. Pure.
 
-Prefill and decode instances are picked by live load with prefix-cache affinity:
-- `sglang_router`: the SGLang model gateway in PD mode, `cache_aware` on both sides (radix-tree
-  affinity, and the worker with the fewest requests in flight when the prompt matches little or
-  the load spread passes the balance thresholds). Its load is the router's own count of the
-  requests it has in flight on each worker, which needs nothing from the engine; decode does not
-  use `power_of_two`, whose load the pinned engine does not serve (POLICY_POLLS). Workers are
-  found by Kubernetes service discovery on the pool labels, so scaling needs no router restart.
+Prefill and decode instances are meant to be picked by live load with prefix-cache affinity:
+- `sglang_router`: the SGLang model gateway, `cache_aware` (radix-tree affinity, and the worker
+  with the fewest requests in flight when the prompt matches little or the load spread passes the
+  balance thresholds; its load is the router's own count of requests in flight, which needs
+  nothing from the engine). Colocated, that holds. In PD mode the pinned 0.3.2 does NOT: its
+  prefill and decode policies are instances of their own (routers/factory.rs create_pd_router)
+  whose radix trees are never made (policies/registry.rs init_pd_cache_aware_policies is called
+  nowhere), so `select_worker` finds no tree and picks at random; measured on the twin
+  (tests/twin/test_load_spread_on_twin.py, a strict expected failure that turns when a fixed router
+  is pinned). No other 0.3.2 policy is load-aware here: `power_of_two` polls a load endpoint the
+  pinned engine does not serve (POLICY_POLLS), `round_robin` is static. The render says so in its
+  notes (PD_RANDOM_NOTE). Workers are found by Kubernetes service discovery on the pool labels,
+  so scaling needs no router restart.
 - `gateway_epp`: the endpoint picker of llm-d-inference-scheduler (built on the Gateway API
   Inference Extension) with prefix-cache, queue and KV-cache-utilisation scorers and its
   disaggregation profile handler; llm-d's routing sidecar on decode pods runs the prefill hop.
@@ -61,6 +67,13 @@ def router_policy_problems(spec: StackSpec) -> list[str]:
     return [f"deployment.load_balancer.strategy: {lb.strategy} makes sglang-router poll each worker's "
             f"{POLICY_POLLS[unserved[0]]}, which {engine.kind} {engine.version} does not serve: every worker would "
             "read as unloaded and the first random pick would win. Fix: cache_aware or least_load"]
+
+
+# What the render's notes say of sglang-router in PD mode (see the module's docstring).
+PD_RANDOM_NOTE = ("sglang-router 0.3.2 in PD mode picks prefill and decode at random, whatever the policy: its PD "
+                  "policies' prefix trees are never made, so neither live load nor prefix affinity steers it "
+                  "(tests/twin/test_load_spread_on_twin.py); the endpoint picker (gateway_epp) with vLLM is the "
+                  "load-aware PD path measured here")
 
 
 class RoundRobinWarning(UserWarning):
@@ -137,6 +150,7 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         notes=[
             f"prefill bootstrap port from pod annotation sglang.ai/bootstrap-port={BOOTSTRAP_PORT}",
             f"policies: prefill {prefill_policy}, decode {decode_policy}",
+            *([PD_RANDOM_NOTE] if spec.deployment.mode == "disaggregated" else []),
         ],
     )
 
