@@ -15,8 +15,9 @@ handed in), and run over a simulated day on the fleet model.
   bounded per step (MAX_STEP) and overall (BOUNDS), ignores differences under DEADBAND
   (the noise of a p99 read from a histogram), and goes both ways: a fleet faster than
   measured gives back instances, one slower gets more. Where the implied factor is the
-  model's overload edge at those counts, the observation bounds the factor from below and the
-  move is taken whole (still within MAX_STEP). A factor that only ever shrinks
+  model's overload edge at those counts and the fleet missed the SLO, the observation only
+  bounds the factor from below: it grows by MAX_STEP, and comes back down damped once the
+  fleet's p99 is in the model's range. A factor that only ever shrinks
   capacity, or only grows it, walks until the other side's SLO or budget pushes back, and
   the counts flip between the two.
 """
@@ -129,37 +130,46 @@ def _implied(model, observed: float, lo: float, hi: float, now: float) -> float:
     return math.exp((a + b) / 2)
 
 
-def _step(factor: float, implied: float, damping: float = DAMPING) -> float:
-    gap = math.log(implied / factor)
+def _step(factor: float, towards: float, damping: float = DAMPING) -> float:
+    gap = math.log(towards / factor)
     if abs(gap) < DEADBAND:
         return factor
     move = max(-math.log(MAX_STEP), min(math.log(MAX_STEP), damping * gap))
     return min(BOUNDS[1], max(BOUNDS[0], factor * math.exp(move)))
 
 
-def _corrected(model, observed: float, factor: float) -> float:
-    """One phase's factor after an observation. Where the implied factor sits at the model's
-    overload edge (raised by the dead band, the model has those counts overloaded), any p99 the
-    fleet shows there, however long, is explained by a factor just below the edge: the
-    observation says only that the factor is at least that, a bound and not a noisy estimate, so
-    the move towards it is taken whole (within MAX_STEP). Damped, a round learned 40% of a gap
-    the counts it ran at allowed, and the counts grew only with the factor: on a fleet 30%
-    slower than profiled, six rounds of 2-4% each while the SLO was missed (the step day)."""
+def _corrected(model, observed: float, factor: float, target: float) -> float:
+    """One phase's factor after an observation. Where the fleet missed the SLO `target` its counts
+    were planned to meet, and the model explains the p99 only at its own overload edge (raised by
+    the dead band, the model has those counts overloaded) while at today's factor it does not,
+    the observation says only that the factor is at least that edge, a bound and not an
+    estimate: the factor grows by the most a step may (MAX_STEP), as a sweep grows towards a
+    limit it cannot see, and comes back down damped once a p99 inside the model's range says
+    where it is. Damped towards the bound, a fleet 30% slower than profiled crept 2-4% a round
+    for six rounds while the SLO was missed (the step day); taken whole, the bound (1.09 at 8
+    instances for 40 req/s) planned the one instance more that was still short. Within the SLO
+    the move stays damped: the planner sizes prefill close to the model's edge (utilisation
+    ~0.95), so a p99 there well inside the SLO often has its implied factor at the edge too."""
     wide = (BOUNDS[0] / 2, BOUNDS[1] * 2)
     implied = _implied(model, observed, *wide, factor)
-    at_edge = not math.isfinite(model(implied * math.exp(DEADBAND)))
-    return _step(factor, implied, 1.0 if at_edge else DAMPING)
+    edge = math.exp(DEADBAND)
+    if observed > target and not math.isfinite(model(implied * edge)) and math.isfinite(model(factor * edge)):
+        return _step(factor, factor * MAX_STEP, 1.0)  # undamped: a bound, not an estimate
+    return _step(factor, implied)
 
 
 def correct(surface: Surface, inputs: Lengths, outputs: Lengths, hit_rate: float, obs: Observation,
-            correction: Correction) -> Correction:
+            correction: Correction, slo: SLO | None = None) -> Correction:
     """The correction after one observation: each factor a damped, bounded step towards the
-    factor the observation implies, up or down (whole where that is the model's overload edge)."""
+    factor the observation implies, up or down; by MAX_STEP where the fleet missed the `slo` its
+    counts were planned for and the model can explain that only at its overload edge."""
+    ttft_target, itl_target = ((slo.ttft_p99_ms, min(slo.tpot_p99_ms, 1000 / slo.tokens_per_second_per_user))
+                               if slo else (math.inf, math.inf))
     return Correction(
         _corrected(lambda k: predicted(surface, inputs, outputs, hit_rate, obs, Correction(k, correction.decode))[0],
-                   obs.ttft_p99_ms, correction.prefill),
+                   obs.ttft_p99_ms, correction.prefill, ttft_target),
         _corrected(lambda k: predicted(surface, inputs, outputs, hit_rate, obs, Correction(correction.prefill, k))[1],
-                   obs.itl_p99_ms, correction.decode))
+                   obs.itl_p99_ms, correction.decode, itl_target))
 
 
 # ---------------------------------------------------------------- a simulated day
@@ -272,7 +282,7 @@ def simulate_loop(fleet: FleetModel, surface: Surface, slo: SLO, trace: list[flo
     for minute, rate in enumerate(trace):
         if minute % interval == 0:
             if mode == "forecast + correction" and seen:
-                correction = correct(surface, inputs, outputs, hit_rate, _mean(seen), correction)
+                correction = correct(surface, inputs, outputs, hit_rate, _mean(seen), correction, slo)
             seen = []
             margin = math.exp(DEADBAND) if mode == "forecast + correction" else 1.0
             if mode == TODAY:
@@ -362,7 +372,8 @@ def replan(workload, slo: SLO, prefill_gpus: int, decode_gpus: int, history: lis
     inputs = Lengths(workload.input_tokens.mean, workload.input_tokens.p99)
     outputs = Lengths(workload.output_tokens.mean, workload.output_tokens.p99)
     if observation is not None:
-        correction = correct(surface, inputs, outputs, workload.prefix_cache_hit_rate, observation, correction)
+        correction = correct(surface, inputs, outputs, workload.prefix_cache_hit_rate, observation, correction,
+                             slo)
     rate = forecast(history, steps, quantile) if history else workload.arrival_rate_rps
     margin = math.exp(DEADBAND)
     try:
