@@ -1,11 +1,11 @@
 """The whole test suite, as `make test` and CI run it: the cluster twin's tests and the rest side
 by side, since the twin's leave most of the machine idle.
 
-- `tests/twin` run in three pytest processes, each with a twin of its own (its own state folder,
+- `tests/twin` run in four pytest processes, each with a twin of its own (its own state folder,
   PDSTACK_TWIN_DIR; the built programs are shared): the tests that drive the real Pulumi engine
   (TWIN_GROUPS["pulumi-engine"], about a minute or more per `up` sequence), those that keep a fleet
-  serving live traffic ("live-traffic": rollouts judged by a real Prometheus, alerts) and the rest
-  of them (every other file in tests/twin). Tests in one process share its twin and run one after the
+  serving live traffic ("live-traffic": rollouts judged by a real Prometheus, alerts), those that
+  load a fleet with many clients ("load": how it spreads and scales) and the rest of them (every other file in tests/twin). Tests in one process share its twin and run one after the
   other, since they reuse the same nodes. They spend most of their time waiting on the twin's
   controllers and the Pulumi engine: one run of all of them in one process kept 41% of this
   machine's two cores busy (/proc/stat sampled every 10 s over its 12 min), so twins side
@@ -48,12 +48,20 @@ PULUMI_ENGINE_FILES = [
 LIVE_TRAFFIC_FILES = [
     "tests/twin/test_live_rollout_on_twin.py",
     "tests/twin/test_metrics_on_twin.py",
+]
+# The tests that load a fleet with many clients and measure how it spreads and scales: about 15
+# minutes together, which in the control-plane or live-traffic group would make that group the
+# whole run's long pole (each was about 22 minutes without them).
+LOAD_FILES = [
     "tests/twin/test_scaling_on_twin.py",  # dev serving for minutes while KEDA and the HPA scale it out and back
+    "tests/twin/test_load_spread_on_twin.py",  # clients against two instances a role: who took what
 ]
 TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
-    "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES + LIVE_TRAFFIC_FILES]], STATE),
+    "control-plane": (["tests/twin", *[f"--ignore={f}" for f in PULUMI_ENGINE_FILES + LIVE_TRAFFIC_FILES + LOAD_FILES]],
+                      STATE),
     "pulumi-engine": (PULUMI_ENGINE_FILES, STATE / "pulumi-engine"),
     "live-traffic": (LIVE_TRAFFIC_FILES, STATE / "live-traffic"),
+    "load": (LOAD_FILES, STATE / "load"),
 }
 OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
                "--ignore=tests/twin"]
