@@ -212,6 +212,7 @@ def epp_config(spec: StackSpec) -> dict:
 
 EPP_GRPC_PORT = 9002  # ext-proc, which the gateway calls
 EPP_HEALTH_PORT = 9003  # gRPC health: services "liveness" and "readiness" (Ready only on the leader)
+EPP_LEADER_ELECTION = "--ha-enable-leader-election"  # with it, "readiness" is SERVING on the elected leader only
 
 
 def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
@@ -242,7 +243,7 @@ def gateway_epp_launch(spec: StackSpec) -> RouterLaunch:
         f"--grpc-health-port={EPP_HEALTH_PORT}",
         f"--metrics-port={ROUTER_METRICS_PORT}",
         "--metrics-endpoint-auth=false",
-        *(["--ha-enable-leader-election"] if leader_elected else []),
+        *([EPP_LEADER_ELECTION] if leader_elected else []),
     ]
     require(flag_problems(args, "epp"), "endpoint picker flags")
     return RouterLaunch(

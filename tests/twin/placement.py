@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from infra import naming
 from infra.planning.capacity import domain_placement
+from infra.render.router_config import EPP_LEADER_ELECTION
 from tests.twin.conftest import FIGURES
 from twin import cluster, fleet, inventory, kubelet
 from twin.api import kubectl
@@ -184,62 +185,79 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
             assert len(taken) == len(set(taken)), f"two {role} groups share an NVLink domain: {taken}"
 
 
-def one_of_each_shape(pod: dict) -> bool:
-    """prod's sample of its pods to run as processes: in group 0 of each LeaderWorkerSet its leader
-    and its first worker (the two shapes of an engine pod's launch: every other worker differs from
-    the first by its rank only), and one replica of each Deployment. All 38 would be 32 engine
-    stand-ins at once on a 2-core machine (prod-sglang's decode group alone is 16 pods: 168 s)."""
-    labels = pod["metadata"].get("labels", {})
-    if LWS_NAME_LABEL in labels:
-        return (labels.get("leaderworkerset.sigs.k8s.io/group-index") == "0"
-                and labels.get(naming.LWS_WORKER_INDEX_LABEL) in ("0", "1"))
-    return pod["metadata"]["name"] == min(
-        p["metadata"]["name"] for p in fleet.get("pods", "-n", pod["metadata"]["namespace"])
-        if p["metadata"].get("ownerReferences") == pod["metadata"].get("ownerReferences"))
-
-
-def assert_runnable_pods_run(processes, namespaces: set[str], label: str, select=lambda pod: True,
-                             timeout: float = 300) -> None:
-    """Every pod `select` picks that the twin can run (twin/pods.py not_runnable) started as a
+def assert_runnable_pods_run(processes, namespaces: set[str], label: str, timeout: float = 300) -> None:
+    """Every bound pod of `namespaces` that the twin can run (twin/pods.py not_runnable) started as a
     process at its address from its rendered command, and Ready by its own probes: its rendered
     startupProbe and readinessProbe pass against it (run as the twin's kubelet runs them,
-    kubelet.run_probe) and the kubelet has it Ready. A process that exits fails the test, naming the
-    pod and the end of its program's log (PodProcesses.check). Each pod the twin does not run is
-    named with why; the figure line says how many of each."""
+    kubelet.run_probe) and the kubelet has it Ready. All of them, prod's 38 pods as dev's: a bound
+    pod neither started nor named not runnable fails the test by name (no sample). A process that
+    exits fails the test, naming the pod and the end of its program's log (PodProcesses.check).
+    Each pod the twin does not run is named with why; the figure line says how many of each."""
     for namespace in sorted(namespaces):
-        processes.start(namespace, select=select)
+        processes.start(namespace)
     started = {p.name: p for p in processes.started}
+    bound = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods_in(namespaces)
+             if p["spec"].get("nodeName") and "deletionTimestamp" not in p["metadata"]]
+    not_started = sorted(set(bound) - {f"{p.namespace}/{p.name}" for p in processes.started}
+                         - set(processes.not_runnable))
 
     def exited():
         return [p for p in processes.started if p.process.poll() is not None]
 
     fleet.wait_for("every started pod Ready by its own probes, or one exited",
                    lambda: exited() or not unready_by_probes(processes, namespaces), timeout=timeout, interval=1)
-    left, failing = unready_by_probes(processes, namespaces), exited()
+    (left, standing_by), failing = probe_verdicts(processes, namespaces), exited()
     roles = Counter(p.role for p in started.values())
-    FIGURES.append(f"{label} processes: started {len(started)} ("
+    FIGURES.append(f"{label} processes: bound {len(bound)}, started {len(started)} ("
                    + ", ".join(f"{role} x{n}" if n > 1 else role for role, n in sorted(roles.items())) + "), "
                    f"not runnable {len(processes.not_runnable)}"
                    + "".join(f" ({name}: {why})" for name, why in sorted(processes.not_runnable.items()))
-                   + f", failing {len(failing)}; Ready by their own probes {len(started) - len(left)}/{len(started)}")
+                   + f", not started {len(not_started)}, failing {len(failing)}; "
+                   f"Ready by their own probes {len(started) - len(left) - len(standing_by)}/{len(started)}"
+                   + (f", standing by {len(standing_by)} (leader-electing picker replicas, not the leader)"
+                      if standing_by else ""))
     processes.check()  # a process that exited: its pod and the end of its program's log
+    assert not not_started, f"bound pods the twin runs but did not start: {', '.join(not_started)}"
     assert not left, "started pods not Ready by their own probes:\n" + "\n".join(left)
 
 
 def unready_by_probes(processes, namespaces: set[str]) -> list[str]:
-    """Each pod of `namespaces` with a started process that is not Ready by its own probes: its
+    """Each pod of `namespaces` with a started process that is not Ready by its own probes
+    (probe_verdicts' first list)."""
+    return probe_verdicts(processes, namespaces)[0]
+
+
+def probe_verdicts(processes, namespaces: set[str]) -> tuple[list[str], list[str]]:
+    """(unready, standing by) among the pods of `namespaces` with a started process. Unready: its
     name, what its rendered startupProbe and readinessProbe say run now against its address (as
-    the twin's kubelet runs them, kubelet.run_probe) and its Ready condition."""
-    started = {p.name for p in processes.started}
-    unready = []
+    the twin's kubelet runs them, kubelet.run_probe) and its Ready condition. Standing by: a replica
+    of an endpoint picker whose replicas elect a leader (EPP_LEADER_ELECTION) that is not the
+    leader, which by design is Ready on no probe (gateway-api-inference-extension v1.4.0
+    cmd/epp/runner/health.go: "readiness" is SERVING only on the leader, "liveness" on every
+    replica): it stands by when its livenessProbe passes and its readiness says NOT_SERVING, and
+    its Deployment must then have exactly one Ready replica, the leader, or that is unready too."""
+    started = {(p.namespace, p.name) for p in processes.started}
+    unready, standing_by = [], []
+    electing: dict[tuple, list[bool]] = defaultdict(list)  # (namespace, owners) -> each replica Ready
     for pod in pods_in(namespaces):
-        name = pod["metadata"]["name"]
-        if name not in started:
+        meta = pod["metadata"]
+        if (meta["namespace"], meta["name"]) not in started:
             continue
-        container = pod["spec"]["containers"][0]
-        said = [kubelet.run_probe(container[kind], pod["status"]["podIP"], container)
+        container, ip = pod["spec"]["containers"][0], pod["status"]["podIP"]
+        said = [kubelet.run_probe(container[kind], ip, container)
                 for kind in ("startupProbe", "readinessProbe") if container.get(kind)]
-        if not all(ok for ok, _ in said) or (kubelet.condition(pod, "Ready") or {}).get("status") != "True":
-            unready.append(f"{name}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
+        ready = all(ok for ok, _ in said) and (kubelet.condition(pod, "Ready") or {}).get("status") == "True"
+        if EPP_LEADER_ELECTION in (container.get("args") or ()):
+            owners = (meta["namespace"], *sorted(o["name"] for o in meta.get("ownerReferences") or ()))
+            live = bool(container.get("livenessProbe")) and kubelet.run_probe(container["livenessProbe"], ip, container)[0]
+            if ready or (live and said and '"NOT_SERVING"' in said[-1][1]):
+                electing[owners].append(ready)
+                if not ready:
+                    standing_by.append(meta["name"])
+                continue
+        if not ready:
+            unready.append(f"{meta['name']}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
                            f"{(kubelet.condition(pod, 'Ready') or {}).get('status')}")
-    return unready
+    unready += [f"{'/'.join(owners)}: {sum(replicas)} of its {len(replicas)} leader-electing replicas Ready "
+                "(the elected leader alone should be)" for owners, replicas in electing.items() if sum(replicas) != 1]
+    return unready, standing_by
