@@ -178,3 +178,18 @@ def test_a_sweep_starved_by_prefill_says_so_not_that_the_engine_is_capped():
     found = capacity_sweep("chat", measure, engine.instances, max_running=None)
     assert "prefill fed decode no more sequences than at concurrency 128" in found.stopped, found.stopped
     assert "Fix: more prefill instances per decode instance" in found.stopped
+
+
+def test_littles_law_reads_the_mean_inter_token_time_not_the_median():
+    """Little's law (L = lambda W) holds for means: the sequences a decode instance held on average
+    are its tokens/s times the mean time between a sequence's tokens. Two sequences held, each
+    mostly at 20 ms a token with stalls that make the mean 30 ms (a busy machine): 66.7 tokens/s.
+    With the median (20 ms) the run read 1.3 held, and a capped engine's next level read as a rise
+    past the plateau (tests/test_validation.py's sweep went on to 8 on a loaded machine)."""
+    from infra.validation.loadtest import littles_law_batch
+    held, mean_ms, median_ms = 2, 30.0, 20.0
+    tokens_per_second = held * 1000 / mean_ms
+    result = LoadResult("chat", 8, 16, 0, 300.0, 300.0, 60.0, median_ms, 1000 / median_ms, tokens_per_second,
+                        1.0, 3000, 3000, 400, 400, itl_mean_ms=mean_ms)
+    assert littles_law_batch(result, 1) == pytest.approx(held)
+    assert littles_law_batch(dataclasses.replace(result, itl_mean_ms=math.nan), 1) == pytest.approx(held * median_ms / mean_ms)

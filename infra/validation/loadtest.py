@@ -126,17 +126,22 @@ class LoadResult:
     # Read from the engines' metrics over the run (validate-deployment --prometheus), None where not:
     held_batch: float | None = None  # sequences one decode instance held (its running-requests gauge)
     kv_usage: float | None = None  # the decode pool's highest share of KV cache in use
+    itl_mean_ms: float = math.nan  # the mean inter-token latency: Little's law is a law of means
 
 
 def littles_law_batch(result: LoadResult, decode_instances: int) -> float:
     """Sequences one decode instance held during a run, from aiperf's own figures (Little's law):
-    output tokens/s over the tokens/s one sequence makes (1000 / ITL), at most the concurrency
-    asked. Ramp-up and the last requests' tail count in the run's tokens/s: it errs low, which
-    puts each ITL at a smaller batch (towards more instances)."""
+    output tokens/s times the MEAN time between one sequence's tokens, at most the concurrency
+    asked. Little's law holds for means (the time-averaged number held is the arrival rate times
+    the mean time held): with the median, a run whose inter-token times are skewed (a busy
+    machine's stalls) read a smaller batch than it held, and a cap read as a rise. The median
+    stands in only for a result without the mean. Ramp-up and the last requests' tail count in the
+    run's tokens/s: it errs low, which puts each ITL at a smaller batch (towards more instances)."""
     asked = result.concurrency / decode_instances
-    if not (math.isfinite(result.output_tokens_per_second) and math.isfinite(result.itl_p50_ms)):
+    itl_ms = result.itl_mean_ms if math.isfinite(result.itl_mean_ms) else result.itl_p50_ms
+    if not (math.isfinite(result.output_tokens_per_second) and math.isfinite(itl_ms)):
         return asked
-    return min(asked, result.output_tokens_per_second * result.itl_p50_ms / 1000 / decode_instances)
+    return min(asked, result.output_tokens_per_second * itl_ms / 1000 / decode_instances)
 
 
 def held_batch(result: LoadResult, decode_instances: int) -> float:
@@ -168,7 +173,8 @@ def read_result(path: Path, scenario: str, concurrency: int) -> LoadResult:
                       metric("output_token_throughput_per_user", "p50"), metric("output_token_throughput", "avg"),
                       metric("request_throughput", "avg"),
                       metric("input_sequence_length", "avg"), metric("input_sequence_length", "p99"),
-                      metric("output_sequence_length", "avg"), metric("output_sequence_length", "p99"))
+                      metric("output_sequence_length", "avg"), metric("output_sequence_length", "p99"),
+                      itl_mean_ms=metric("inter_token_latency", "avg"))
 
 
 def judge(result: LoadResult, ttft_p99_ms: float, tpot_p99_ms: float, tokens_per_second_per_user: float,
