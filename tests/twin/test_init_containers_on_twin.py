@@ -161,7 +161,9 @@ def test_a_missing_credentials_secret_stops_the_init_container_at_the_kubelets_s
     kubectl("delete", "secret", secret, "-n", namespace)
     try:
         old = next(p for p in _engine_pods(namespace) if pods.runs_as(p) == "prefill")
-        kubectl("delete", "pod", old["metadata"]["name"], "-n", namespace, "--wait=true")
+        # Not --wait: the StatefulSet makes the pod again under the same name, and on a fresh clone's
+        # run kubectl's wait for the old one never returned (27 min); the wait below is by UID.
+        kubectl("delete", "pod", old["metadata"]["name"], "-n", namespace, "--wait=false")
 
         def refused():  # the pod made again in its place, refused by the kubelet's start checks
             return [p for p in _engine_pods(namespace) if pods.runs_as(p) == "prefill"
