@@ -40,6 +40,7 @@ the platform Prometheus's own fields), so a stage's window holds enough samples.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,6 +65,7 @@ from infra.spec import REPO_ROOT, stack_spec_path
 from twin import engine, fleet, monitoring, pods
 from twin.api import TwinError, kubectl
 from twin.build import program
+from twin.clients import ThreadClient
 from twin.nodes import TWIN_LABEL, stack_nodes
 from twin.paths import KUBECONFIG
 from twin.standins import controllers_status
@@ -163,29 +165,18 @@ class Answer:
     detail: str = ""
 
 
-class LiveClient:
+class LiveClient(ThreadClient):
     """Requests sent throughout by `workers` threads, each to the track the live route's weights
-    pick (see the module); every answer kept in `answers`."""
+    pick (see the module), and one thread following the route; every answer kept in `answers`."""
 
     def __init__(self, tracks: TrackProcesses, model: str, workers: int = 3):
-        self.tracks, self.model, self.workers = tracks, model, workers
+        super().__init__([self._poll_route] + [functools.partial(self._send, n) for n in range(workers)],
+                         join_seconds=90)
+        self.tracks, self.model = tracks, model
         self.answers: list[Answer] = []
         self.lock = threading.Lock()
         self.routes: tuple[dict[int, int], dict[int, list[tuple[str, int]]]] = ({}, {})
         self.route_changes: list[tuple[float, dict[int, int]]] = []  # (when the client saw it, the weights)
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._poll_route, daemon=True)] + [
-            threading.Thread(target=self._send, args=(n,), daemon=True) for n in range(workers)]
-
-    def __enter__(self) -> LiveClient:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=90)
 
     def _poll_route(self) -> None:
         namespace = self.tracks.namespace

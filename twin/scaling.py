@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from twin import pods
+from twin.clients import ThreadClient
 
 CHAT = {"messages": [{"role": "user", "content": "Scale me out, twin."}], "max_tokens": 24, "stream": False}
 
@@ -33,30 +34,17 @@ def reading(scaled_objects: list[dict], prometheus_url: str) -> list[dict]:
     return out
 
 
-class Load:
+class Load(ThreadClient):
     """`workers` clients, each sending one chat request after another to the router at ip:port in the
     pod network (through its hub's client socket) until stopped; what they got is counted."""
 
     def __init__(self, client_socket: Path, ip: str, port: int, model: str, workers: int = 4):
+        super().__init__([self._send] * workers, join_seconds=120)
         self.client_socket, self.ip, self.port = client_socket, ip, port
         self.body = {**CHAT, "model": model}
-        self.workers = workers
         self.counts: Counter[str] = Counter()  # sent, answered, failed
         self.errors: list[str] = []
-        self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
-
-    def __enter__(self) -> Load:
-        self.threads = [threading.Thread(target=self._send, daemon=True) for _ in range(self.workers)]
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
 
     def _send(self) -> None:
         while not self.stopping.is_set():
