@@ -11,13 +11,18 @@ by side, since the twin's leave most of the machine idle.
   machine's two cores busy (/proc/stat sampled every 10 s over its 12 min), so twins side
   by side shorten the long pole. They start first, at normal priority: their waits are the long
   pole, and the twins' control planes must not be starved by the rest.
+- The tests outside tests/twin that mostly wait (WAITING_FILES: aiperf runs against a stand-in
+  that sleeps the latencies it was told) run beside them in a pytest of their own, at normal
+  priority, on more workers than cores: at nice 10 on one worker they were 2075 s of a loaded
+  run for about 200 s of CPU, the long pole of the rest.
 - Everything else runs at the same time on every core (pytest-xdist, a test file to a worker,
-  so a module's fixtures stay in one process; the files longest first by their last run's
-  times, tests/file_order.py, so no long one runs alone at the end), at a lower priority
+  so a module's fixtures stay in one process, except a file marked spread_over_workers, whose
+  2,114 fuzz cases go to every worker in runs of 100; the files longest first by their last
+  run's times, tests/file_order.py, so no long one runs alone at the end), at a lower priority
   (nice 10): it fills the time the twin leaves idle.
 
-Each twin group's report is written to .twin/tests-<group>.log and printed whole when all have
-ended, so the reports do not interleave. The exit status is 0 only if all passed (pytest's 5,
+Each twin group's report, and the waiting tests', is written to .twin/tests-<group>.log and
+printed whole when all have ended, so the reports do not interleave. The exit status is 0 only if all passed (pytest's 5,
 "no test ran", is a failure too).
 
     .venv/bin/python scripts/run_tests.py
@@ -63,8 +68,14 @@ TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
     "live-traffic": (LIVE_TRAFFIC_FILES, STATE / "live-traffic"),
     "load": (LOAD_FILES, STATE / "load"),
 }
-OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
-               "--ignore=tests/twin"]
+# Tests outside tests/twin that mostly wait: 15 tests of aiperf runs, about 200 s of CPU, were 2075 s
+# at nice 10 on one worker of a loaded run. Four workers overlap their waits; at normal priority the
+# stand-ins answer when their sleeps end rather than when nice 10 next gets a core.
+WAITING_FILES = ["tests/test_validation.py"]
+WAITING_TESTS = [sys.executable, "-m", "pytest", "-n", "4", "--dist", "load", *WAITING_FILES]
+OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadgroup",
+               *[f"--ignore={f}" for f in WAITING_FILES], "--ignore=tests/twin"]
+WAITING = "waiting"  # the waiting tests' report: twin_log(WAITING)
 
 
 def twin_log(group: str) -> Path:
@@ -79,19 +90,22 @@ def main() -> int:
             log = logs.enter_context(open(twin_log(group), "w"))
             twins[group] = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=REPO, stdout=log,
                                             stderr=subprocess.STDOUT, env={**os.environ, "PDSTACK_TWIN_DIR": str(state)})
+        waiting_log = logs.enter_context(open(twin_log(WAITING), "w"))
+        waiting = subprocess.Popen(WAITING_TESTS, cwd=REPO, stdout=waiting_log, stderr=subprocess.STDOUT)
         others = subprocess.Popen(OTHER_TESTS, cwd=REPO)
         # A Ctrl-C reaches all of them (one process group): each pytest tears its fixtures down
         # (a twin group's stops the twin it started) and is waited for here, never killed.
         others_code = _wait(others)
-        twin_codes = {group: _wait(proc) for group, proc in twins.items()}
-    for group in TWIN_GROUPS:
-        print(f"\n===== tests/twin, {group} (run beside the others; its report is also in "
+        beside = {f"{' '.join(WAITING_FILES)} (waiting)": (WAITING, _wait(waiting)),
+                  **{f"tests/twin {group}": (group, _wait(proc)) for group, proc in twins.items()}}
+    for title, (group, _) in beside.items():
+        print(f"\n===== {title} (run beside the others; its report is also in "
               f"{twin_log(group).relative_to(REPO) if twin_log(group).is_relative_to(REPO) else twin_log(group)}) =====",
               flush=True)
         sys.stdout.write(twin_log(group).read_text())
-    print(f"\ntests outside tests/twin: exit {others_code}; "
-          + "; ".join(f"tests/twin {group}: exit {code}" for group, code in twin_codes.items()), flush=True)
-    return 0 if others_code == 0 and all(code == 0 for code in twin_codes.values()) else 1
+    print(f"\nthe other tests: exit {others_code}; "
+          + "; ".join(f"{title}: exit {code}" for title, (_, code) in beside.items()), flush=True)
+    return 0 if others_code == 0 and all(code == 0 for _, code in beside.values()) else 1
 
 
 def _wait(proc: subprocess.Popen) -> int:

@@ -139,8 +139,10 @@ def test_every_readme_command_is_listed_here_and_every_listed_one_is_in_readme()
 def test_what_runs_the_commands_not_run_here():
     """Each command of RUN_ELSEWHERE is run by what its reason names: CI's script calls `make
     test`, the Makefile's twin targets call `python -m twin`, and `make test` runs pytest over
-    the folder that holds the fault matrix (on every core) and, beside it, over tests/twin in
-    groups, each with a twin of its own, that together hold every file of it (scripts/run_tests.py)."""
+    the folder that holds the fault matrix (on every core, in groups: tests/file_order.py) but for
+    the files of tests that mostly wait, which run beside it in a pytest of their own, and over
+    tests/twin in groups, each with a twin of its own, that together hold every file of it
+    (scripts/run_tests.py)."""
     import tomllib
 
     assert re.search(r"^make test$", (REPO_ROOT / ".ci/run").read_text(), re.M)
@@ -158,7 +160,10 @@ def test_what_runs_the_commands_not_run_here():
     assert control_plane[0] == "tests/twin" and control_plane[1:] == [f"--ignore={f}" for f in elsewhere]
     assert all((REPO_ROOT / f).is_file() for f in elsewhere) and len(set(elsewhere)) == len(elsewhere), elsewhere
     assert len({state for _, state in groups.values()}) == len(groups)  # a twin each
-    assert runner["OTHER_TESTS"][-7:] == ["-m", "pytest", "-n", "auto", "--dist", "loadfile", "--ignore=tests/twin"]
+    waiting = runner["WAITING_FILES"]
+    assert runner["OTHER_TESTS"][-7 - len(waiting):] == ["-m", "pytest", "-n", "auto", "--dist", "loadgroup",
+                                                         *[f"--ignore={f}" for f in waiting], "--ignore=tests/twin"]
+    assert runner["WAITING_TESTS"][-len(waiting):] == waiting and all((REPO_ROOT / f).is_file() for f in waiting)
     testpaths = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert testpaths == ["tests"]
     assert (REPO_ROOT / "tests/twin").is_dir() and (REPO_ROOT / "tests/test_fault_matrix.py").is_file()
