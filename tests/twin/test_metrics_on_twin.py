@@ -38,14 +38,11 @@ import pytest
 
 from infra import naming
 from infra.components.engines import ENGINE_PORT_NAME
-from infra.platform_stack.spec import load_platform_spec
 from infra.render.metrics import ROLE_SERIES_LABEL
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import assert_every_pod_bound, pods_in, remove_render, users_objects
-from twin import dra, fleet, kubelet, monitoring, pods
+from tests.twin.monitored import monitored, ready_by_probes
+from twin import fleet, monitoring, pods
 from twin.api import kubectl
-from twin.nodes import stack_nodes
-from twin.paths import ROOT
 
 INTERVAL = "1s"
 SLOW = {"ttft_ms": 2500, "itl_ms": 60}  # dev's SLO: TTFT p99 2000 ms, TPOT p99 50 ms (stacks/dev.yaml)
@@ -75,45 +72,14 @@ def monitored_dev(twin, tmp_path_factory):
     from twin.engine import stand_in_pins
 
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))
-    platform = load_platform_spec(ROOT / "stacks" / "platform-dev.yaml")
     data = spec.model_dump(mode="json")
     out = tmp_path_factory.mktemp("dev-metrics")
     write_manifests(manifests(run_spec(spec, tracks=plan_tracks([(SERVING, 90, data), (CANARY, 10, data)]))), out)
     objects = monitoring.with_intervals(fleet.read_rendered(out), INTERVAL)
     tracks = {revision: f"{spec.environment.namespace}-r{revision}" for revision in (SERVING, CANARY)}
-    nodes = stack_nodes(spec)
-    assert fleet.apply_each_pass(nodes).rejected == {}
-    users_objects(spec)
-    processes = pods.PodProcesses()
-    with monitoring.platform_prometheus(platform, INTERVAL):
-        try:
-            result = fleet.apply_each_pass(objects)
-            assert result.rejected == {}, result.rejected
-            assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
-            assert_every_pod_bound(spec, objects, result, "dev-sglang, tracks r1 90% + r2 10% (metrics)")
-            for namespace in tracks.values():
-                processes.start(namespace)
-            ready_by_probes(processes, set(tracks.values()))
-            with monitoring.fleet_prometheus(processes, platform.monitoring_namespace) as url:
-                yield spec, objects, processes, url, tracks
-        finally:
-            processes.stop()
-            remove_render(spec, objects)
-
-
-def ready_by_probes(processes: pods.PodProcesses, namespaces: set[str], timeout: float = 300) -> None:
-    """Until the kubelet has every started pod of `namespaces` Ready by its own rendered probes (a
-    process that exits fails, naming it)."""
-    def unready() -> list[str]:
-        live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods_in(namespaces)}
-        return [f"{s.namespace}/{s.name}" for s in processes.started if s.namespace in namespaces
-                and (kubelet.condition(live.get((s.namespace, s.name), {"status": {}}), "Ready") or {}).get(
-                    "status") != "True"]
-    deadline = time.monotonic() + timeout
-    while (waiting := unready()) and time.monotonic() < deadline:
-        processes.check()
-        time.sleep(1)
-    assert not waiting, f"not Ready by their probes within {timeout:.0f} s: {waiting}"
+    with monitored(spec, objects, set(tracks.values()), "dev-sglang, tracks r1 90% + r2 10% (metrics)",
+                   INTERVAL) as (processes, url):
+        yield spec, objects, processes, url, tracks
 
 
 def serving_metrics(processes: pods.PodProcesses, namespaces: set[str]) -> set[tuple[str, str, int]]:

@@ -31,14 +31,10 @@ import pytest
 
 from infra import naming
 from infra.components.engines import ENGINE_PORT_NAME
-from infra.platform_stack.spec import load_platform_spec
 from tests.twin.conftest import FIGURES
-from tests.twin.placement import assert_every_pod_bound, remove_render, users_objects
-from tests.twin.test_metrics_on_twin import ready_by_probes
-from twin import dra, fleet, monitoring, pods, scaling
+from tests.twin.monitored import monitored, ready_by_probes
+from twin import fleet, monitoring, pods, scaling
 from twin.api import kubectl
-from twin.nodes import stack_nodes
-from twin.paths import ROOT
 
 INTERVAL = "1s"
 SLOW_ITL = {"itl_ms": 70}
@@ -55,32 +51,17 @@ def scaling_dev(twin, tmp_path_factory):
     from twin.engine import stand_in_pins
 
     spec = stand_in_pins(load_spec(stack_spec_path("dev")))
-    platform = load_platform_spec(ROOT / "stacks" / "platform-dev.yaml")
     objects = monitoring.with_intervals(fleet.render("dev", tmp_path_factory.mktemp("dev-scaling")), INTERVAL)
     namespace = spec.environment.namespace
-    nodes = stack_nodes(spec)
-    assert fleet.apply_each_pass(nodes).rejected == {}
-    users_objects(spec)
-    processes = pods.PodProcesses()
-    with monitoring.platform_prometheus(platform, INTERVAL):
-        try:
-            scaled = [o for o in objects if o["kind"] == "ScaledObject"]
-            result = fleet.apply_each_pass([o for o in objects if o["kind"] != "ScaledObject"])
-            assert result.rejected == {}, result.rejected
-            assert fleet.apply_each_pass(dra.stand_in(objects, nodes)).rejected == {}
-            assert_every_pod_bound(spec, objects, result, "dev-sglang (scaling)")
-            processes.start(namespace)
-            ready_by_probes(processes, {namespace})
-            with monitoring.fleet_prometheus(processes, platform.monitoring_namespace) as url:
-                scaled = scaling.reading(scaled, url)
-                for obj in scaled:
-                    behavior = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-                    behavior["scaleDown"]["stabilizationWindowSeconds"] = 0
-                assert fleet.apply_each_pass(scaled).rejected == {}
-                yield spec, objects, processes, scaled
-        finally:
-            processes.stop()
-            remove_render(spec, objects)
+    scaled = [o for o in objects if o["kind"] == "ScaledObject"]
+    with monitored(spec, [o for o in objects if o["kind"] != "ScaledObject"], {namespace},
+                   "dev-sglang (scaling)", INTERVAL) as (processes, url):
+        scaled = scaling.reading(scaled, url)
+        for obj in scaled:
+            behavior = obj["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+            behavior["scaleDown"]["stabilizationWindowSeconds"] = 0
+        assert fleet.apply_each_pass(scaled).rejected == {}
+        yield spec, objects, processes, scaled
 
 
 def _role(obj: dict) -> str | None:
