@@ -1,7 +1,12 @@
 """A small OpenAI-compatible streaming server on 127.0.0.1 that stands in for the gateway in the
 load-test tests: it answers /v1/chat/completions as server-sent events after a configured
 time to first token, then one chunk per output token at a configured inter-token delay, fails
-a configured share of requests with HTTP 500, and requires an API key (401 without one)."""
+a configured share of requests with HTTP 500, and requires an API key (401 without one). Like
+an engine it publishes, on /metrics, the requests it runs (those holding one of `max_running`
+slots) as the pinned SGLang's running-requests gauge, for a real Prometheus to scrape
+(stub_prometheus): what `validate-deployment --prometheus` reads as the batch the engine held;
+and, as an engine balancing its experts does (dev's DeepSeek, EPLB), the experts' balancedness
+of each request it ran: 1, even (a stand-in has no experts)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tests.servers import serving
+from prometheus_client import CollectorRegistry
+
+from tests.engine_exporter import SGLANG, engine_metric, metrics_handler
+from tests.servers import prometheus, serving
 
 
 @dataclass
@@ -27,6 +35,10 @@ class Behaviour:
 
 def _handler(b: Behaviour, rng: random.Random):
     slots = threading.BoundedSemaphore(b.max_running) if b.max_running else contextlib.nullcontext()
+    registry = CollectorRegistry()
+    running = engine_metric(registry, SGLANG.running)  # a gauge: inc/dec are atomic (prometheus_client's lock)
+    balancedness = engine_metric(registry, SGLANG.expert_balancedness)
+    metrics = metrics_handler(registry)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # the body ends when the connection closes: simplest streaming
@@ -43,6 +55,8 @@ def _handler(b: Behaviour, rng: random.Random):
             self.wfile.write(body)
 
         def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/metrics":
+                return metrics.do_GET(self)  # the text format, as tests/engine_exporter.py serves an engine's
             self._json(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
 
         def do_POST(self):  # noqa: N802
@@ -59,7 +73,7 @@ def _handler(b: Behaviour, rng: random.Random):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with slots:
+            with slots, running.track_inprogress():
                 time.sleep(b.ttft_s)
                 for i in range(tokens):
                     if i:
@@ -68,6 +82,7 @@ def _handler(b: Behaviour, rng: random.Random):
                              "choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
+                balancedness.observe(1.0)
             self.wfile.write(b"data: [DONE]\n\n")
 
     return Handler
@@ -76,6 +91,20 @@ def _handler(b: Behaviour, rng: random.Random):
 def openai_stub(behaviour: Behaviour):
     """The stand-in on a free port of 127.0.0.1 (a context manager yielding its URL)."""
     return serving(_handler(behaviour, random.Random(7)))
+
+
+def stub_prometheus(workdir, url: str, namespace: str):
+    """A real Prometheus scraping the stand-in at `url` as both pools of `namespace`'s fleet (one
+    prefill and one decode instance: the target labels the Prometheus operator adds from a
+    PodMonitor, infra/render/metrics.py); a context manager yielding its URL. Scraped 4 times a
+    second: a level's run lasts 2-3 s on an idle machine, and the held batch is the gauge's median
+    over it (infra/validation/health.py held_batch_query), which a sample or two of the run's
+    start and end must not move."""
+    from infra.render.metrics import GROUP_SERIES_LABEL, ROLE_SERIES_LABEL
+
+    port = int(url.rsplit(":", 1)[1])
+    return prometheus(workdir, [(port, {"namespace": namespace, ROLE_SERIES_LABEL: role, GROUP_SERIES_LABEL: "0"})
+                                for role in ("prefill", "decode")], scrape_seconds=0.25)
 
 
 def offline_tokenizer(hf_home) -> str:

@@ -158,7 +158,8 @@ def prometheus_server(workdir, scrape_configs: list[dict], scrape_seconds: float
     binary = require_binary("prometheus")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    config = {"global": {"scrape_interval": f"{scrape_seconds:g}s", "evaluation_interval": f"{scrape_seconds:g}s"},
+    every = f"{round(scrape_seconds * 1000)}ms"  # Prometheus durations are whole numbers of a unit: 0.25s is refused
+    config = {"global": {"scrape_interval": every, "evaluation_interval": every},
               "scrape_configs": scrape_configs}
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()

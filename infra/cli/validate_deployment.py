@@ -312,7 +312,7 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         chunk = prefill_chunk_tokens(spec) * (prefill_pool.gpus_per_instance() if prefill_pool.dp_attention else 1)
         planned_runs = ProfilePlan(scenario.input_tokens, scenario.output_tokens, profile_shares, context_shares,
                                    chunk, prefill_pool.instances)
-        others, profile_notes = ({}, []) if args.results else other_length_runs(
+        others, missing = ({}, []) if args.results else other_length_runs(
             run, scenario, planned_runs.levels(concurrencies))
         lengths, loaded, contexts = planned_runs.inputs([r for r, _ in result.sweep.runs], others)
         when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
@@ -333,7 +333,7 @@ def cmd_validate_deployment(args: argparse.Namespace) -> int:
         profile = measured_workload(result.sweep, prefill_pool.instances, pools[decode_role].instances, args.url,
                                     when, lengths=lengths, contexts=contexts, loaded=loaded,
                                     max_running_requests=pools[decode_role].max_running_requests,
-                                    kv_cache_tokens=kv_tokens, notes=sweep_notes)
+                                    kv_cache_tokens=kv_tokens, notes=sweep_notes + missing)
         profile_notes += profile["measured"].get("notes", [])
         write_output(args.profile_out, f"# measured by pdctl validate-deployment ({spec.environment.name}); read by "
                                        "pdctl plan --workload. capacity is per instance; arrival_rate_rps is what the "
