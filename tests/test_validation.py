@@ -82,7 +82,10 @@ def test_a_healthy_endpoint_passes_and_its_measured_capacity_feeds_the_planner(a
     """Judged with generous SLOs, and the stand-in's latencies only as lower bounds: every TTFT
     waits the 200 ms it sleeps, and each request has at least one 20 ms gap between chunks, so
     its p99 inter-token time (the profile's TPOT) is at least that on any machine. (Upper bounds
-    failed when the machine was busy: 224 ms measured against 220.)"""
+    failed when the machine was busy: 224 ms measured against 220.) Without --prometheus the
+    batch held is Little's law on aiperf's figures, judged only by bounds that hold under load.
+    In CI (load 10-60) a length had "no run under load": an aiperf run whose services did not
+    register within aiperf's 30 s (aiperf_env gives them 300 s); the notes now say which and why."""
     tokenizer, env = aiperf_env
     profile = tmp_path / "measured.yaml"
     with openai_stub(Behaviour(ttft_s=0.2, itl_s=0.02, api_key=KEY)) as url:
@@ -497,6 +500,24 @@ out.mkdir(parents=True, exist_ok=True)
     assert any(n.startswith("prompts of 10 tokens (1 out) at concurrency ") and "not measured (aiperf at concurrency"
                in n and "exited 1" in n and "failed to register" in n for n in notes), notes
     assert any("prefill at 10 tokens: no run under load" in n for n in notes), notes
+
+
+def test_a_prompt_length_whose_run_under_load_failed_requests_says_so_not_that_none_was_made():
+    """Two reasons leave a prompt length with a prompt alone's tokens/s: no run under load
+    (aiperf could not finish it: the note above), or one with failed requests, set aside (its
+    requests/s counts requests that failed fast). The profile said "no run under load" for both;
+    the second now says how many failed."""
+    def run(concurrency, prompt, output, errors=0):
+        return LoadResult("chat", concurrency, 64, errors, 200.0, 200.0, 20.0, 20.0, 50.0, 50.0, 30.0, prompt, prompt,
+                          output, output)
+
+    alone, other = run(1, 1000, 200), run(1, 4000, 200)
+    sweep = Sweep("chat", [(alone, judge(alone, 400, 40, 20))])
+    profile = measured_workload(sweep, 1, 1, "w", "t", lengths=[other],
+                                loaded=[(alone, run(16, 700, 1)), (other, run(16, 3000, 1, errors=3))])
+    (note,) = [n for n in profile["measured"]["notes"] if "no run under load" in n]
+    assert note.startswith("prefill at 4000 tokens (its run under load set aside: 3 of 67 requests failed): no run "
+                           "under load"), note
 
 
 def test_a_result_left_by_an_earlier_run_is_never_judged_again(slo_spec, tmp_path, capsys, monkeypatch):

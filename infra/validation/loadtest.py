@@ -283,8 +283,8 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
       sweep's lightest run stands in: its TTFT holds some queueing, errs up), and the prompt
       tokens/s one instance computes under load, from `loaded`: (a run alone, the same prompts
       under load: several in flight, one output token each, infra/validation/profile.py); a length
-      with no run under load keeps a prompt alone's tokens/s (errs low: an engine batches
-      prompts), said in the notes;
+      with no run under load (or one with failed requests, set aside) keeps a prompt alone's
+      tokens/s (errs low: an engine batches prompts), said in the notes with why;
     - decode, by context and batch: ITL (p50, the typical step; the planner adds the batch's
       spread) at the batch each decode instance held (its running-requests gauge, or Little's
       law on aiperf's figures: held_batch), at the context the sequences hold on average
@@ -309,9 +309,14 @@ def measured_workload(sweep: Sweep, prefill_instances: int, decode_instances: in
         raise LoadTestError(f"{sweep.scenario}: aiperf reported no TTFT or ITL, so no surface can be stated. Fix: "
                             "a streaming endpoint (TTFT and ITL are measured per chunk)")
     throughput = _loaded_throughput(loaded, prefill_instances)
-    alone_only = [f"{n:g}" for n in sorted(prefill) if n not in throughput]
+    # A run under load with failed requests is set aside (its requests/s counts what failed
+    # fast): the note says so, not that none was made.
+    failed = {round(alone.input_tokens_mean, 1): r for alone, r in loaded if r.errors}
+    alone_only = [f"{n:g} tokens" + (f" (its run under load set aside: {failed[n].errors} of "
+                              f"{failed[n].requests + failed[n].errors} requests failed)" if n in failed else "")
+                  for n in sorted(prefill) if n not in throughput]
     if alone_only:
-        notes.append(f"prefill at {', '.join(alone_only)} tokens: no run under load, so the tokens/s of a prompt "
+        notes.append(f"prefill at {', '.join(alone_only)}: no run under load, so the tokens/s of a prompt "
                      "alone (an engine that batches prompts computes more: errs towards more instances)")
     surface = {
         "prefill": [{"input_tokens": n, "ttft_ms": round(t, 2),
