@@ -7,7 +7,7 @@ from __future__ import annotations
 import calendar
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infra import naming
 from infra.planning.capacity import domain_placement
@@ -188,11 +188,20 @@ def assert_every_pod_bound(spec, objects: list[dict], result: fleet.Applied, lab
 def assert_runnable_pods_run(processes, namespaces: set[str], label: str, timeout: float = 300) -> None:
     """Every bound pod of `namespaces` that the twin can run (twin/pods.py not_runnable) started as a
     process at its address from its rendered command, and Ready by its own probes: its rendered
-    startupProbe and readinessProbe pass against it (run as the twin's kubelet runs them,
-    kubelet.run_probe) and the kubelet has it Ready. All of them, prod's 38 pods as dev's: a bound
-    pod neither started nor named not runnable fails the test by name (no sample). A process that
-    exits fails the test, naming the pod and the end of its program's log (PodProcesses.check).
-    Each pod the twin does not run is named with why; the figure line says how many of each."""
+    startupProbe and readinessProbe pass against it, judged as the twin's kubelet judges them
+    (ProbeJudge) over the wait's rounds, and the kubelet has it Ready. All of them, prod's 38 pods as
+    dev's: a bound pod neither started nor named not runnable fails the test by name (no sample). A
+    process that exits fails the test, naming the pod and the end of its program's log
+    (PodProcesses.check). Each pod the twin does not run is named with why; the figure line says how
+    many of each. The verdict is the one of the round that ended the wait, not a fresh look after it:
+    a look of its own would judge a leader handover or a probe's one slow answer at one instant.
+    `timeout` counts from the last pod's start; what it must cover after that is the last pods'
+    (the pickers', started last) first probes and their leader's election or a handover: a standby
+    takes an expired lease within LeaseDuration + RetryPeriod (15 s + 2 s, controller-runtime's
+    defaults, which gateway-api-inference-extension v1.4.0 pkg/epp/server/controller_manager.go
+    keeps), the old leader counts unready after failureThreshold x periodSeconds (3 x 2 s, the
+    rendered readinessProbe) and the new one Ready after one period: about 25 s at idle, so 300 s
+    holds at ten times that on a loaded machine."""
     for namespace in sorted(namespaces):
         processes.start(namespace)
     started = {p.name: p for p in processes.started}
@@ -204,9 +213,13 @@ def assert_runnable_pods_run(processes, namespaces: set[str], label: str, timeou
     def exited():
         return [p for p in processes.started if p.process.poll() is not None]
 
-    fleet.wait_for("every started pod Ready by its own probes, or one exited",
-                   lambda: exited() or not unready_by_probes(processes, namespaces), timeout=timeout, interval=1)
-    (left, standing_by), failing = probe_verdicts(processes, namespaces), exited()
+    judge, last = ProbeJudge(), {}
+
+    def settled():
+        last["verdicts"] = probe_verdicts(processes, namespaces, judge)
+        return exited() or not last["verdicts"][0]
+    fleet.wait_for("every started pod Ready by its own probes, or one exited", settled, timeout=timeout, interval=1)
+    (left, standing_by), failing = last["verdicts"], exited()
     roles = Counter(p.role for p in started.values())
     FIGURES.append(f"{label} processes: bound {len(bound)}, started {len(started)} ("
                    + ", ".join(f"{role} x{n}" if n > 1 else role for role, n in sorted(roles.items())) + "), "
@@ -222,20 +235,53 @@ def assert_runnable_pods_run(processes, namespaces: set[str], label: str, timeou
 
 
 def unready_by_probes(processes, namespaces: set[str]) -> list[str]:
-    """Each pod of `namespaces` with a started process that is not Ready by its own probes
-    (probe_verdicts' first list)."""
+    """Each pod of `namespaces` with a started process that is not Ready by its own probes, each
+    probe run once now (probe_verdicts' first list, with a judge of its own)."""
     return probe_verdicts(processes, namespaces)[0]
 
 
-def probe_verdicts(processes, namespaces: set[str]) -> tuple[list[str], list[str]]:
-    """(unready, standing by) among the pods of `namespaces` with a started process. Unready: its
-    name, what its rendered startupProbe and readinessProbe say run now against its address (as
-    the twin's kubelet runs them, kubelet.run_probe) and its Ready condition. Standing by: a replica
-    of an endpoint picker whose replicas elect a leader (EPP_LEADER_ELECTION) that is not the
-    leader, which by design is Ready on no probe (gateway-api-inference-extension v1.4.0
+@dataclass
+class ProbeJudge:
+    """The started pods' own probes, judged as the kubelet judges them across runs (k8s.io/kubernetes
+    v1.34.4 pkg/kubelet/prober/worker.go, twin/kubelet.py Prober: each probe on its own period, a
+    result that turns only after successThreshold successes or failureThreshold failures in a row;
+    readiness and startup start as failure, liveness as success). One judge for the rounds of one
+    wait: one slow answer of a Ready pod (the picker's gRPC health has timeoutSeconds 1, the
+    default) does not make it unready, as it does not for a kubelet; a fresh judge is a one-shot look."""
+    probers: dict = field(default_factory=dict)  # pod uid -> kubelet.Prober (startup, readiness)
+    liveness: dict = field(default_factory=dict)  # pod uid -> kubelet.ProbeState
+
+    def run(self, pod: dict, now: float) -> tuple[bool, str, bool, str]:
+        """(ready by its probes, what they last said, live, what readiness last said) for the pod's
+        first container, running what is due (kubelet.run_probe, as the twin's kubelet runs each)."""
+        probe = kubelet.run_probe
+        uid, container, ip = pod["metadata"]["uid"], pod["spec"]["containers"][0], pod["status"]["podIP"]
+        if uid not in self.probers:
+            # every probe due at the first look: the process started before it, initialDelaySeconds ago or more
+            self.probers[uid] = kubelet.Prober({**pod, "spec": {**pod["spec"], "containers": [container]}}, now)
+            for state in self.probers[uid].probes.values():
+                state.next_at = now
+            if container.get("livenessProbe"):
+                self.liveness[uid] = kubelet.ProbeState(container["livenessProbe"], now, result=True)
+        prober, liveness = self.probers[uid], self.liveness.get(uid)
+        ready, said = prober.run(ip, now, probe)[container["name"]]
+        if liveness and now >= liveness.next_at:
+            liveness.record(*probe(liveness.probe, ip, container), now)
+        readiness = prober.probes.get((container["name"], "readinessProbe"))
+        return ready, said, bool(liveness and liveness.result), readiness.said if readiness else ""
+
+
+def probe_verdicts(processes, namespaces: set[str], judge: ProbeJudge | None = None,
+                   now=time.monotonic) -> tuple[list[str], list[str]]:
+    """(unready, standing by) among the pods of `namespaces` with a started process, by `judge`
+    (ProbeJudge; a fresh one: each probe run once now). Unready: its name, what its rendered
+    startupProbe and readinessProbe last said against its address and its Ready condition. Standing
+    by: a replica of an endpoint picker whose replicas elect a leader (EPP_LEADER_ELECTION) that is
+    not the leader, which by design is Ready on no probe (gateway-api-inference-extension v1.4.0
     cmd/epp/runner/health.go: "readiness" is SERVING only on the leader, "liveness" on every
-    replica): it stands by when its livenessProbe passes and its readiness says NOT_SERVING, and
-    its Deployment must then have exactly one Ready replica, the leader, or that is unready too."""
+    replica): it stands by when it is live and its readiness last said NOT_SERVING, and its
+    Deployment must then have exactly one Ready replica, the leader, or that is unready too."""
+    judge = judge or ProbeJudge()
     started = {(p.namespace, p.name) for p in processes.started}
     unready, standing_by = [], []
     electing: dict[tuple, list[bool]] = defaultdict(list)  # (namespace, owners) -> each replica Ready
@@ -243,20 +289,18 @@ def probe_verdicts(processes, namespaces: set[str]) -> tuple[list[str], list[str
         meta = pod["metadata"]
         if (meta["namespace"], meta["name"]) not in started:
             continue
-        container, ip = pod["spec"]["containers"][0], pod["status"]["podIP"]
-        said = [kubelet.run_probe(container[kind], ip, container)
-                for kind in ("startupProbe", "readinessProbe") if container.get(kind)]
-        ready = all(ok for ok, _ in said) and (kubelet.condition(pod, "Ready") or {}).get("status") == "True"
+        container = pod["spec"]["containers"][0]
+        by_probes, said, live, readiness_said = judge.run(pod, now())
+        ready = by_probes and (kubelet.condition(pod, "Ready") or {}).get("status") == "True"
         if EPP_LEADER_ELECTION in (container.get("args") or ()):
             owners = (meta["namespace"], *sorted(o["name"] for o in meta.get("ownerReferences") or ()))
-            live = bool(container.get("livenessProbe")) and kubelet.run_probe(container["livenessProbe"], ip, container)[0]
-            if ready or (live and said and '"NOT_SERVING"' in said[-1][1]):
+            if ready or (live and '"NOT_SERVING"' in readiness_said):
                 electing[owners].append(ready)
                 if not ready:
                     standing_by.append(meta["name"])
                 continue
         if not ready:
-            unready.append(f"{meta['name']}: {'; '.join(s for _, s in said) or 'no probe'}; Ready "
+            unready.append(f"{meta['name']}: {said or 'no probe'}; Ready "
                            f"{(kubelet.condition(pod, 'Ready') or {}).get('status')}")
     unready += [f"{'/'.join(owners)}: {sum(replicas)} of its {len(replicas)} leader-electing replicas Ready "
                 "(the elected leader alone should be)" for owners, replicas in electing.items() if sum(replicas) != 1]
