@@ -214,24 +214,30 @@ def test_a_startup_probe_comes_first_and_a_closed_port_fails(health):
     assert calls == ["tcpSocket", "httpGet"]
 
 
+def _health_server(check):
+    """A real gRPC server on 127.0.0.1 whose grpc.health.v1.Health/Check is `check`; started."""
+    from concurrent import futures
+
+    import grpc
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(check)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
 def test_a_grpc_probe_asks_the_health_service():
     """The picker's readiness probe is gRPC (service `readiness`): the health protocol's Check
     against a real gRPC server on 127.0.0.1; SERVING succeeds, NOT_SERVING fails with the
     kubelet's words (pkg/probe/grpc/grpc.go), and a server without the service fails."""
-    from concurrent import futures
-
-    import grpc
     asked, answer = [], [b"\x08\x02"]
 
     def check(request, context):
         asked.append(request)
         return answer[0]
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(check)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = _health_server(check)
     try:
         probe = {"grpc": {"port": port, "service": "readiness"}, "timeoutSeconds": 5}
         assert kubelet.run_probe(probe, "127.0.0.1", {}) == (
@@ -243,6 +249,51 @@ def test_a_grpc_probe_asks_the_health_service():
         server.stop(None)
     ok, said = kubelet.run_probe(probe, "127.0.0.1", {})
     assert not ok and said.startswith("error: health rpc probe failed: UNAVAILABLE"), said
+
+
+def test_grpc_probes_of_one_address_share_a_connection_until_one_fails(monkeypatch):
+    """The twin keeps one gRPC channel per probed address (twin/kubelet.py _GrpcChannels): a new
+    one per probe cost 1 to 4 s of the twin's own Python on CI's loaded machine, which the picker's
+    1 s probe (GIE v1.4.0's chart default) counted against the pod, and its leader read not Ready.
+    Three probes of a healthy server open one connection; a failed call drops it, so the probe
+    after it dials afresh, as the kubelet's prober does each time (pkg/probe/grpc/grpc.go), and a
+    restarted server is probed on a new connection, not through gRPC's reconnect back-off."""
+    import socket
+    import threading
+
+    import grpc
+
+    from twin import netns
+    answer = [b"\x08\x01"]
+
+    def check(request, context):
+        if answer[0] is None:
+            context.abort(grpc.StatusCode.INTERNAL, "broken on purpose")
+        return answer[0]
+
+    server, port = _health_server(check)
+    connections = []  # each TCP connection the probes open, through a counting forwarder
+    forwarder = socket.create_server(("127.0.0.1", 0))
+
+    def connect():
+        connections.append(port)
+        return socket.create_connection(("127.0.0.1", port))
+
+    threading.Thread(target=netns._serve, args=(forwarder, connect), daemon=True).start()
+    probe = {"grpc": {"port": forwarder.getsockname()[1]}, "timeoutSeconds": 30}
+    try:
+        for _ in range(3):
+            assert kubelet.run_probe(probe, "127.0.0.1", {}) == (True, "service healthy")
+        assert len(connections) == 1
+        answer[0] = None
+        ok, said = kubelet.run_probe(probe, "127.0.0.1", {})
+        assert not ok and "INTERNAL" in said, said
+        answer[0] = b"\x08\x01"
+        assert kubelet.run_probe(probe, "127.0.0.1", {}) == (True, "service healthy")
+        assert len(connections) == 2
+    finally:
+        server.stop(None)
+        forwarder.close()
 
 
 def test_a_pod_address_is_probed_through_the_pod_networks_hub(health, tmp_path, monkeypatch):

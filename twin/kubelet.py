@@ -392,28 +392,59 @@ def run_probe(probe: dict, host: str, container: dict) -> tuple[bool, str]:
 GRPC_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
+class _GrpcChannels:
+    """One gRPC channel per probed address, kept between probes. The kubelet's prober dials afresh
+    within each probe's timeout (pkg/probe/grpc/grpc.go: DialContext with the timeout's context), a
+    Go dial on the node that costs well under a millisecond; here a new channel costs a Python
+    gRPC channel, a loopback listener and its thread and the pod network's hub, which on CI's
+    loaded two cores took 1 to 4 s (measured at load 100, where the picker itself used 1% of a
+    core), so a 1 s probe judged the twin, not the pod. A kept channel leaves the probe's timeout
+    to the pod's answer; one whose call failed is closed and dropped, so the next probe dials
+    afresh, as the kubelet does, and never waits out gRPC's reconnect back-off."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, int], tuple[socket.socket, object]] = {}
+
+    def get(self, host: str, port: int, timeout: float):
+        import grpc  # the Pulumi SDK's dependency, in the project's virtualenv
+        with self._lock:
+            if (host, port) not in self._open:
+                # gRPC dials by itself: a loopback listener forwards its connections over `dial`
+                listener = socket.create_server(("127.0.0.1", 0))
+                threading.Thread(target=netns._serve, args=(listener, lambda: dial(host, port, timeout)),
+                                 daemon=True).start()
+                channel = grpc.insecure_channel(f"127.0.0.1:{listener.getsockname()[1]}")
+                self._open[(host, port)] = (listener, channel)
+            return self._open[(host, port)][1]
+
+    def drop(self, host: str, port: int) -> None:
+        with self._lock:
+            listener, channel = self._open.pop((host, port), (None, None))
+        if channel is not None:
+            channel.close()
+            listener.close()
+
+
+_GRPC_CHANNELS = _GrpcChannels()
+
+
 def _grpc_probe(host: str, port: int, service: str, timeout: float) -> tuple[bool, str]:
     """The gRPC health protocol's Check (grpc.health.v1.Health), as pkg/probe/grpc/grpc.go calls
     it: SERVING succeeds. The messages are encoded by hand (HealthCheckRequest: field 1, the
     service; HealthCheckResponse: field 1, the status enum) to need no generated code."""
-    import grpc  # the Pulumi SDK's dependency, in the project's virtualenv
+    import grpc
     name = service.encode()
     request = b"\x0a" + bytes([len(name)]) + name if name else b""
-    # gRPC dials by itself: a loopback listener forwards its connections over `dial`
-    listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=netns._serve, args=(listener, lambda: dial(host, port, timeout)), daemon=True).start()
+    check = _GRPC_CHANNELS.get(host, port, timeout).unary_unary("/grpc.health.v1.Health/Check")
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{listener.getsockname()[1]}") as channel:
-            check = channel.unary_unary("/grpc.health.v1.Health/Check")
-            try:
-                answer = check(request, timeout=timeout)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return False, ("error: this server does not implement the grpc health protocol "
-                                   f"(grpc.health.v1.Health): {exc.details()}")
-                return False, f"error: health rpc probe failed: {exc.code().name}: {exc.details()}"
-    finally:
-        listener.close()
+        answer = check(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        _GRPC_CHANNELS.drop(host, port)
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return False, ("error: this server does not implement the grpc health protocol "
+                           f"(grpc.health.v1.Health): {exc.details()}")
+        return False, f"error: health rpc probe failed: {exc.code().name}: {exc.details()}"
     status = answer[1] if len(answer) >= 2 and answer[0] == 0x08 else 0
     if status != 1:
         return False, f'service unhealthy (responded with "{GRPC_STATUS.get(status, status)}")'
