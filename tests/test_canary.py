@@ -6,7 +6,8 @@ import math
 
 from infra.prometheus import PrometheusAPI
 from infra.render.metrics import ENGINE_METRICS, ROLE_SERIES_LABEL, increase_from_zero, p99, with_selector
-from infra.rollout.canary import RELEASE_SERIES_LABEL, Observation, gate_queries, judge, observe
+from infra.rollout.canary import (BUCKET_EDGES, RELEASE_SERIES_LABEL, Observation, bucket_edges, gate_queries, judge,
+                                  observe, p99_bucket)
 from infra.rollout.steps import plan_steps
 from infra.offline import run_spec
 from infra.spec import SLOSpec
@@ -48,6 +49,61 @@ def test_a_slow_kv_handoff_fails_against_the_serving_revision_only():
     assert judge(worse(0.011), timed, SLO).passed
     assert "KV transfer p99 vs serving" not in {g.name for g in judge(worse(0.5), None, SLO).gates}
     assert "KV transfer p99 vs serving" not in {g.name for g in judge(GOOD, timed, SLO).gates}
+
+
+# SGLang 0.5.23's sglang:kv_transfer_latency_ms buckets (ms; twin/engine_standin.py BUCKETS), in s,
+# and its TTFT buckets (s).
+SGLANG_KV_EDGES_S = tuple(ms / 1000 for ms in (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)) + (math.inf,)
+SGLANG_TTFT_EDGES_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, math.inf)
+
+
+def test_a_vs_serving_gate_fails_only_beyond_what_the_buckets_resolve():
+    """A p99 from histogram_quantile over a classic histogram is known only to its bucket:
+    Prometheus v3.13.1 promql/quantile.go BucketQuantile interpolates linearly inside the first
+    bucket whose count reaches the rank, and reads the +Inf bucket as the last finite edge. On the
+    twin a good revision failed "KV transfer p99 vs serving: 660.0 ms, serving 350.0 ms (limit x1.2)"
+    with both revisions' transfers about the 500 ms edge of SGLang's 250-500-1000 ms buckets: its
+    p99 may be 501 ms and the serving one's 500 ms. A canary fails only when its p99's bucket lies
+    wholly above the serving p99's bucket's upper edge times the regression; so for TTFT."""
+    kv = lambda ms: Observation(**{**GOOD.__dict__, "kv_transfer_p99_s": ms / 1000,  # noqa: E731
+                                   "kv_transfer_buckets_s": SGLANG_KV_EDGES_S})
+    within = judge(kv(660), kv(350), SLO)
+    assert within.passed
+    gate = next(g for g in within.gates if g.name == "KV transfer p99 vs serving")
+    assert "660.0 ms, serving 350.0 ms" in gate.detail and "within the histograms' resolution" in gate.detail
+    assert "canary 500-1000 ms, serving 250-500 ms" in gate.detail
+    slower = judge(kv(1500), kv(350), SLO)  # its bucket 1000-2500 ms, over 500 ms x 1.2
+    assert failed(slower) == {"KV transfer p99 vs serving"}
+    assert "canary 1000-2500 ms, serving 250-500 ms" in slower.reasons()
+    assert failed(judge(kv(5000), kv(350), SLO)) == {"KV transfer p99 vs serving"}  # past the last edge
+    assert judge(kv(5000), kv(5000), SLO).passed
+
+    ttft = lambda s: Observation(**{**GOOD.__dict__, "ttft_p99_s": s, "ttft_buckets_s": SGLANG_TTFT_EDGES_S})  # noqa: E731
+    assert judge(ttft(0.7), ttft(0.5), SLO).passed  # 0.6-0.8 s against 0.4-0.6 s: one edge apart
+    assert failed(judge(ttft(1.5), ttft(0.5), SLO)) == {"TTFT p99 vs serving"}  # 1-2 s over 0.6 s x 1.2
+
+
+def test_p99_bucket_is_where_histogram_quantile_put_the_quantile():
+    """Prometheus v3.13.1 promql/quantile.go BucketQuantile: a quantile at a bucket's upper edge
+    is that bucket's (the first whose count reaches the rank), the lowest bucket starts at 0, one
+    read as the last finite edge may be in the +Inf bucket; no edges known: the value itself."""
+    assert p99_bucket(0.5, SGLANG_KV_EDGES_S) == (0.25, 0.5)
+    assert p99_bucket(0.66, SGLANG_KV_EDGES_S) == (0.5, 1.0)
+    assert p99_bucket(0.0005, SGLANG_KV_EDGES_S) == (0.0, 0.001)
+    assert p99_bucket(5.0, SGLANG_KV_EDGES_S) == (2.5, math.inf)
+    assert p99_bucket(0.66, ()) == (0.66, 0.66)
+
+
+def test_observe_reads_each_compared_histograms_edges_in_seconds():
+    """The edges query yields one series per (gate, le); SGLang's KV transfer le is in ms."""
+    for engine in ("sglang", "vllm"):
+        data = stack_data("prod")
+        spec = parse_spec(vllm_with_epp(data) if engine == "vllm" else data)
+        query = gate_queries(spec, 7, "5m")[BUCKET_EDGES]
+        assert ENGINE_METRICS[engine].kv_transfer_time_bucket in query and "group by (le)" in query
+    answer = [({"gate": "kv_transfer_buckets_s", "le": le}, 1.0) for le in ("500", "+Inf", "250")]
+    answer.append(({"gate": "ttft_buckets_s", "le": "0.4"}, 1.0))
+    assert bucket_edges(answer, 0.001) == {"kv_transfer_buckets_s": (0.25, 0.5, math.inf), "ttft_buckets_s": (0.4,)}
 
 
 def test_the_kv_transfer_time_is_read_in_seconds_where_each_engine_times_it():
@@ -149,6 +205,7 @@ def test_a_vllm_canary_whose_prefill_tail_is_over_the_slo_fails_the_ttft_gate(tm
             assert api.query(summed) <= SLO.ttft_p99_ms / 1000  # both roles' samples together: under the SLO
             canary = observe(api, spec, revision, window)
     assert canary.ttft_p99_s > SLO.ttft_p99_ms / 1000  # prefill's own p99, in its 4 s tail
+    assert canary.ttft_buckets_s == TTFT_BUCKETS and canary.tpot_buckets_s == ()  # the edges the p99 was read from
     assert "TTFT p99 vs SLO" in failed(judge(canary, None, SLO))
 
 

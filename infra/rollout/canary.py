@@ -16,6 +16,16 @@ the canary; a slow one, its p99 transfer time above the serving revision's by mo
 regression allows (ENGINE_METRICS kv_transfer_time_bucket, timed where each engine times it). The
 spec sets no SLO for a transfer's time, so a first release is not judged on it, nor a revision
 whose engines report no transfer (no PD pair, or no traffic yet).
+
+"vs serving" latency gates judge at the histograms' resolution. Each p99 is histogram_quantile over
+a classic histogram with the engine's own buckets (SGLang's KV transfer: 1, 2, 5 ... 500, 1000 ms),
+so it is known only to its bucket: Prometheus v3.13.1 (promql/quantile.go BucketQuantile) picks the
+first bucket whose count reaches the rank and interpolates linearly inside it, and the quantile past
+the last finite edge reads as that edge. A canary fails only when its p99's bucket lies wholly above
+the serving p99's bucket's upper edge times the latency regression (`slower_beyond_resolution`):
+then every p99 the samples allow is slower than the regression allows. Two 2x-wide buckets apart
+and more than the regression is evidence; 660 ms against 350 ms across the 500 ms edge is not.
+`observe` reads each compared histogram's edges (its `le` values) beside its p99.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from infra.spec import SLOSpec, StackSpec
 RELEASE_SERIES_LABEL = naming.RELEASE_LABEL.replace(".", "_").replace("/", "_")
 
 DEFAULT_STAGES = (1, 5, 25, 50, 100)
+BUCKET_EDGES = "bucket_edges"  # gate_queries' key of the histograms' edges, not an Observation field
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,11 @@ class Observation:
     error_rate: float
     kv_transfer_errors: float
     kv_transfer_p99_s: float = math.nan  # NaN: no transfer timed
+    # The bucket edges (le, in s, +Inf last) of the histograms each p99 above was read from; empty:
+    # not known, and the p99 is taken as exact.
+    ttft_buckets_s: tuple[float, ...] = ()
+    tpot_buckets_s: tuple[float, ...] = ()
+    kv_transfer_buckets_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,60 @@ def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
                       f"sum(rate({with_selector(m.requests_started, sel)}[{window}]))",
         "kv_transfer_errors": increase_from_zero(with_selector(m.kv_transfer_failures, sel), window),
         "kv_transfer_p99_s": f"{p99(m.kv_transfer_time_bucket, sel, window)} * {m.kv_transfer_time_unit_s:g}",
+        # The `le` edges of the series each p99 reads, one series per (gate, le): `observe` reads them.
+        BUCKET_EDGES: " or ".join(
+            f'label_replace(group by (le) (rate({with_selector(bucket, selector)}[{window}])), "gate", "{field}", "", "")'
+            for field, bucket, selector in (("ttft_buckets_s", m.ttft_bucket, timing_first_tokens),
+                                            ("tpot_buckets_s", m.tpot_bucket, sel),
+                                            ("kv_transfer_buckets_s", m.kv_transfer_time_bucket, sel))),
     }
+
+
+def bucket_edges(series: list[tuple[dict[str, str], float]], kv_transfer_unit_s: float) -> dict[str, tuple[float, ...]]:
+    """The BUCKET_EDGES query's answer as Observation's *_buckets_s fields: each gate's sorted `le`
+    edges in seconds (SGLang's KV transfer histogram counts ms)."""
+    edges: dict[str, set[float]] = {}
+    for labels, _ in series:
+        unit = kv_transfer_unit_s if labels["gate"] == "kv_transfer_buckets_s" else 1.0
+        edges.setdefault(labels["gate"], set()).add(float(labels["le"]) * unit)
+    return {field: tuple(sorted(values)) for field, values in edges.items()}
+
+
+def p99_bucket(p99_s: float, edges: tuple[float, ...]) -> tuple[float, float]:
+    """(lower, upper]: where the samples put a quantile that histogram_quantile read as `p99_s` from
+    a classic histogram with these `le` edges. Prometheus v3.13.1 promql/quantile.go BucketQuantile
+    interpolates inside the first bucket whose count reaches the rank (from 0 in the lowest bucket),
+    and reads a quantile in the +Inf bucket as the last finite edge. No edges known: (p99_s, p99_s)."""
+    finite = sorted(e for e in edges if math.isfinite(e))
+    for i, upper in enumerate(finite):
+        if p99_s <= upper or math.isclose(p99_s, upper, rel_tol=1e-9):  # the interpolation's rounding
+            lower = finite[i - 1] if i else (0.0 if upper > 0 else -math.inf)
+            past_the_last = i == len(finite) - 1 and math.isclose(p99_s, upper, rel_tol=1e-9)
+            return lower, math.inf if past_the_last else upper
+    return (finite[-1], math.inf) if finite else (p99_s, p99_s)
+
+
+def slower_beyond_resolution(canary_s: float, canary_edges: tuple[float, ...], serving_s: float,
+                             serving_edges: tuple[float, ...], regression: float) -> bool:
+    """Every p99 the canary's samples allow is above every p99 the serving revision's allow times
+    `regression`: its bucket's lower edge (exclusive) is at or above the serving bucket's upper
+    edge times it. Exact values (no edges) compare as values: at most `regression` x passes."""
+    lower, _ = p99_bucket(canary_s, canary_edges)
+    limit = p99_bucket(serving_s, serving_edges)[1] * regression
+    return lower > limit or (lower == limit and lower < canary_s)
+
+
+def _vs_serving(name: str, value: float, edges: tuple[float, ...], base: float, base_edges: tuple[float, ...],
+                policy: GatePolicy, digits: int) -> Gate:
+    """A latency gate against the serving revision, at the resolution of both histograms."""
+    slower = slower_beyond_resolution(value, edges, base, base_edges, policy.latency_regression)
+    detail = f"{value * 1000:.{digits}f} ms, serving {base * 1000:.{digits}f} ms (limit x{policy.latency_regression:g})"
+    if edges or base_edges:
+        buckets = "; p99 buckets: canary {}, serving {}".format(
+            *("{:g}-{:g} ms".format(*(edge * 1000 for edge in p99_bucket(v, e))) for v, e in ((value, edges), (base, base_edges))))
+        within = not slower and value > base * policy.latency_regression
+        detail += (", within the histograms' resolution" if within else "") + buckets
+    return Gate(f"{name} vs serving", not slower, detail)
 
 
 def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, policy: GatePolicy = GatePolicy()) -> Verdict:
@@ -100,9 +169,8 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
             continue
         gates.append(Gate(f"{name} vs SLO", value <= limit_s, f"{value * 1000:.0f} ms, SLO {limit_s * 1000:g} ms"))
         if math.isfinite(base) and base > 0:
-            limit = base * policy.latency_regression
-            gates.append(Gate(f"{name} vs serving", value <= limit,
-                              f"{value * 1000:.0f} ms, serving {base * 1000:.0f} ms (limit x{policy.latency_regression:g})"))
+            edges = field.replace("_p99_s", "_buckets_s")
+            gates.append(_vs_serving(name, value, getattr(canary, edges), base, getattr(baseline, edges), policy, 0))
     err = canary.error_rate
     if not math.isfinite(err):
         gates.append(Gate("error rate", False, "no finished requests for the canary"))
@@ -115,12 +183,13 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
     gates.append(Gate("KV transfer errors", kv <= policy.allowed_kv_transfer_errors, f"{kv:g} in the window"))
     slow, base = canary.kv_transfer_p99_s, baseline.kv_transfer_p99_s if baseline else math.nan
     if math.isfinite(slow) and math.isfinite(base) and base > 0:
-        limit = base * policy.latency_regression
-        gates.append(Gate("KV transfer p99 vs serving", slow <= limit,
-                          f"{slow * 1000:.1f} ms, serving {base * 1000:.1f} ms (limit x{policy.latency_regression:g})"))
+        gates.append(_vs_serving("KV transfer p99", slow, canary.kv_transfer_buckets_s, base,
+                                 baseline.kv_transfer_buckets_s, policy, 1))
     return Verdict(tuple(gates))
 
 
 def observe(api: PrometheusAPI, spec: StackSpec, revision: int, window: str) -> Observation:
     """One revision of one environment, as the gates read it from Prometheus."""
-    return Observation(**{k: api.query(q) for k, q in gate_queries(spec, revision, window).items()})
+    queries = gate_queries(spec, revision, window)
+    edges = bucket_edges(api.vector(queries.pop(BUCKET_EDGES)), ENGINE_METRICS[spec.engine.kind].kv_transfer_time_unit_s)
+    return Observation(**{k: api.query(q) for k, q in queries.items()}, **edges)
