@@ -83,6 +83,26 @@ def test_a_vs_serving_gate_fails_only_beyond_what_the_buckets_resolve():
     assert failed(judge(ttft(1.5), ttft(0.5), SLO)) == {"TTFT p99 vs serving"}  # 1-2 s over 0.6 s x 1.2
 
 
+def test_a_vs_serving_gate_judges_only_on_enough_of_the_canarys_samples_for_a_p99():
+    """histogram_quantile's rank is 0.99 x the count (Prometheus v3.13.1 promql/quantile.go
+    BucketQuantile): under 100 samples the p99 is the largest one. On the twin (a fresh clone's
+    `make test`) a GOOD revision was rolled back at its 50% stage by "KV transfer p99 vs serving:
+    195.3 ms, serving 47.9 ms; p99 buckets: canary 100-250 ms, serving 25-50 ms" from about 90
+    transfers, where one outlier (a new instance's first transfer over a connection not yet made)
+    is the p99. Under GatePolicy.min_samples_vs_serving the gate does not judge and says so; with
+    enough samples the same figures fail; the SLO gates judge whatever the count."""
+    def kv(ms, samples=math.nan):
+        return Observation(**{**GOOD.__dict__, "kv_transfer_p99_s": ms / 1000, "kv_transfer_buckets_s": SGLANG_KV_EDGES_S,
+                              "kv_transfer_samples": samples})
+    few = judge(kv(195.3, samples=90), kv(47.9, samples=5000), SLO)
+    gate = next(g for g in few.gates if g.name == "KV transfer p99 vs serving")
+    assert few.passed and gate.detail.startswith("not judged: 90 samples in the window, fewer than the 100"), gate.detail
+    assert failed(judge(kv(195.3, samples=150), kv(47.9), SLO)) == {"KV transfer p99 vs serving"}
+    assert failed(judge(kv(195.3), kv(47.9), SLO)) == {"KV transfer p99 vs serving"}  # count not known: judged
+    slow = Observation(**{**GOOD.__dict__, "ttft_p99_s": 5.0, "ttft_samples": 10})
+    assert "TTFT p99 vs SLO" in failed(judge(slow, GOOD, SLO))  # the SLO gate judges a few samples too
+
+
 def test_p99_bucket_is_where_histogram_quantile_put_the_quantile():
     """Prometheus v3.13.1 promql/quantile.go BucketQuantile: a quantile at a bucket's upper edge
     is that bucket's (the first whose count reaches the rank), the lowest bucket starts at 0, one
@@ -206,6 +226,7 @@ def test_a_vllm_canary_whose_prefill_tail_is_over_the_slo_fails_the_ttft_gate(tm
             canary = observe(api, spec, revision, window)
     assert canary.ttft_p99_s > SLO.ttft_p99_ms / 1000  # prefill's own p99, in its 4 s tail
     assert canary.ttft_buckets_s == TTFT_BUCKETS and canary.tpot_buckets_s == ()  # the edges the p99 was read from
+    assert canary.ttft_samples > 0 and math.isnan(canary.kv_transfer_samples)  # each role's count; no transfers
     assert "TTFT p99 vs SLO" in failed(judge(canary, None, SLO))
 
 

@@ -52,6 +52,11 @@ class GatePolicy:
     latency_regression: float = 1.2  # canary p99 may be at most 20% above the baseline's
     error_rate_slack: float = 0.005  # and its error rate at most 0.5 points above
     allowed_kv_transfer_errors: float = 0.0
+    # A p99 of fewer than 100 samples is their largest (histogram_quantile's rank is 0.99 x count):
+    # one outlier, such as a new instance's first KV transfer over a connection not yet made,
+    # would decide it. Below this many samples in the canary's window a "vs serving" gate does not
+    # judge (and says so); the SLO gates still do, and a later, larger stage is judged.
+    min_samples_vs_serving: int = 100
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,11 @@ class Observation:
     ttft_buckets_s: tuple[float, ...] = ()
     tpot_buckets_s: tuple[float, ...] = ()
     kv_transfer_buckets_s: tuple[float, ...] = ()
+    # How many samples each p99 above was read from in the window (TTFT: the fewest of a role's);
+    # NaN: not known, and the p99 is judged whatever their number.
+    ttft_samples: float = math.nan
+    tpot_samples: float = math.nan
+    kv_transfer_samples: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,9 @@ def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
                       f"sum(rate({with_selector(m.requests_started, sel)}[{window}]))",
         "kv_transfer_errors": increase_from_zero(with_selector(m.kv_transfer_failures, sel), window),
         "kv_transfer_p99_s": f"{p99(m.kv_transfer_time_bucket, sel, window)} * {m.kv_transfer_time_unit_s:g}",
+        "ttft_samples": f"min({samples(m.ttft_bucket, timing_first_tokens, window, by=(ROLE_SERIES_LABEL,))})",
+        "tpot_samples": samples(m.tpot_bucket, sel, window),
+        "kv_transfer_samples": samples(m.kv_transfer_time_bucket, sel, window),
         # The `le` edges of the series each p99 reads, one series per (gate, le): `observe` reads them.
         BUCKET_EDGES: " or ".join(
             f'label_replace(group by (le) (rate({with_selector(bucket, selector)}[{window}])), "gate", "{field}", "", "")'
@@ -108,6 +121,13 @@ def gate_queries(spec: StackSpec, revision: int, window: str) -> dict[str, str]:
                                             ("tpot_buckets_s", m.tpot_bucket, sel),
                                             ("kv_transfer_buckets_s", m.kv_transfer_time_bucket, sel))),
     }
+
+
+def samples(bucket: str, selector: str, window: str, by: tuple[str, ...] = ()) -> str:
+    """How many samples a histogram (named by its `_bucket` series) took in `window`."""
+    count = bucket.removesuffix("_bucket") + "_count"
+    grouping = f" by ({', '.join(by)})" if by else ""
+    return f"sum{grouping} (increase({with_selector(count, selector)}[{window}]))"
 
 
 def bucket_edges(series: list[tuple[dict[str, str], float]], kv_transfer_unit_s: float) -> dict[str, tuple[float, ...]]:
@@ -145,10 +165,14 @@ def slower_beyond_resolution(canary_s: float, canary_edges: tuple[float, ...], s
 
 
 def _vs_serving(name: str, value: float, edges: tuple[float, ...], base: float, base_edges: tuple[float, ...],
-                policy: GatePolicy, digits: int) -> Gate:
-    """A latency gate against the serving revision, at the resolution of both histograms."""
+                policy: GatePolicy, digits: int, samples: float = math.nan) -> Gate:
+    """A latency gate against the serving revision, at the resolution of both histograms, judged
+    only on enough of the canary's samples for a p99 (GatePolicy.min_samples_vs_serving)."""
     slower = slower_beyond_resolution(value, edges, base, base_edges, policy.latency_regression)
     detail = f"{value * 1000:.{digits}f} ms, serving {base * 1000:.{digits}f} ms (limit x{policy.latency_regression:g})"
+    if math.isfinite(samples) and samples < policy.min_samples_vs_serving:
+        return Gate(f"{name} vs serving", True, f"not judged: {samples:.0f} samples in the window, fewer than the "
+                                                f"{policy.min_samples_vs_serving} a p99 needs ({detail})")
     if edges or base_edges:
         buckets = "; p99 buckets: canary {}, serving {}".format(
             *("{:g}-{:g} ms".format(*(edge * 1000 for edge in p99_bucket(v, e))) for v, e in ((value, edges), (base, base_edges))))
@@ -170,7 +194,8 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
         gates.append(Gate(f"{name} vs SLO", value <= limit_s, f"{value * 1000:.0f} ms, SLO {limit_s * 1000:g} ms"))
         if math.isfinite(base) and base > 0:
             edges = field.replace("_p99_s", "_buckets_s")
-            gates.append(_vs_serving(name, value, getattr(canary, edges), base, getattr(baseline, edges), policy, 0))
+            gates.append(_vs_serving(name, value, getattr(canary, edges), base, getattr(baseline, edges), policy, 0,
+                                     getattr(canary, field.replace("_p99_s", "_samples"))))
     err = canary.error_rate
     if not math.isfinite(err):
         gates.append(Gate("error rate", False, "no finished requests for the canary"))
@@ -184,7 +209,7 @@ def judge(canary: Observation, baseline: Observation | None, slo: SLOSpec, polic
     slow, base = canary.kv_transfer_p99_s, baseline.kv_transfer_p99_s if baseline else math.nan
     if math.isfinite(slow) and math.isfinite(base) and base > 0:
         gates.append(_vs_serving("KV transfer p99", slow, canary.kv_transfer_buckets_s, base,
-                                 baseline.kv_transfer_buckets_s, policy, 1))
+                                 baseline.kv_transfer_buckets_s, policy, 1, canary.kv_transfer_samples))
     return Verdict(tuple(gates))
 
 
