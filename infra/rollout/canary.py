@@ -55,7 +55,7 @@ class GatePolicy:
     # A p99 of fewer than 100 samples is their largest (histogram_quantile's rank is 0.99 x count):
     # one outlier, such as a new instance's first KV transfer over a connection not yet made,
     # would decide it. Below this many samples in the canary's window a "vs serving" gate does not
-    # judge (and says so); the SLO gates still do, and a later, larger stage is judged.
+    # judge (and says so); the SLO gates still do.
     min_samples_vs_serving: int = 100
 
 
