@@ -1,6 +1,6 @@
-"""Test files longest first, by their last run's times, for pytest-xdist's `--dist loadfile` or
-`loadgroup` (scripts/run_tests.py runs the latter, below). xdist hands a worker a whole file at a
-time, in queue order, and orders the queue by each file's number of tests: the fault matrix (2 tests, over 2 minutes) was queued
+"""Test files longest first, by their last run's times, for pytest-xdist's `--dist loadfile`
+(scripts/run_tests.py). xdist hands a worker a whole file at a time, in queue order, and orders
+the queue by each file's number of tests: the fault matrix (2 tests, over 2 minutes) was queued
 among the last and ran alone at the end while the other worker sat idle. Longest first (the
 classic longest-processing-time rule) needs each file's time:
 
@@ -17,8 +17,8 @@ classic longest-processing-time rule) needs each file's time:
 Under `--dist loadgroup` (what scripts/run_tests.py runs) xdist hands a worker a group at a time:
 each test's group is its file, as under loadfile, unless its file is marked `spread_over_workers(n)`:
 then each run of up to n consecutive tests of one of its functions is a group, so the file's
-tests go to every worker instead of one (the CLI fuzz corpus, 2,114 tests, took 36 minutes of one
-worker in a loaded run, where all the other files it runs beside took 19 minutes of the other). Such a file's module-scoped fixtures are made
+tests go to every worker instead of one (the CLI fuzz corpus, 2,114 tests, ran 36 minutes on one
+worker under load while the other had nothing left). Such a file's module-scoped fixtures are made
 on each worker that runs some of its groups (once each: a file's groups follow one another in the
 queue, so a worker's next test after one of them is of the same file until the file is done), so
 mark only files whose module fixtures may be made twice. The queue stays ordered by file, longest
