@@ -14,16 +14,6 @@ classic longest-processing-time rule) needs each file's time:
   number of tests, as xdist orders them (whose own reordering is switched off, since it would
   undo this).
 
-Under `--dist loadgroup` (what scripts/run_tests.py runs) xdist hands a worker a group at a time:
-each test's group is its file, as under loadfile, unless its file is marked `spread_over_workers(n)`:
-then each run of up to n consecutive tests of one of its functions is a group, so the file's
-tests go to every worker instead of one (the CLI fuzz corpus, 2,114 tests, ran 36 minutes on one
-worker under load while the other had nothing left). Such a file's module-scoped fixtures are made
-on each worker that runs some of its groups (once each: a file's groups follow one another in the
-queue, so a worker's next test after one of them is of the same file until the file is done), so
-mark only files whose module fixtures may be made twice. The queue stays ordered by file, longest
-first; times are still recorded by file.
-
 Registered by tests/conftest.py; imports nothing of pdstack's package, so a test can run it on its own.
 """
 
@@ -39,7 +29,6 @@ import pytest
 from scripts.machine_cache import cache_folder
 
 WORKER_INPUT = "pdstack_file_seconds"
-SPREAD = "spread_over_workers"
 
 
 def times_file() -> Path:
@@ -48,24 +37,6 @@ def times_file() -> Path:
 
 def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
-
-
-def groups(items: list[pytest.Item]) -> dict[str, str]:
-    """Each test's xdist group by its node id: its file's path, or, in a file marked
-    `spread_over_workers(n)`, its file, function and run of n consecutive tests of that function
-    (`tests/x.py::test_f:2` is test_f's third run). Names hold no "@" (xdist splits node ids at it)."""
-    seen: Counter = Counter()
-    named = {}
-    for item in items:
-        where = file_of(item.nodeid)
-        spread = item.get_closest_marker(SPREAD)
-        if spread is None:
-            named[item.nodeid] = where
-            continue
-        function = f"{where}::{getattr(item, 'originalname', item.name)}"
-        named[item.nodeid] = f"{function}:{seen[function] // spread.args[0]}"
-        seen[function] += 1
-    return named
 
 
 def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[str]:
@@ -110,22 +81,14 @@ class FileSeconds:
 
 def pytest_configure(config: pytest.Config) -> None:
     distributed = bool(config.getoption("tx", None)) and not hasattr(config, "workerinput")  # as xdist decides
-    config.addinivalue_line("markers", f"{SPREAD}(n): under --dist loadgroup, runs of n tests of a function of this "
-                            "file go to any worker (tests/file_order.py); its module fixtures are made on each")
-    if distributed and config.getoption("dist") in ("loadfile", "loadscope", "loadgroup"):
+    if distributed and config.getoption("dist") in ("loadfile", "loadscope"):
         config.option.loadscopereorder = False  # the workers order the files (pytest_collection_modifyitems)
         config.pluginmanager.register(FileSeconds(), "pdstack-file-seconds")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which adds each test's group to its node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     seconds = getattr(config, "workerinput", {}).get(WORKER_INPUT)
     if seconds is None:  # not a worker of a run FileSeconds orders
         return
-    if config.getoption("dist") == "loadgroup":
-        group_of = groups(items)
-        for item in items:  # xdist runs a test with no group as a group of its own, module fixtures and all
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(group_of[item.nodeid]))
     position = {n: i for i, n in enumerate(longest_first([item.nodeid for item in items], seconds))}
     items.sort(key=lambda item: position[item.nodeid])

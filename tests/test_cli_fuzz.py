@@ -27,11 +27,6 @@ from infra.spec import REPO_ROOT, StackSpec
 from tests.conftest import stack_data
 from tests.servers import healthy_prometheus, misbehaving_prometheus
 
-# 2,114 tests, 36 minutes on one worker under CI's load: under `make test` their runs of 100 go to
-# every worker (tests/file_order.py), each of which then makes a corpus of its own (the module
-# fixture below: 36 s at a load average of 36, moto's server start included).
-pytestmark = pytest.mark.spread_over_workers(100)
-
 BAD, FAILED, REFUSED = 2, 1, 3
 
 # --- files that are wrong in every way a file can be ------------------------------------------

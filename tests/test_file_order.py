@@ -1,6 +1,5 @@
-"""Test files longest first under pytest-xdist's --dist loadfile or loadgroup (tests/file_order.py):
-what `make test` runs outside tests/twin (loadgroup: a file to a worker, but a spread one's tests
-to every worker). xdist 3.8.0 orders its queue of files by their number of
+"""Test files longest first under pytest-xdist's --dist loadfile (tests/file_order.py): what
+`make test` runs outside tests/twin. xdist 3.8.0 orders its queue of files by their number of
 tests (xdist/scheduler/loadscope.py, LoadScopeScheduling.schedule, --loadscope-reorder), so a
 long file of few tests ran alone at the end."""
 
@@ -66,55 +65,3 @@ def test_a_distributed_run_records_each_files_time_and_the_next_runs_the_longest
     (times / "file-seconds.json").write_text("{not json")  # a damaged file is no figures, and is rewritten
     assert _run(tmp_path / "project", times) == BY_COUNT
     assert set(json.loads((times / "file-seconds.json").read_text())) == set(FILES)
-
-
-SPREAD_PROJECT = {
-    # marked: six tests of one function, in runs of two, whose module fixture may be made on each worker
-    "test_spread.py": "import pytest\npytestmark = pytest.mark.spread_over_workers(2)\n",
-    # not marked: its three tests share a module fixture, made once
-    "test_whole.py": "import pytest\n",
-}
-
-
-def _spread_project(root: Path) -> Path:
-    log = root / "ran.txt"
-    (root / "pytest.ini").write_text("[pytest]\n")
-    for name, head in SPREAD_PROJECT.items():
-        count = 6 if name == "test_spread.py" else 3
-        (root / name).write_text(head + f"""import os
-
-def note(what):
-    open({str(log)!r}, 'a').write(f"{{what}} {name} {{os.getpid()}}\\n")
-
-@pytest.fixture(scope="module")
-def shared():
-    note("setup")
-
-@pytest.mark.parametrize("case", range({count}))
-def test_case(shared, case):
-    note("test")
-""")
-    return log
-
-
-def test_under_loadgroup_a_spread_file_goes_to_every_worker_and_any_other_file_to_one(tmp_path):
-    """xdist 3.8.0's --dist loadgroup runs a test without an xdist_group mark as a group of its
-    own (xdist/scheduler/loadgroup.py, LoadGroupScheduling._split_scope): each file must be one group
-    unless it is marked spread_over_workers, whose runs of tests then go to both workers."""
-    root = tmp_path / "project"
-    root.mkdir()
-    log = _spread_project(root)
-    times = tmp_path / "machine-cache"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "tests.file_order",
-                           "-q", "-p", "no:cacheprovider"], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PDSTACK_TEST_TIMES": str(times)})
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line.split() for line in log.read_text().splitlines()]
-    workers = {name: {pid for _, n, pid in lines if n == name} for name in SPREAD_PROJECT}
-    setups = {name: sorted(pid for what, n, pid in lines if what == "setup" and n == name) for name in SPREAD_PROJECT}
-    tests = {name: sum(what == "test" and n == name for what, n, _ in lines) for name in SPREAD_PROJECT}
-    assert tests == {"test_spread.py": 6, "test_whole.py": 3}
-    assert len(workers["test_whole.py"]) == 1 and len(setups["test_whole.py"]) == 1, lines
-    assert len(workers["test_spread.py"]) == 2, lines  # its first runs went to both workers
-    assert setups["test_spread.py"] == sorted(workers["test_spread.py"]), lines  # its fixture once on each
-    assert set(json.loads((times / "file-seconds.json").read_text())) == set(SPREAD_PROJECT)  # times by file
