@@ -16,8 +16,7 @@ by side, since the twin's leave most of the machine idle.
   priority, on more workers than cores: at nice 10 on one worker they were 2075 s of a loaded
   run for about 200 s of CPU, the long pole of the rest.
 - Everything else runs at the same time on every core (pytest-xdist, a test file to a worker,
-  so a module's fixtures stay in one process, except a file marked spread_over_workers, whose
-  2,114 fuzz cases go to every worker in runs of 100; the files longest first by their last
+  so a module's fixtures stay in one process; the files longest first by their last
   run's times, tests/file_order.py, so no long one runs alone at the end), at a lower priority
   (nice 10): it fills the time the twin leaves idle.
 
@@ -73,7 +72,7 @@ TWIN_GROUPS = {  # group: (pytest arguments, the group's twin state folder)
 # stand-ins answer when their sleeps end rather than when nice 10 next gets a core.
 WAITING_FILES = ["tests/test_validation.py"]
 WAITING_TESTS = [sys.executable, "-m", "pytest", "-n", "4", "--dist", "load", *WAITING_FILES]
-OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadgroup",
+OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
                *[f"--ignore={f}" for f in WAITING_FILES], "--ignore=tests/twin"]
 WAITING = "waiting"  # the waiting tests' report: twin_log(WAITING)
 

@@ -161,7 +161,7 @@ def test_what_runs_the_commands_not_run_here():
     assert all((REPO_ROOT / f).is_file() for f in elsewhere) and len(set(elsewhere)) == len(elsewhere), elsewhere
     assert len({state for _, state in groups.values()}) == len(groups)  # a twin each
     waiting = runner["WAITING_FILES"]
-    assert runner["OTHER_TESTS"][-7 - len(waiting):] == ["-m", "pytest", "-n", "auto", "--dist", "loadgroup",
+    assert runner["OTHER_TESTS"][-7 - len(waiting):] == ["-m", "pytest", "-n", "auto", "--dist", "loadfile",
                                                          *[f"--ignore={f}" for f in waiting], "--ignore=tests/twin"]
     assert runner["WAITING_TESTS"][-len(waiting):] == waiting and all((REPO_ROOT / f).is_file() for f in waiting)
     testpaths = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
