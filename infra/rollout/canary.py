@@ -168,11 +168,11 @@ def _vs_serving(name: str, value: float, edges: tuple[float, ...], base: float, 
                 policy: GatePolicy, digits: int, samples: float = math.nan) -> Gate:
     """A latency gate against the serving revision, at the resolution of both histograms, judged
     only on enough of the canary's samples for a p99 (GatePolicy.min_samples_vs_serving)."""
-    slower = slower_beyond_resolution(value, edges, base, base_edges, policy.latency_regression)
     detail = f"{value * 1000:.{digits}f} ms, serving {base * 1000:.{digits}f} ms (limit x{policy.latency_regression:g})"
     if math.isfinite(samples) and samples < policy.min_samples_vs_serving:
         return Gate(f"{name} vs serving", True, f"not judged: {samples:.0f} samples in the window, fewer than the "
                                                 f"{policy.min_samples_vs_serving} a p99 needs ({detail})")
+    slower = slower_beyond_resolution(value, edges, base, base_edges, policy.latency_regression)
     if edges or base_edges:
         buckets = "; p99 buckets: canary {}, serving {}".format(
             *("{:g}-{:g} ms".format(*(edge * 1000 for edge in p99_bucket(v, e))) for v, e in ((value, edges), (base, base_edges))))
