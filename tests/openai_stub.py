@@ -5,6 +5,9 @@ a configured share of requests with HTTP 500, and requires an API key (401 witho
 an engine it publishes, on /metrics, the requests it runs (those holding one of `max_running`
 slots) as the pinned SGLang's running-requests gauge, for a real Prometheus to scrape
 (stub_prometheus): what `validate-deployment --prometheus` reads as the batch the engine held;
+the requests waiting for a slot as its waiting-queue gauge (sglang:num_queue_reqs; its decode
+prealloc and transfer queues, registered as every SGLang scheduler registers them, stay 0: no KV
+arrives here), which tells an engine at its cap from a load generator that kept fewer in flight;
 and, as an engine balancing its experts does (dev's DeepSeek, EPLB), the experts' balancedness
 of each request it ran: 1, even (a stand-in has no experts)."""
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from infra.validation.health import DECODE_QUEUE_METRICS
 from tests.engine_exporter import SGLANG, engine_metric, metrics_handler
 from tests.servers import prometheus, serving
 
@@ -34,11 +38,26 @@ class Behaviour:
 
 
 def _handler(b: Behaviour, rng: random.Random):
-    slots = threading.BoundedSemaphore(b.max_running) if b.max_running else contextlib.nullcontext()
+    slots = threading.BoundedSemaphore(b.max_running) if b.max_running else None
     registry = CollectorRegistry()
     running = engine_metric(registry, SGLANG.running)  # a gauge: inc/dec are atomic (prometheus_client's lock)
+    queues = [engine_metric(registry, name) for name in DECODE_QUEUE_METRICS["sglang"]]  # each series published
+    queued = queues[0]  # the waiting queue: the one a request past the running cap waits in
     balancedness = engine_metric(registry, SGLANG.expert_balancedness)
     metrics = metrics_handler(registry)
+
+    @contextlib.contextmanager
+    def slot():
+        """One of the `max_running` slots, waited for in the queue as an engine past its cap waits."""
+        if slots is None:
+            yield
+            return
+        with queued.track_inprogress():
+            slots.acquire()
+        try:
+            yield
+        finally:
+            slots.release()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # the body ends when the connection closes: simplest streaming
@@ -73,7 +92,7 @@ def _handler(b: Behaviour, rng: random.Random):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            with slots, running.track_inprogress():
+            with slot(), running.track_inprogress():
                 time.sleep(b.ttft_s)
                 for i in range(tokens):
                     if i:

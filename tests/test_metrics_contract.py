@@ -25,7 +25,7 @@ from infra.render.engine_check import variant_spec
 from infra.render.metrics import ENGINE_METRICS, alert_rules, balancedness_roles, catalogue, exposed_series
 from infra.render.query_check import query_problems
 from infra.rollout.canary import gate_queries
-from infra.validation.health import fleet_queries, held_batch_query, kv_usage_query
+from infra.validation.health import fleet_queries, held_batch_query, kv_usage_query, queue_depth_query
 
 SPECS = [(stack, engine) for stack in ("dev", "prod") for engine in ("sglang", "vllm")]
 
@@ -51,7 +51,7 @@ def every_query(spec) -> dict[str, str]:
     queries |= {f"fleet {k}": q for k, q in fleet_queries(engine, ns, "10m", roles, balancedness_roles(spec)).items()}
     queries |= {f"plan --watch {k}": q for k, q in watch_queries(spec).items()}
     queries |= {f"profile {f.__name__} {role}": f(engine, ns, role, 60) for role in roles
-                for f in (held_batch_query, kv_usage_query)}
+                for f in (held_batch_query, kv_usage_query, queue_depth_query)}
     for panel in dashboard(ctx)["panels"]:
         queries |= {f"panel {panel['title']} {t['refId']}": t["expr"] for t in panel["targets"]}
     return queries

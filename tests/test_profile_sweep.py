@@ -23,7 +23,8 @@ TTFT_SLO, ITL_SLO = 2500, 50
 @dataclass(frozen=True)
 class Engine:
     """Decode instances of the fleet model, each holding at most `cap` sequences (the engine's
-    running-request cap) and what its KV cache holds at the run's context; a request past them waits."""
+    running-request cap) and what its KV cache holds at the run's context; a request past them
+    waits, in the engine's queue (its queue gauges, read with the running one)."""
 
     fleet: FleetModel = FleetModel()
     instances: int = 2
@@ -40,7 +41,8 @@ class Engine:
         result = LoadResult("chat", concurrency, 2 * concurrency, 0, 300.0, 300.0, itl * 1.2, itl, 1000 / itl,
                             tokens_per_second, tokens_per_second / output, prompt, prompt, output, output,
                             held_batch=held if self.gauge else None,
-                            kv_usage=held * (prompt + output / 2) / self.fleet.kv_cache_tokens if self.gauge else None)
+                            kv_usage=held * (prompt + output / 2) / self.fleet.kv_cache_tokens if self.gauge else None,
+                            queue_depth=concurrency / self.instances - held if self.gauge else None)
         return result, judge(result, TTFT_SLO, ITL_SLO, 20)
 
 
@@ -72,11 +74,47 @@ def test_the_sweep_stops_where_the_kv_cache_fills_or_the_engine_holds_no_more():
     capped = Engine(cap=48, gauge=False, fleet=FleetModel(decode_ms_per_kv_token=0.0))
     found = capacity_sweep("chat", capped.run, capped.instances, max_running=None)
     assert "the engine held no more sequences than at concurrency 128 (48.0 an instance)" in found.stopped
+    assert "a load generator that kept no more in flight; with no queue figure" in found.stopped  # no gauges
     held = [r.concurrency / 2 if r.concurrency <= 96 else 48 for r, _ in found.sweep().runs]
     batches = Workload.model_validate(measured_workload(found.sweep(), 1, 2, "w", "t")).surface.decode.batches
     assert batches == sorted(set(held)) and batches[-1] == 48  # not 64, 128: the concurrency asked
     found = capacity_sweep("chat", capped.run, capped.instances, max_running=48)
     assert "the engine's running-request cap (max_running_requests 48" in found.stopped
+
+
+def test_a_plateau_with_requests_queued_at_the_engine_is_its_cap():
+    """An engine at its cap queues what it cannot run (SGLang 0.5.23 srt/disaggregation/decode.py:
+    past --max-running-requests a decode instance's requests wait in its waiting queue,
+    sglang:num_queue_reqs; vLLM 0.33.0's vllm:num_requests_waiting): a plateau with a queue is a
+    cap, and the profile says how many waited."""
+    capped = Engine(cap=48, fleet=FleetModel(decode_ms_per_kv_token=0.0))
+    found = capacity_sweep("chat", capped.run, capped.instances, max_running=None)
+    assert "the engine held no more sequences than at concurrency 128 (48.0 an instance, 80.0 more queued at " \
+           "it): a cap" in found.stopped, found.stopped
+
+
+def test_a_plateau_with_nothing_queued_is_the_load_generators_limit_not_a_cap():
+    """Issue #41, session 5: on a busy machine aiperf kept fewer requests in flight than asked, the
+    engine's running-requests gauge read what it kept, and the sweep stopped at "a cap" the engine
+    never had (the stand-in at load ~100: 1 held at concurrency 2 of its cap 2). A plateau with
+    nothing queued at the engine (test_a_plateau_with_requests_queued_at_the_engine_is_its_cap) is
+    the load generator's: said so with the fix, no bisection towards it, and the profile the
+    planner reads says no cap."""
+    engine = Engine()
+    in_flight = 48  # what a starved aiperf keeps in flight whatever the concurrency asked
+
+    def starved(concurrency: int):
+        result, gates = engine.run(min(concurrency, in_flight))
+        return dataclasses.replace(result, concurrency=concurrency), gates
+
+    found = capacity_sweep("chat", starved, engine.instances, max_running=None)
+    assert "aiperf kept only 24.0 of the 64 requests asked in flight a decode instance and nothing queued at the " \
+           "engine: the load generator, not the engine, was the limit" in found.stopped, found.stopped
+    assert "a cap" not in found.stopped and "Fix: run validate-deployment from a machine with CPU to spare" in found.stopped
+    assert found.concurrencies[-2:] == [64, 128]  # no bisection towards what aiperf kept in flight
+    notes = Workload.model_validate(measured_workload(found.sweep(), 1, engine.instances, "w", "t",
+                                                      notes=[found.stopped])).measured.notes
+    assert found.stopped in notes and not any("a cap" in n for n in notes)
 
 
 def test_a_longer_context_row_is_read_at_the_batches_its_engines_held():

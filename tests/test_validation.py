@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 
 import pytest
@@ -123,9 +124,12 @@ def test_one_default_profile_sweep_finds_the_engines_cap_and_says_where_it_stopp
     engines held. With --profile-out the default is the capacity sweep: concurrency doubled from 1
     until a limit, here a stand-in whose engine runs 2 requests at a time (a cap the spec does not
     state): past 2 it holds no more than at 2, so the sweep stops, and the profile says where and
-    why (on a starved machine it may stop sooner: the engine held what aiperf kept in flight). The batch held is what the engine says, its running-requests gauge (the pinned SGLang's
+    why. The batch held is what the engine says, its running-requests gauge (the pinned SGLang's
     sglang:num_running_reqs, infra/render/metrics.py) scraped by a real Prometheus
-    (--prometheus), never the concurrency asked. Without the gauge, Little's law on aiperf's
+    (--prometheus), never the concurrency asked; the requests past its 2 wait in its queue
+    (sglang:num_queue_reqs), read the same way: a plateau with a queue is the engine's cap, one
+    without is aiperf keeping fewer in flight than asked, said so (session 5, at load ~100, it
+    held 1 at concurrency 2 and the sweep called that a cap). Without the gauge, Little's law on aiperf's
     figures read a busy machine's runs (load 10-60) as rises past the cap: levels 1,2,4,5,6,8
     and 1,2,4,8,11,13,16, where 1,2,3,4 were expected; that estimate is judged only by bounds
     that hold under load (test_a_healthy_endpoint_passes...)."""
@@ -143,9 +147,15 @@ def test_one_default_profile_sweep_finds_the_engines_cap_and_says_where_it_stopp
     # kept 2 requests in flight less than half of the run at concurrency 2, whose median was 1.
     held = {r["concurrency"]: r["held_batch"] for r in doc["runs"]}
     assert held[1] == 1 and all(0 < h <= 2 for h in held.values()), doc["runs"]
+    # Its queue: never anything at 2 in flight or fewer, on any machine. Whether the level the sweep
+    # stopped at had one is the load's (idle: 2 queued at 4); the verdict is what it read there.
+    queued = {r["concurrency"]: r["queue_depth"] for r in doc["runs"]}
+    assert all(q == 0 for c, q in queued.items() if c <= 2), doc["runs"]
     workload = Workload.model_validate(yaml.safe_load(profile.read_text()))
     stopped = " ".join(workload.measured.notes)
-    assert "the engine held no more sequences than at concurrency" in stopped, stopped
+    at = int(re.search(r"decode sweep stopped at concurrency (\d+):", stopped).group(1))
+    assert ("more queued at it): a cap" if queued[at] > 0 else
+            "nothing queued at the engine: the load generator, not the engine, was the limit") in stopped, stopped
     batches = workload.surface.decode.batches
     assert batches == sorted(set(batches)) and batches[-1] <= 2  # held: at most the cap, not the concurrency asked
     assert "Little's law" not in stopped and not any("no run under load" in n for n in workload.measured.notes)

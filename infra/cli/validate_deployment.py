@@ -146,7 +146,7 @@ def plot(args, spec, scenario, sweep, comparison, out: Path) -> None:
 @dataclasses.dataclass
 class Runner:
     """One aiperf run of a scenario at a concurrency, judged, and with --prometheus what the
-    decode engines held during it (their running-requests gauge, the KV cache's usage)."""
+    decode engines held during it (their running-requests gauge, the KV cache's usage, their queues)."""
 
     args: argparse.Namespace
     spec: StackSpec
@@ -160,7 +160,7 @@ class Runner:
         import math
         import time
 
-        from infra.validation.health import held_batch_query, kv_usage_query
+        from infra.validation.health import held_batch_query, kv_usage_query, queue_depth_query
         from infra.validation.run import run_sweep
 
         started = time.time()
@@ -172,10 +172,10 @@ class Runner:
             return result, gates
         seconds = math.ceil(time.time() - started)
         kind, ns = self.spec.engine.kind, self.spec.environment.namespace
-        held = self.prometheus.query(held_batch_query(kind, ns, self.decode_role, seconds))
-        usage = self.prometheus.query(kv_usage_query(kind, ns, self.decode_role, seconds))
-        return dataclasses.replace(result, held_batch=held if math.isfinite(held) else None,
-                                   kv_usage=usage if math.isfinite(usage) else None), gates
+        read = {field: self.prometheus.query(query(kind, ns, self.decode_role, seconds))
+                for field, query in (("held_batch", held_batch_query), ("kv_usage", kv_usage_query),
+                                     ("queue_depth", queue_depth_query))}
+        return dataclasses.replace(result, **{f: v if math.isfinite(v) else None for f, v in read.items()}), gates
 
 
 def other_length_runs(run: Runner, scenario, levels: dict[tuple[int, int], set[int]]) -> tuple[dict, list[str]]:

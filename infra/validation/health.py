@@ -99,15 +99,46 @@ def kv_tokens_per_instance(engine: str, series: list[tuple[dict[str, str], float
     return min(totals) if totals else None
 
 
+def _per_instance(metric: str, namespace: str, role: str) -> str:
+    """A gauge of a pool summed per instance: an instance's is its group's (as fleet_queries sums it)."""
+    return f"sum by (namespace, {GROUP_SERIES_LABEL}) ({with_selector(metric, role_selector(namespace, role))})"
+
+
 def held_batch_query(engine: str, namespace: str, role: str, seconds: int) -> str:
     """Sequences one instance of a pool held during the last `seconds` (one load-test run): the
-    engines' running-requests gauge, an instance's being its group's (as fleet_queries sums it),
-    its median over the run's samples with idle ones left out (the tool starting, the last
-    requests draining: a mean over them puts each ITL at a smaller batch than it was measured
-    at), averaged over the instances."""
-    m = ENGINE_METRICS[engine]
-    per_instance = f"sum by (namespace, {GROUP_SERIES_LABEL}) ({with_selector(m.running, role_selector(namespace, role))})"
-    return f"avg(quantile_over_time(0.5, ({per_instance} > 0)[{max(1, seconds)}s:]))"
+    engines' running-requests gauge, an instance's being its group's, its median over the run's
+    samples with idle ones left out (the tool starting, the last requests draining: a mean over
+    them puts each ITL at a smaller batch than it was measured at), averaged over the instances."""
+    running = _per_instance(ENGINE_METRICS[engine].running, namespace, role)
+    return f"avg(quantile_over_time(0.5, ({running} > 0)[{max(1, seconds)}s:]))"
+
+
+# Where a request waits at a decode engine that cannot run it yet, per the pinned engines' source:
+# - SGLang 0.5.23 (srt/disaggregation/decode.py, its life-cycle docstring and DecodeReqToTokenPool):
+#   a decode instance takes a request into its prealloc queue until it can allocate the KV, then its
+#   transfer queue while the KV arrives, then its waiting queue until the running batch has room
+#   (`--max-running-requests` bounds the running; pre_alloc_size more slots the other two). Each
+#   queue is a gauge every scheduler registers at start (observability/metrics_collector.py,
+#   SchedulerMetricsCollector: 0 outside PD decode): at the running cap the waiting queue fills, at
+#   the KV's the prealloc queue.
+# - vLLM 0.33.0 (v1/metrics/loggers.py, PrometheusStatLogger.record): `vllm:num_requests_waiting`
+#   is those waiting for capacity and those deferred (a KV transfer among the reasons) together.
+DECODE_QUEUE_METRICS = {
+    "sglang": (ENGINE_METRICS["sglang"].queue_depth, "sglang:num_decode_prealloc_queue_reqs",
+               "sglang:num_decode_transfer_queue_reqs"),
+    "vllm": (ENGINE_METRICS["vllm"].queue_depth,),
+}
+
+
+def queue_depth_query(engine: str, namespace: str, role: str, seconds: int) -> str:
+    """Requests one decode instance kept waiting during the last `seconds` (one load-test run): its
+    queues (DECODE_QUEUE_METRICS) added up, their median over the samples at which it ran any
+    request (the window holds the tool starting too), averaged over the instances. An engine at
+    its cap queues what it cannot run: above 0, requests waited there half the time it was busy
+    or more."""
+    queued = " + ".join(_per_instance(metric, namespace, role) for metric in DECODE_QUEUE_METRICS[engine])
+    running = _per_instance(ENGINE_METRICS[engine].running, namespace, role)
+    return f"avg(quantile_over_time(0.5, (({queued}) and ({running} > 0))[{max(1, seconds)}s:]))"
 
 
 def kv_usage_query(engine: str, namespace: str, role: str, seconds: int) -> str:

@@ -126,6 +126,7 @@ class LoadResult:
     # Read from the engines' metrics over the run (validate-deployment --prometheus), None where not:
     held_batch: float | None = None  # sequences one decode instance held (its running-requests gauge)
     kv_usage: float | None = None  # the decode pool's highest share of KV cache in use
+    queue_depth: float | None = None  # requests one decode instance kept waiting (its queue gauges)
     itl_mean_ms: float = math.nan  # the mean inter-token latency: Little's law is a law of means
 
 

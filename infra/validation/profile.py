@@ -4,8 +4,11 @@ each pool can do, in one run. Pure: each run is `measure(concurrency)`, the call
 - Decode. Concurrency grows geometrically (x GROWTH a run, from 1) until a run meets a limit:
   decode's SLO breaks (ITL, tokens/s per user, errors: TTFT is prefill's), the KV cache fills (its usage gauge at KV_FULL or more, read from the
   engines' metrics), the engine's running-request cap is reached, or the engine holds no more
-  sequences than at the level before though twice as many were asked (a cap the spec does not
-  state). Then REFINE_RUNS more runs bisect, geometrically, between the last level inside every
+  sequences than at the level before though twice as many were asked: a cap the spec does not
+  state if requests queued at the engine meanwhile (its queue gauges, read with --prometheus);
+  with nothing queued, the load generator kept no more in flight (aiperf on a busy machine falls
+  behind), which is no cap of the engine's and said so; without the gauges the two cannot be told
+  apart, said so too. Then REFINE_RUNS more runs bisect, geometrically, between the last level inside every
   limit and the first past one. The surface keeps every level (the planner interpolates between
   them and never plans past the largest), each at the batch the engine held: its
   running-requests gauge over the run, or, without Prometheus, Little's law on aiperf's own
@@ -44,6 +47,11 @@ REQUESTS_PER_CONCURRENCY = 2  # a level runs at least this many requests a slot:
 Run = tuple[LoadResult, list[Gate]]
 
 
+class LoadGeneratorLimit(str):
+    """Why a run is past what the load generator kept in flight, not past a limit of the engine's:
+    levels between the last inside and it measure the generator, so the sweep does not bisect."""
+
+
 def past_limit(run: Run, before: Run | None, decode_instances: int, max_running: int | None) -> str | None:
     """Why this run is past a limit of the decode pool, or None."""
     result, gates = run
@@ -61,8 +69,18 @@ def past_limit(run: Run, before: Run | None, decode_instances: int, max_running:
             return (f"prefill fed decode no more sequences than at concurrency {before[0].concurrency} "
                     f"({held:.1f} a decode instance; TTFT over the SLO): decode's capacity is past what was "
                     "measured. Fix: more prefill instances per decode instance while profiling")
-        return (f"the engine held no more sequences than at concurrency {before[0].concurrency} "
-                f"({held:.1f} an instance): a cap")
+        held_as_before = (f"the engine held no more sequences than at concurrency {before[0].concurrency} "
+                          f"({held:.1f} an instance")
+        if result.queue_depth is None:
+            return (f"{held_as_before}): a cap, or a load generator that kept no more in flight; with no queue "
+                    "figure (the engines' queue gauges, read with --prometheus) the two cannot be told apart")
+        if result.queue_depth > 0:  # an engine at its cap queues what it cannot run
+            return f"{held_as_before}, {result.queue_depth:.1f} more queued at it): a cap"
+        return LoadGeneratorLimit(
+            f"aiperf kept only {held:.1f} of the {result.concurrency / decode_instances:g} requests asked in flight "
+            "a decode instance and nothing queued at the engine: the load generator, not the engine, was the limit, "
+            "and the surface ends below the engine's capacity. Fix: run validate-deployment from a machine with CPU "
+            "to spare for aiperf")
     return None
 
 
@@ -113,7 +131,7 @@ def capacity_sweep(scenario: str, measure: Callable[[int], Run], decode_instance
                        "met: the surface ends below the engine's capacity. Fix: a higher --max-concurrency")
         return out
     first_past, first_why = concurrency, why
-    for _ in range(REFINE_RUNS):
+    for _ in range(0 if isinstance(why, LoadGeneratorLimit) else REFINE_RUNS):
         low = inside[0].concurrency if inside else 0
         middle = round(math.sqrt(max(low, 1) * first_past))
         if inside is None or middle <= low or middle >= first_past:
