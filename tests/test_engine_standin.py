@@ -24,12 +24,12 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
 import urllib.request
 
 import pytest
 
 from tests.servers import free_port
+from tests.servers import http_answer as _call
 from twin import kv_libraries
 from twin.pods import STANDIN, _engines_venv
 from twin.process import dying_with_parent
@@ -106,16 +106,6 @@ def _sample(port: int, name: str) -> float:
 
 def _get(port: int, path: str) -> tuple[int, str]:
     return _call(urllib.request.Request(f"http://127.0.0.1:{port}{path}"))
-
-
-def _call(request) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def _chat(port: int, bootstrap_port: int, room: int) -> tuple[int, str]:

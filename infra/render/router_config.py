@@ -106,6 +106,17 @@ def _selector_args(selector: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in selector.items()]
 
 
+def router_attempts(retries: int) -> int:
+    """sglang-router 0.3.2's `--retry-max-retries` for a hop the spec retries `retries` times.
+
+    The router counts that value as attempts, the first included: its retry loop stops once
+    `attempt + 1 >= max(max_retries, 1)` (src/core/retry.rs execute_response_with_retry), so 1 is
+    no retry at all, and its config validation refuses 0 (src/config/validation.rs validate_retry).
+    The spec's `retries` are retries after the first attempt, as the timeout budget counts them
+    (infra/spec/__init__.py: timeout x (retries + 1) attempts)."""
+    return retries + 1
+
+
 def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
     lb, t = spec.deployment.load_balancer, spec.timeouts
     prefill_policy, decode_policy = SGLANG_POLICIES[lb.strategy]
@@ -126,7 +137,7 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         "--balance-rel-threshold", str(w.balance_rel_threshold),
         # sglang-router's request timeout covers the whole request, stream included: the gateway's.
         "--request-timeout-secs", str(int(t.gateway_to_router.timeout_seconds)),
-        "--retry-max-retries", str(t.router_to_prefill.retries),
+        "--retry-max-retries", str(router_attempts(t.router_to_prefill.retries)),
         "--health-check-endpoint", "/health",
     ]
     if spec.deployment.mode == "disaggregated":
