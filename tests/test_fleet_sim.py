@@ -71,6 +71,22 @@ def test_the_batch_a_run_held_is_its_steady_batch_not_a_mean_with_the_drain():
     assert "quantile_over_time(0.5" in held_batch_query("sglang", "pdstack", "decode", 60)
 
 
+def test_an_engine_past_its_running_cap_queues_and_the_sweep_calls_that_its_cap():
+    """The fleet model publishes the queue gauge as validate-deployment reads it (health.py
+    queue_depth_query: the median over the busy time), so the bench's sweeps judge a plateau as the
+    real sweep does (infra/validation/profile.py past_limit): a cap where requests queued at the
+    engine, which an engine past max_running_requests does (SGLang 0.5.23 keeps them in its
+    waiting queue, sglang:num_queue_reqs)."""
+    from infra.validation.profile import capacity_sweep
+
+    engine = Engine(max_running_requests=16)
+    below, past = aiperf_run(engine, 8, 300, 200, 32), aiperf_run(engine, 64, 300, 200, 128)
+    assert below.queue_depth == 0 and below.held_batch <= 8
+    assert past.held_batch <= 16 and past.queue_depth > 0
+    found = capacity_sweep("sim", lambda c: (aiperf_run(engine, c, 300, 200, 2 * c), []), 1, max_running=None)
+    assert "queued at it): a cap" in found.stopped and "load generator" not in found.stopped
+
+
 def test_one_round_asking_for_more_is_not_a_reversal_in_the_bench_days():
     """Issue #41's day target: no pool's count turns within 30 minutes of its last change the other
     way. A count comes down only once no plan of the scale-down window asked for more (the HPA's

@@ -178,19 +178,29 @@ class Served:
     end: np.ndarray
     prompts: np.ndarray
     outputs: np.ndarray
-    steps: list = field(default_factory=list)  # (sequences, seconds) of every decode step
+    steps: list = field(default_factory=list)  # (sequences, requests waiting, seconds) of every decode step
     kv_peak: float = 0.0
     duration: float = 0.0
 
     def held_batch(self) -> float | None:
         """The running-requests gauge as validate-deployment reads it (health.held_batch_query): the
         median over the run's time of an instance's sequences, idle time left out."""
+        return self._busy_median(0)
+
+    def queue_depth(self) -> float | None:
+        """The queue gauges as validate-deployment reads them (health.queue_depth_query): the median
+        over the run's busy time of the requests an instance kept waiting."""
+        return self._busy_median(1)
+
+    def _busy_median(self, column: int) -> float | None:
+        """The time-weighted median of one column of the decode steps (each step lasts its seconds)."""
         if not self.steps:
             return None
-        batch, seconds = np.array(self.steps).T
-        order = np.argsort(batch)
+        steps = np.array(self.steps)
+        values, seconds = steps[:, column], steps[:, 2]
+        order = np.argsort(values)
         cumulative = np.cumsum(seconds[order])
-        return float(batch[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+        return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
     def ttft_ms(self, skip: float = 0.0) -> np.ndarray:
         ok = np.isfinite(self.first) & (self.arrival >= skip)
@@ -271,7 +281,7 @@ def simulate(engine: Engine, prefill_n: int, decode_n: int, prompts: np.ndarray,
             push(p.start(now), 1, i)
         else:
             d = dec[i]
-            served.steps.append((d.batch, now - d.step_started))
+            served.steps.append((d.batch, len(d.waiting), now - d.step_started))
             served.kv_peak = max(served.kv_peak, d.kv_used / engine.kv_cache_tokens)
             for r in d.finish():
                 finished(r, now)
@@ -287,8 +297,8 @@ def _p(values: np.ndarray, q: float) -> float:
 def aiperf_run(engine: Engine, concurrency: int, input_tokens: int, output_tokens: int, requests: int,
                prefill_n: int = 1, decode_n: int = 1, scenario: str = "sim") -> LoadResult:
     """What aiperf reports of a run at a fixed concurrency (fixed lengths, as its synthetic
-    dataset with stddev 0), with the decode engines' running-requests gauge (the mean batch over
-    their steps) and the KV cache's highest usage, as --prometheus reads them."""
+    dataset with stddev 0), with the decode engines' running-requests and queue gauges (medians
+    over their steps' time) and the KV cache's highest usage, as --prometheus reads them."""
     prompts = np.full(requests, float(input_tokens))
     outputs = np.full(requests, float(output_tokens))
     s = simulate(engine, prefill_n, decode_n, prompts, outputs, users=concurrency)
@@ -300,6 +310,7 @@ def aiperf_run(engine: Engine, concurrency: int, input_tokens: int, output_token
                       1000 / _p(itl, 0.5) if len(itl) else math.nan, tokens / duration, requests / duration,
                       float(input_tokens), float(input_tokens), float(output_tokens), float(output_tokens),
                       held_batch=s.held_batch() if output_tokens > 1 else None,
+                      queue_depth=s.queue_depth() if output_tokens > 1 else None,
                       kv_usage=s.kv_peak)
 
 
