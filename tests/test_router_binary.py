@@ -31,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from infra.components.balancers import router_deployment
+from infra.components.k8s import LayerContext
+from infra.render.engine_args import weights_path
 from infra.render.router_config import router_launch
 from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
@@ -156,3 +159,42 @@ def test_the_real_router_retries_a_failed_call_as_often_as_the_spec_says(tmp_pat
                         tmp_path / "router.log") as url:
         status, body = _status(f"{url}/generate", {"text": "hello"})
     assert (status, worker.posts) == (200, ["/generate"] * (retries + 1)), body
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_router_pod_has_a_folder_at_the_engines_model_path(stack):
+    """The path the router loads a tokenizer from is the engines' --model-path (their /server_info
+    model_path); the rendered router pod has a folder there, so sglang-router 0.3.2 reads it instead
+    of asking huggingface.co (factory.rs: the hub only for a path that does not exist). What failed
+    here: no such folder, and the router asked https://huggingface.co/api/models//mnt/weights/...
+    at every worker it added (the twin's router logs)."""
+    spec, launch = rendered(stack)
+    assert launch.model_folder == weights_path(spec)
+    pod = router_deployment(LayerContext(spec, spec.environment.namespace), launch)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == weights_path(spec)]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume == {"name": mount["name"], "emptyDir": {}} and mount["readOnly"] is True
+
+
+@pytest.mark.parametrize("folder_exists", [True, False])
+def test_the_real_router_asks_the_hub_only_for_a_model_path_it_lacks(tmp_path, folder_exists):
+    """The upstream rule the render relies on, on the real router: a worker's model_path that is a
+    folder on the router's filesystem (as the rendered pod's is) is read there, and the hub is not
+    asked; one that is not (the pod before this render) is asked of the hub by that name."""
+    model_path = tmp_path / "weights" / "model"
+    if folder_exists:
+        model_path.mkdir(parents=True)
+    with WorkerStub(model_path=str(model_path)) as worker, \
+            real_router(worker, [], tmp_path / "router.log") as url:
+        deadline = time.monotonic() + START_DEADLINE_SECONDS
+        log = tmp_path / "router.log"
+        while f"Failed to load tokenizer for model {MODEL}" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert _status(f"{url}/readiness")[0] == 200
+    if folder_exists:
+        assert worker.hub_requests == []
+        assert "does not contain a valid tokenizer file" in log.read_text()
+    else:
+        assert worker.hub_requests == [f"/api/models/{model_path}/revision/main"]

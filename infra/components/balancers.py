@@ -69,6 +69,8 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, 
     mounts = [{"name": "launch", "mountPath": "/etc/pdstack/launch", "readOnly": True}]
     if launch.files:
         mounts.append({"name": "epp-config", "mountPath": "/etc/epp", "readOnly": True})
+    if launch.model_folder:
+        mounts.append({"name": "model-folder", "mountPath": launch.model_folder, "readOnly": True})
     container = {
         "name": naming.ROUTER,
         # The SGLang router, or the endpoint picker: two programs, two images.
@@ -84,6 +86,8 @@ def router_deployment(ctx: LayerContext, launch: RouterLaunch, reads: dict[str, 
         container["command"] = launch.entrypoint
         container["args"] = launch.args
     volumes = [{"name": "launch", "configMap": {"name": f"{naming.ROUTER}-launch", "defaultMode": 0o555}}]
+    if launch.model_folder:
+        volumes.append({"name": "model-folder", "emptyDir": {}})
     if launch.files:
         volumes.append({"name": "epp-config", "configMap": {"name": f"{naming.ROUTER}-launch", "items": [{"key": "config.yaml", "path": "config.yaml"}]}})
     return {

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from infra import naming
-from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT, SIDECAR_ENGINE_PORT
+from infra.render.engine_args import BOOTSTRAP_PORT, ENGINE_PORT, SIDECAR_ENGINE_PORT, weights_path
 from infra.render.epp_contract import config_problems, contract, flag_problems, require
 from infra.render.flagsets import flagset
 from infra.render.tracing import router_trace_args
@@ -94,6 +94,8 @@ class RouterLaunch:
     # new replica cannot become Ready while the old leader holds the lease.
     leader_elected: bool = False
     health_port: int | None = None  # gRPC health service (the picker's), else probe the serving port
+    # A folder the router's pod has at this path (sglang_router_launch says why), else none.
+    model_folder: str | None = None
 
 
 def pool_selector(role: str) -> dict[str, str]:
@@ -158,6 +160,15 @@ def sglang_router_launch(spec: StackSpec) -> RouterLaunch:
         args=args,
         port=ROUTER_PORT,
         metrics_port=ROUTER_METRICS_PORT,
+        # For each worker it adds, sglang-router 0.3.2 loads a tokenizer from the model_path the
+        # worker's /server_info reports, the engines' --model-path (src/core/steps/worker/local/
+        # discover_metadata.rs, register_tokenizer.rs): from that folder if the router has it, else
+        # by asking huggingface.co for a model of that name (src/tokenizer/factory.rs
+        # create_tokenizer_async_with_chat_template), which a cluster must not do and no flag turns
+        # off. The router's pod has a folder there, so the load stays local. Its routing reads no
+        # tokenizer (HTTP mode: cache_aware's tree is on request text); only the router's own
+        # /v1/tokenize and /v1/detokenize would, and they answer an error, as without the folder.
+        model_folder=weights_path(spec),
         notes=[
             f"prefill bootstrap port from pod annotation sglang.ai/bootstrap-port={BOOTSTRAP_PORT}",
             f"policies: prefill {prefill_policy}, decode {decode_policy}",
