@@ -21,7 +21,10 @@ by side, since the twin's leave most of the machine idle.
   (nice 10): it fills the time the twin leaves idle.
 
 Each twin group's report, and the waiting tests', is written to .twin/tests-<group>.log and
-printed whole when all have ended, so the reports do not interleave. The exit status is 0 only if all passed (pytest's 5,
+printed whole when all have ended, so the reports do not interleave; the other tests' report is
+printed as it runs and kept in .twin/tests-others.log. Last come what failed in every report (pytest's
+FAILED and ERROR lines, and why a twin stopped, tests/twin/conftest.py), so that the end of the
+output, which a CI page may show alone, says it. The exit status is 0 only if all passed (pytest's 5,
 "no test ran", is a failure too).
 
     .venv/bin/python scripts/run_tests.py
@@ -33,6 +36,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,6 +79,8 @@ WAITING_TESTS = [sys.executable, "-m", "pytest", "-n", "4", "--dist", "load", *W
 OTHER_TESTS = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadfile",
                *[f"--ignore={f}" for f in WAITING_FILES], "--ignore=tests/twin"]
 WAITING = "waiting"  # the waiting tests' report: twin_log(WAITING)
+OTHERS = "others"  # the other tests' report, printed as it runs and kept in twin_log(OTHERS)
+TWIN_STOPPED = "the cluster twin stopped during the run"  # tests/twin/conftest.py's section
 
 
 def twin_log(group: str) -> Path:
@@ -91,10 +97,14 @@ def main() -> int:
                                             stderr=subprocess.STDOUT, env={**os.environ, "PDSTACK_TWIN_DIR": str(state)})
         waiting_log = logs.enter_context(open(twin_log(WAITING), "w"))
         waiting = subprocess.Popen(WAITING_TESTS, cwd=REPO, stdout=waiting_log, stderr=subprocess.STDOUT)
-        others = subprocess.Popen(OTHER_TESTS, cwd=REPO)
+        others_log = logs.enter_context(open(twin_log(OTHERS), "wb"))
+        others = subprocess.Popen(OTHER_TESTS, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        copying = threading.Thread(target=_tee, args=(others.stdout, others_log), daemon=True)
+        copying.start()
         # A Ctrl-C reaches all of them (one process group): each pytest tears its fixtures down
         # (a twin group's stops the twin it started) and is waited for here, never killed.
         others_code = _wait(others)
+        copying.join()
         beside = {f"{' '.join(WAITING_FILES)} (waiting)": (WAITING, _wait(waiting)),
                   **{f"tests/twin {group}": (group, _wait(proc)) for group, proc in twins.items()}}
     for title, (group, _) in beside.items():
@@ -102,9 +112,42 @@ def main() -> int:
               f"{twin_log(group).relative_to(REPO) if twin_log(group).is_relative_to(REPO) else twin_log(group)}) =====",
               flush=True)
         sys.stdout.write(twin_log(group).read_text())
+    failures = {title: failed_lines(twin_log(group).read_text(errors="replace"))
+                for title, group in [("the other tests", OTHERS), *((t, g) for t, (g, _) in beside.items())]}
+    if any(failures.values()):
+        print("\n===== what failed, from the reports above =====")
+        for title, lines in failures.items():
+            for line in lines:
+                print(f"{title}: {line}")
     print(f"\nthe other tests: exit {others_code}; "
           + "; ".join(f"{title}: exit {code}" for title, (_, code) in beside.items()), flush=True)
     return 0 if others_code == 0 and all(code == 0 for _, code in beside.values()) else 1
+
+
+def failed_lines(report: str) -> list[str]:
+    """pytest's FAILED and ERROR lines of a report (its short test summary), and the reason under
+    the twin-stopped section, if the report has one."""
+    lines = report.splitlines()
+    found = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    for i, line in enumerate(lines):
+        if line.startswith("=") and TWIN_STOPPED in line:
+            reason = []
+            for after in lines[i + 1:]:
+                if after.startswith("="):
+                    break
+                reason.append(after)
+            found.append(f"{TWIN_STOPPED}: " + "\n".join(reason).strip())
+            break
+    return found
+
+
+def _tee(source, log) -> None:
+    """A child's output to this process's stdout, as it comes, and to its log."""
+    for chunk in iter(lambda: source.read1(65536), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        log.write(chunk)
+    log.flush()
 
 
 def _wait(proc: subprocess.Popen) -> int:

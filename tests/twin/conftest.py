@@ -14,6 +14,8 @@ from twin import cluster
 from twin.api import kubectl
 
 FIGURES: list[str] = []  # one line per stack, printed at the end of the run
+TWIN_STOPPED = "the cluster twin stopped during the run"  # the section's title, which scripts/run_tests.py looks for
+_twin_stopped: list[str] = []  # why, as its supervisor recorded it (once)
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +41,25 @@ def dev_nodes(twin):
     kubectl("delete", "nodes", "-l", f"{TWIN_LABEL}={spec.environment.name}", "--wait=false")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed because the twin stopped says so, with why. The twin's supervisor stops
+    every component when one exits (twin/cluster.py Supervisor.run) and records which, with its
+    exit status and the end of its log; the tests after it fail on "connection refused" alone,
+    which says nothing of the cause."""
+    report = yield
+    if report.failed and cluster.read_state() and not cluster.running():
+        why = cluster.not_running()  # a component's exit, or a supervisor that is gone (a signal)
+        report.sections.append((TWIN_STOPPED, why))
+        if not _twin_stopped:
+            _twin_stopped.append(why)
+    return report
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _twin_stopped:
+        terminalreporter.section(TWIN_STOPPED)
+        terminalreporter.write_line(_twin_stopped[0])
     if FIGURES:
         terminalreporter.section("cluster twin: the rendered fleet on a real control plane")
         for line in FIGURES:
