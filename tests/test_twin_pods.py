@@ -6,6 +6,7 @@ gets it: `mooncake_master` on its PATH runs the pinned wheel's binary (mooncake-
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,36 @@ def test_a_request_to_the_endpoint_picker_over_http_is_refused_saying_how(monkey
     monkeypatch.setattr(pods, "kubectl", lambda *a, **k: types.SimpleNamespace(stdout=json.dumps({"items": [picker]})))
     with pytest.raises(pods.TwinError, match="is the endpoint picker .* asks over ext_proc"):
         pods.send_request("ns", kubeconfig=tmp_path / "kubeconfig", folder=tmp_path, timeout=1)
+
+
+def test_an_address_given_out_again_gets_its_veth_while_the_old_namespace_lingers(tmp_path):
+    """A pod address the cluster gives to a new pod while the old pod's network namespace still
+    exists: the kernel frees a namespace, and the veth on the hub's bridge with it, in a work queue
+    after its last process left (linux net/core/net_namespace.c cleanup_net), which on a loaded
+    machine lagged behind the next pod at that address, and the twin's `ip link add` failed with
+    "RTNETLINK answers: File exists" (tests/twin/test_metrics_on_twin.py, 2026-12-08). The lag is
+    made certain here by a process left in the old namespace."""
+    network = pods.PodNetwork(tmp_path, apiserver_port=9)  # no API server: the tunnel is never dialled
+    ip = "10.244.0.3"
+    old = network.attach(ip, tmp_path / "old.log")
+    lingering = subprocess.Popen(["nsenter", f"--net=/proc/{old.pid}/ns/net", "--", "sleep", "infinity"])
+    new = None
+    try:
+        while pods._netns_inode(lingering.pid) != pods._netns_inode(old.pid):  # until nsenter has entered it
+            assert lingering.poll() is None, "nsenter could not enter the old pod's namespace"
+            time.sleep(0.05)
+        old.kill()
+        old.wait()
+        new = network.attach(ip, tmp_path / "new.log")
+        addresses = subprocess.run(["nsenter", f"--net=/proc/{new.pid}/ns/net", "--", "ip", "-o", "addr", "show", "eth0"],
+                                   capture_output=True, text=True, check=True).stdout
+        assert f"inet {ip}/" in addresses
+        old_links = subprocess.run(["nsenter", f"--net=/proc/{lingering.pid}/ns/net", "--", "ip", "-o", "link"],
+                                   capture_output=True, text=True, check=True).stdout
+        assert "eth0" not in old_links  # the old pod's end went with the hub's
+    finally:
+        for proc in (lingering, new):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        network.stop()

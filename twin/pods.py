@@ -147,7 +147,8 @@ class PodNetwork:
             raise TwinError(f"pod IP {ip} is outside the twin's pod network {POD_NETWORK}")
         holder = _spawn(["unshare", "--net", "--", "sleep", "infinity"], log)
         _await_netns_of_its_own(holder, f"the network namespace of {ip}")
-        veth = "v" + ipaddress.ip_address(ip).packed.hex()
+        veth = _veth(ip)
+        self.detach(ip)  # an earlier pod's at this address (the cluster gave it out again)
         _inside(self.hub_pid, "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
         _inside(self.hub_pid, "ip", "link", "set", veth, "master", "br0", "up")
         for command in (("ip", "link", "set", "lo", "up"),
@@ -157,6 +158,19 @@ class PodNetwork:
             _inside(holder.pid, *command)
         return holder
 
+    def detach(self, ip: str) -> None:
+        """Remove the hub's end of the veth of `ip`, if there is one (its pair goes with it). Ending a
+        pod's processes is not enough: the kernel frees a network namespace, and the veth with it,
+        in a work queue of its own after the last process left (net/core/net_namespace.c
+        cleanup_net), which on a loaded machine lagged behind the next pod given the same address
+        ("RTNETLINK answers: File exists")."""
+        if not Path(f"/proc/{self.hub_pid}").exists():  # the hub is gone, and its bridge and veths with it
+            return
+        done = subprocess.run(["nsenter", f"--net=/proc/{self.hub_pid}/ns/net", "--", "ip", "link", "del", _veth(ip)],
+                              capture_output=True, text=True)
+        if done.returncode and "Cannot find device" not in done.stderr:
+            raise TwinError(f"ip link del {_veth(ip)} (in the hub's network namespace): {done.stderr.strip()}")
+
     def stop(self) -> None:
         if self.joined:  # its owner stops it
             return
@@ -164,6 +178,11 @@ class PodNetwork:
         self.tunnel.close()
         self.client_socket.unlink(missing_ok=True)  # no hub answers there now (twin/kubelet.py dials it)
         self.hub_pid_file.unlink(missing_ok=True)
+
+
+def _veth(ip: str) -> str:
+    """The hub's end of a pod address's veth: "v" and the address in hex (at most 15 characters)."""
+    return "v" + ipaddress.ip_address(ip).packed.hex()
 
 
 def hub_main(apiserver_socket: Path, client_socket: Path, machine_netns: int) -> int:
@@ -624,6 +643,7 @@ class PodProcesses:
                 self.init_containers.run(self, pod, folder, volumes, holder)
             except BaseException:
                 _stop(holder)
+                self.network.detach(ip)
                 raise
         process = self.spawn_container(pod, container, command, volumes, folder, holder, path, log)
         started = Started(meta["namespace"], meta["name"], ip, runs_as(pod) or container["name"], holder, process, log)
@@ -677,6 +697,7 @@ class PodProcesses:
         """End one started pod's process (its pod deleted, say)."""
         _stop(pod.process)
         _stop(pod.holder)
+        self.network.detach(pod.ip)
         kubectl("annotate", "pod", pod.name, "-n", pod.namespace, f"{PROCESS_ANNOTATION}-",
                 kubeconfig_path=self.kubeconfig, check=False)  # nothing serves it now
         self.started.remove(pod)
