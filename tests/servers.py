@@ -33,13 +33,23 @@ def http_answer(request: urllib.request.Request | str, timeout: float = 30) -> t
         return 0, str(exc)
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
+# How long a server the tests start may take to answer while its process lives. Generous: `make
+# test` starts these at nice 10 beside four twins starting, and moto's server took over 30 s to
+# import there (its session fixture failed, and with it every test of two workers that used S3).
+# A server that exits is reported at once.
+SERVER_START_SECONDS = 600
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = SERVER_START_SECONDS) -> None:
+    """Until `url` answers with success, while `proc`, the server, runs."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(url, timeout=1)
+            urllib.request.urlopen(url, timeout=5)
             return
         except Exception:
+            if proc.poll() is not None:
+                raise TimeoutError(f"{url}: the server exited with {proc.returncode} before it answered")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not answer within {timeout}s")
             time.sleep(0.2)
@@ -71,10 +81,11 @@ def running(cmd: list[str], ready_url: str | None = None, **popen):
         try:
             if ready_url:
                 try:
-                    wait_http(ready_url)
-                except TimeoutError:
+                    wait_http(ready_url, proc)
+                except TimeoutError as exc:
                     log.seek(0)
-                    raise TimeoutError(f"{cmd[0]} did not start: {log.read()[-2000:].decode(errors='replace')}") from None
+                    raise TimeoutError(f"{cmd[0]} did not start ({exc}): "
+                                       f"{log.read()[-2000:].decode(errors='replace')}") from None
             yield proc
         finally:
             stop(proc)
@@ -128,7 +139,7 @@ def sshd(workdir, path_dirs: list[str], authorized_key: str):
     log = open(workdir / "sshd.log", "wb")  # a file, not a pipe nobody reads (see running())
     proc = subprocess.Popen([binary, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=log)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + SERVER_START_SECONDS
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
