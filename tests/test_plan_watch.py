@@ -356,9 +356,13 @@ def tracks_prometheus(tmp_path_factory):
         threading.Thread(target=feed, daemon=True).start()
         stack.callback(stop.set)
         api = PrometheusAPI(stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets)))
+        # Every pod the test reads has a rate: the decodes' requests and the prefills' prompts (a rate
+        # needs two scrapes of each; on a loaded machine the prefills' came after the decodes').
         serving_decodes = sum(d for _, d, r, *_ in TRACK_PODS.values() if r)
-        deadline = time.monotonic() + 60
-        while api.query("count(rate(sglang:e2e_request_latency_seconds_count[5m]) > 0)") != serving_decodes:
+        serving_prefills = sum(p for p, _, r, *_ in TRACK_PODS.values() if r)
+        deadline = time.monotonic() + 300
+        while (api.query("count(rate(sglang:e2e_request_latency_seconds_count[5m]) > 0)") != serving_decodes
+               or api.query("count(rate(sglang:prompt_tokens_histogram_count[5m]) > 0)") != serving_prefills):
             assert time.monotonic() < deadline, "Prometheus has no rates from the engines"
             time.sleep(0.5)
         yield api
