@@ -384,3 +384,29 @@ def test_a_tcp_probe_of_a_pod_address_waits_for_the_hubs_word_on_the_connection(
         listener.close()
     ok, said = kubelet.run_probe({"tcpSocket": {"port": closed_port}}, "127.0.0.2", {})
     assert (ok, said) == (False, f"probe failed: dial tcp 127.0.0.2:{closed_port}: connect: connection refused")
+
+
+def test_a_failed_round_is_logged_and_the_next_one_runs(monkeypatch, capsys):
+    """The twin's kubelet keeps going after a round fails for any reason, as the kubelet's pod
+    workers retry a failed sync (k8s v1.34.4 pkg/kubelet/pod_workers.go): only an OSError was
+    caught, so an answer cut short under load (http.client.IncompleteRead, an HTTPException) or a
+    pod changed under the round ended the process, and with it the whole twin (its supervisor stops
+    every component when one exits), failing every later test on "connection refused"."""
+    import http.client
+
+    from twin import kubelet
+
+    monkeypatch.setattr(kubelet.time, "sleep", lambda _: None)
+    failures = [http.client.IncompleteRead(b"{\"items\": ["), KeyError("podIP"), None]
+    ran = []
+
+    def step():
+        ran.append(1)
+        failure = failures[len(ran) - 1]
+        if failure is not None:
+            raise failure
+
+    kubelet.every_second(step, rounds=3)
+    assert len(ran) == 3
+    log = capsys.readouterr().err
+    assert "IncompleteRead" in log and "KeyError: 'podIP'" in log and log.count("a round failed") == 2

@@ -45,6 +45,7 @@ import socket
 import ssl
 import sys
 import threading
+import traceback
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -744,17 +745,29 @@ class Kubelet:
                                   for name, (ready, _) in results.items()]}})
 
 
+def every_second(step, rounds: int | None = None) -> None:
+    """`step` once a second, for ever (or `rounds` times). A round that fails is logged with its
+    traceback and the next one tries again, as the kubelet's pod workers retry a failed sync
+    (k8s v1.34.4 pkg/kubelet/pod_workers.go): the API server busy or restarting, an answer cut
+    short under load (http.client.IncompleteRead is no OSError), a pod changed under the round.
+    This process exiting would stop the whole twin (its supervisor stops every component when
+    one exits: twin/cluster.py), and every test after it would fail on "connection refused"."""
+    done = 0
+    while rounds is None or done < rounds:
+        try:
+            step()
+        except OSError as exc:  # said in one line: the API server busy or restarting
+            print(f"twin kubelet: {exc}", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - any other failure of one round: logged whole, retried
+            print(f"twin kubelet: a round failed, the next one tries again:\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+        done += 1
+        time.sleep(1)
+
+
 def main(argv: list[str]) -> int:
     """python -m twin.kubelet <kubeconfig>: run until killed (the supervisor owns this process)."""
     kubelet = Kubelet(Api(Path(argv[0])))
-
-    def every_second(step) -> None:
-        while True:
-            try:
-                step()
-            except OSError as exc:  # the API server busy or restarting: the next round tries again
-                print(f"twin kubelet: {exc}", file=sys.stderr, flush=True)
-            time.sleep(1)
     # probes in a loop of their own: a slow one (timeoutSeconds up to 25 in the renders) never
     # holds back another pod's start checks
     threading.Thread(target=every_second, args=(kubelet.probe_round,), daemon=True).start()
