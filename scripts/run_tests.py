@@ -33,6 +33,7 @@ output, which a CI page may show alone, says it. The exit status is 0 only if al
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -107,12 +108,13 @@ def main() -> int:
         copying.join()
         beside = {f"{' '.join(WAITING_FILES)} (waiting)": (WAITING, _wait(waiting)),
                   **{f"tests/twin {group}": (group, _wait(proc)) for group, proc in twins.items()}}
+    reports = {group: twin_log(group).read_text(errors="replace") for group in [OTHERS, *(g for g, _ in beside.values())]}
     for title, (group, _) in beside.items():
         print(f"\n===== {title} (run beside the others; its report is also in "
               f"{twin_log(group).relative_to(REPO) if twin_log(group).is_relative_to(REPO) else twin_log(group)}) =====",
               flush=True)
-        sys.stdout.write(twin_log(group).read_text())
-    failures = {title: failed_lines(twin_log(group).read_text(errors="replace"))
+        sys.stdout.write(reports[group])
+    failures = {title: failed_lines(reports[group])
                 for title, group in [("the other tests", OTHERS), *((t, g) for t, (g, _) in beside.items())]}
     if any(failures.values()):
         print("\n===== what failed, from the reports above =====")
@@ -131,11 +133,7 @@ def failed_lines(report: str) -> list[str]:
     found = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     for i, line in enumerate(lines):
         if line.startswith("=") and TWIN_STOPPED in line:
-            reason = []
-            for after in lines[i + 1:]:
-                if after.startswith("="):
-                    break
-                reason.append(after)
+            reason = itertools.takewhile(lambda after: not after.startswith("="), lines[i + 1:])
             found.append(f"{TWIN_STOPPED}: " + "\n".join(reason).strip())
             break
     return found

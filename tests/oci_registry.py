@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers import free_port, running, serving
+from tests.servers import free_port, running, send_json, serving
 
 SERVICE = "pdstack-test-registry"
 ISSUER = "pdstack-test-token-service"
@@ -92,12 +92,7 @@ class TokenService:
                     self.send_response(401)
                     self.end_headers()
                     return
-                body = json.dumps({"token": service.token(query["scope"])}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, 200, {"token": service.token(query["scope"])})
 
             def log_message(self, *args):
                 pass

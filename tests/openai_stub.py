@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from infra.validation.health import DECODE_QUEUE_METRICS
 from tests.engine_exporter import SGLANG, engine_metric, metrics_handler
-from tests.servers import prometheus, serving
+from tests.servers import prometheus, send_json, serving
 
 
 @dataclass
@@ -66,12 +66,7 @@ def _handler(b: Behaviour, rng: random.Random):
             pass
 
         def _json(self, status: int, payload: dict) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, status, payload)
 
         def do_GET(self):  # noqa: N802 - http.server's name
             if self.path == "/metrics":

@@ -22,6 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def send_json(handler: http.server.BaseHTTPRequestHandler, status: int, payload) -> None:
+    """A stub server's JSON answer, with its length (the client reads exactly that much)."""
+    body = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def http_answer(request: urllib.request.Request | str, timeout: float = 30) -> tuple[int, str]:
     """A server's status and body, an error status included; 0 and the error when none answered."""
     try:

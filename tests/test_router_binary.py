@@ -37,7 +37,7 @@ from infra.render.engine_args import weights_path
 from infra.render.router_config import router_launch
 from infra.spec_checks import parse_spec
 from tests.conftest import stack_data
-from tests.servers import free_port, http_answer, stop
+from tests.servers import free_port, http_answer, send_json, stop
 from twin.pods import _engines_venv
 from twin.process import dying_with_parent
 
@@ -57,12 +57,7 @@ class WorkerStub:
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             def do_GET(self):  # noqa: N802 (http.server's name)
                 if self.path.startswith("/api/"):

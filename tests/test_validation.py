@@ -563,19 +563,14 @@ def test_a_redirect_fails_the_endpoint_check_and_the_key_never_follows_it(slo_sp
     import threading
 
     from infra.validation.run import endpoint_gates
-    from tests.servers import QuietServer
+    from tests.servers import QuietServer, send_json
 
     seen = []  # (path, Authorization) of every request the other host receives
 
     class Collector(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's name
             seen.append((self.path, self.headers.get("Authorization")))
-            body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]})
 
         do_GET = do_POST  # noqa: N815 - a 303 turns the POST into a GET
 
